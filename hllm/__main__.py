@@ -1,0 +1,3 @@
+from hllm.cli import main
+
+main()

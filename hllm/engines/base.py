@@ -1,0 +1,166 @@
+"""The one engine interface every backend implements (Polygraphy-runner style), torch-free.
+
+An engine maps the three graph inputs to the score matrix:
+
+    input_ids          [B, S] int64   right-padded token ids
+    readout_positions  [B, N] int64   index into S of each candidate's last token
+    item_mask          [B, N] bool    True for real candidates
+    → scores           [B, N, K] float32   item × rank-position score matrix (rows of masked items are 0)
+
+Construction is cheap (no file is read); :meth:`Engine.activate` loads, :meth:`Engine.deactivate`
+frees. Engines are context managers. ``run`` validates its inputs and checks its own output for
+shape, dtype and NaN/Inf (non-finite values are reported by :func:`hllm.runtime.decode.decode`).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+from hllm.errors import EngineError, ShapeError
+
+INPUT_NAMES = ("input_ids", "readout_positions", "item_mask")
+OUTPUT_NAME = "scores"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, numpy dtype and symbolic shape of one engine input/output.
+
+    ``shape`` holds ints for fixed dims and strings (``"batch"``, ``"seq"``, ``"items"``) for
+    dynamic ones. ``max_shape`` optionally bounds the dynamic dims (TensorRT optimization profiles).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple
+    max_shape: tuple | None = None
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.max_shape is not None:
+            d["max_shape"] = list(self.max_shape)
+        return d
+
+
+def graph_io_specs(num_positions: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The hLLM graph's input and output specs for a head with K = ``num_positions``."""
+    inputs = [
+        TensorSpec("input_ids", "int64", ("batch", "seq")),
+        TensorSpec("readout_positions", "int64", ("batch", "items")),
+        TensorSpec("item_mask", "bool", ("batch", "items")),
+    ]
+    outputs = [TensorSpec(OUTPUT_NAME, "float32", ("batch", "items", int(num_positions)))]
+    return inputs, outputs
+
+
+def check_inputs(input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> None:
+    """Validate engine inputs; raises ShapeError naming the offending array.
+
+    Checks: ranks and dtypes above; equal B; equal N; readout positions inside ``[0, S)``.
+    """
+    for name, arr, dt in (
+        ("input_ids", input_ids, np.int64),
+        ("readout_positions", readout_positions, np.int64),
+        ("item_mask", item_mask, np.bool_),
+    ):
+        if not isinstance(arr, np.ndarray):
+            raise ShapeError(f"{name} must be a numpy array, got {type(arr).__name__}")
+        if arr.ndim != 2:
+            raise ShapeError(f"{name} must be 2-D, got shape {arr.shape}")
+        if arr.dtype != dt:
+            raise ShapeError(f"{name} must be {np.dtype(dt).name}, got {arr.dtype}")
+    if not (input_ids.shape[0] == readout_positions.shape[0] == item_mask.shape[0]):
+        raise ShapeError(
+            f"batch sizes differ: input_ids {input_ids.shape[0]}, readout_positions "
+            f"{readout_positions.shape[0]}, item_mask {item_mask.shape[0]}"
+        )
+    if readout_positions.shape != item_mask.shape:
+        raise ShapeError(f"readout_positions {readout_positions.shape} and item_mask {item_mask.shape} differ")
+    s = input_ids.shape[1]
+    if readout_positions.size and (readout_positions.min() < 0 or readout_positions.max() >= s):
+        raise ShapeError(f"readout_positions must lie in [0, {s}) (the sequence length)")
+
+
+class Engine(abc.ABC):
+    """Base class of every backend. Subclasses implement ``_activate``, ``_deactivate``, ``_run``.
+
+    Attributes:
+        name: short backend name (``torch``, ``onnxruntime``, ``tensorrt``).
+        num_positions: K, the number of rank positions of the scoring head.
+    """
+
+    name: str = "engine"
+
+    def __init__(self, num_positions: int):
+        self.num_positions = int(num_positions)
+        self._active = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def is_active(self) -> bool:
+        return self._active
+
+    def activate(self) -> "Engine":
+        """Load the model (idempotent). Raises EngineError if it cannot be loaded."""
+        if not self._active:
+            self._activate()
+            self._active = True
+        return self
+
+    def deactivate(self) -> None:
+        """Free the model (idempotent)."""
+        if self._active:
+            self._deactivate()
+            self._active = False
+
+    def __enter__(self) -> "Engine":
+        return self.activate()
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+    # -- description --------------------------------------------------------------------------
+    def inputs(self) -> list[TensorSpec]:
+        """Input specs (names, dtypes, dynamic dims)."""
+        return graph_io_specs(self.num_positions)[0]
+
+    def outputs(self) -> list[TensorSpec]:
+        """Output specs: one ``scores [batch, items, K] float32``."""
+        return graph_io_specs(self.num_positions)[1]
+
+    def describe(self) -> dict:
+        """JSON-serialisable description (backend, K, io specs)."""
+        return {
+            "backend": self.name,
+            "num_positions": self.num_positions,
+            "inputs": [t.to_dict() for t in self.inputs()],
+            "outputs": [t.to_dict() for t in self.outputs()],
+        }
+
+    # -- inference ------------------------------------------------------------------------------
+    def run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> np.ndarray:
+        """Score matrix ``[B, N, K]`` float32 for the inputs (see module docstring).
+
+        Raises:
+            ShapeError: malformed inputs. EngineError: engine not active or backend failure.
+        """
+        check_inputs(input_ids, readout_positions, item_mask)
+        if not self._active:
+            raise EngineError(f"{self.name} engine is not active (call activate() or use `with`)")
+        out = self._run(input_ids, readout_positions, item_mask)
+        b, n = item_mask.shape
+        if out.shape != (b, n, self.num_positions):
+            raise EngineError(f"{self.name} returned scores {out.shape}, expected {(b, n, self.num_positions)}")
+        return np.asarray(out, dtype=np.float32)
+
+    @abc.abstractmethod
+    def _activate(self) -> None: ...
+
+    @abc.abstractmethod
+    def _deactivate(self) -> None: ...
+
+    @abc.abstractmethod
+    def _run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> np.ndarray: ...

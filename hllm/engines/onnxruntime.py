@@ -1,0 +1,89 @@
+"""ONNX Runtime backend (CPU provider; CUDA provider when installed), torch-free.
+
+Source: ONNX Runtime Python API, https://onnxruntime.ai/docs/api/python/api_summary.html
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hllm.engines.base import INPUT_NAMES, OUTPUT_NAME, Engine
+from hllm.errors import EngineError
+
+
+class OnnxRuntimeEngine(Engine):
+    """Runs an exported hLLM ONNX graph with ONNX Runtime.
+
+    Args:
+        model_path: the ``.onnx`` file (external data files beside it are found by ORT).
+        num_positions: K of the head (checked against the graph's output shape on activate).
+        providers: ORT execution providers; default CUDA first when available, then CPU.
+        intra_op_threads: threads per op (0 = ORT default = physical cores).
+        graph_optimization: ``"all"`` (default), ``"extended"``, ``"basic"`` or ``"disabled"``.
+    """
+
+    name = "onnxruntime"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        num_positions: int,
+        providers: list[str] | None = None,
+        intra_op_threads: int = 0,
+        graph_optimization: str = "all",
+    ):
+        super().__init__(num_positions)
+        self.model_path = Path(model_path)
+        self.providers = providers
+        self.intra_op_threads = intra_op_threads
+        self.graph_optimization = graph_optimization
+        self._session = None
+
+    def _activate(self) -> None:
+        import onnxruntime as ort
+
+        if not self.model_path.is_file():
+            raise EngineError(f"ONNX model not found: {self.model_path}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.intra_op_threads
+        levels = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        }
+        if self.graph_optimization not in levels:
+            raise EngineError(f"unknown graph_optimization {self.graph_optimization!r}; one of {list(levels)}")
+        opts.graph_optimization_level = levels[self.graph_optimization]
+        available = ort.get_available_providers()
+        providers = self.providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        try:
+            self._session = ort.InferenceSession(str(self.model_path), sess_options=opts, providers=providers)
+        except Exception as e:
+            raise EngineError(f"ONNX Runtime cannot load {self.model_path}: {e}") from None
+        names = [i.name for i in self._session.get_inputs()]
+        if sorted(names) != sorted(INPUT_NAMES):
+            raise EngineError(f"{self.model_path} has inputs {names}, expected {list(INPUT_NAMES)}")
+        out = self._session.get_outputs()[0]
+        k = out.shape[-1]
+        if isinstance(k, int) and k != self.num_positions:
+            raise EngineError(f"{self.model_path} outputs K={k} positions, expected {self.num_positions}")
+
+    def _deactivate(self) -> None:
+        self._session = None
+
+    def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
+        feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
+        try:
+            (scores,) = self._session.run([OUTPUT_NAME], feeds)
+        except Exception as e:
+            raise EngineError(f"ONNX Runtime failed: {e}") from None
+        return scores
+
+    @property
+    def session_providers(self) -> list[str]:
+        """Providers the active session really uses."""
+        return self._session.get_providers() if self._session is not None else []

@@ -1,0 +1,53 @@
+"""PyTorch reference backend: runs :class:`hllm.model.HllmModel` from a checkpoint directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hllm.engines.base import Engine
+
+
+class TorchEngine(Engine):
+    """The reference engine (float32, CPU, ``torch.inference_mode``).
+
+    Args:
+        checkpoint: checkpoint directory (``hllm.json``).
+        merge: merge a LoRA adapter into the backbone on load instead of running it unmerged.
+        threads: torch intra-op threads (None = torch default).
+    """
+
+    name = "torch"
+
+    def __init__(self, checkpoint: str | os.PathLike, merge: bool = False, threads: int | None = None):
+        from hllm.checkpoint import load_manifest
+
+        self.manifest = load_manifest(checkpoint)
+        super().__init__(self.manifest.num_positions)
+        self.checkpoint = Path(checkpoint)
+        self.merge = merge
+        self.threads = threads
+        self.model = None
+
+    def _activate(self) -> None:
+        import torch
+
+        from hllm.model import load_model
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.model = load_model(self.manifest, merge=self.merge)
+
+    def _deactivate(self) -> None:
+        self.model = None
+
+    def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(
+                torch.from_numpy(input_ids), torch.from_numpy(readout_positions), torch.from_numpy(item_mask)
+            )
+        return out.float().numpy()

@@ -1,0 +1,222 @@
+"""``hllm export``: the prefill + readout + head graph as ONE ONNX model, validated in ONNX Runtime.
+
+Graph (names are the contract with every engine)::
+
+    input_ids          [batch, seq]   int64
+    readout_positions  [batch, items] int64
+    item_mask          [batch, items] bool
+    → scores           [batch, items, K] float32
+
+No attention-mask input: batches are right-padded and attention is purely causal, so real tokens
+never see pads and keep their position ids; the readout only gathers real positions. This keeps the
+graph small and removes the fully-masked rows that left padding creates (NaN risk in FP16).
+
+Exported with the dynamo exporter (``torch.onnx.export(..., dynamo=True)``,
+https://pytorch.org/docs/stable/onnx_export.html). The example input has batch 2 and several items:
+an example with batch 1 silently specialises the batch dimension to 1. Weights go to external data
+(``model.onnx.data``, referenced relative to the model file) when the model is over 2 GB.
+
+After export the graph validates itself in ONNX Runtime against PyTorch at shapes different from the
+traced one (B=1 N=1; B=3 with unequal lengths; B=2 N=K; plus real slates when given) and the export
+fails (nothing written) past ``atol``. A sidecar ``export.json`` records source checkpoint hash,
+opset, library versions, the tolerance reached and the input/output specs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hllm.checkpoint import load_manifest
+from hllm.engines.base import graph_io_specs
+from hllm.errors import CheckpointError, ExportError
+from hllm.files import atomic_dir, atomic_write_json, sha256_file, sha256_tree
+from hllm.model.hllm import load_model
+from hllm.runtime.artifact import EXPORT_SIDECAR
+from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
+
+ONNX_NAME = "model.onnx"
+TWO_GB = 2 * 1024**3
+
+
+@dataclass
+class ExportReport:
+    """What an export produced: paths, sizes, and the validation max |Δscores| per shape."""
+
+    out_dir: str
+    onnx_bytes: int
+    opset: int
+    validation: list[dict]
+    max_abs_diff: float
+    atol: float
+    export_seconds: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def library_versions() -> dict:
+    """Versions of the libraries that shape an export or a measurement."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "peft", "onnx", "onnxscript", "onnxruntime", "tokenizers", "lap", "numpy"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def synthetic_batch(rng: np.random.Generator, vocab: int, lengths: Sequence[int], n_items: Sequence[int]) -> Batch:
+    """A right-padded random batch: ``lengths[b]`` tokens and ``n_items[b]`` distinct readout positions
+    (sorted, inside the real tokens) per row. Used to validate exports at untraced shapes."""
+    b, s, n = len(lengths), max(lengths), max(n_items)
+    ids = np.zeros((b, s), dtype=np.int64)
+    pos = np.zeros((b, n), dtype=np.int64)
+    mask = np.zeros((b, n), dtype=bool)
+    for i, (L, k) in enumerate(zip(lengths, n_items)):
+        if k > L:
+            raise ValueError(f"row {i}: {k} items need at least {k} tokens, got {L}")
+        ids[i, :L] = rng.integers(0, vocab, L)
+        pos[i, :k] = np.sort(rng.choice(L, size=k, replace=False))
+        mask[i, :k] = True
+    return Batch(ids, pos, mask, np.array(lengths), np.array(n_items))
+
+
+def validation_batches(vocab: int, k: int, seed: int = 0) -> list[tuple[str, Batch]]:
+    """Shapes the export is validated at, all different from the traced (B=2, S=32, N=min(4,K))."""
+    rng = np.random.default_rng(seed)
+    shapes = [
+        ("B1_N1", [9], [1]),
+        ("B3_unequal", [40, 17, 29], [min(6, k), min(2, k), min(5, k)]),
+        ("B2_NK", [max(64, k + 8), max(20, k)], [k, max(1, k // 2)]),
+    ]
+    return [(name, synthetic_batch(rng, vocab, ls, ns)) for name, ls, ns in shapes]
+
+
+def export_onnx(
+    ckpt: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    opset: int = 20,
+    atol: float = 1e-4,
+    slates: Sequence[dict] = (),
+    overwrite: bool = False,
+    progress=None,
+) -> ExportReport:
+    """Export a checkpoint (without adapter: merge first) to ``out_dir/model.onnx`` and validate it.
+
+    Args:
+        ckpt: checkpoint directory; must have no adapter (``hllm merge`` first).
+        out_dir: export directory (atomic): ``model.onnx`` [+ ``model.onnx.data``], ``export.json``,
+            ``tokenizer.json``.
+        opset: ONNX opset (default 20: widest TensorRT 10/11 support).
+        atol: max allowed |scores_ORT − scores_torch| at every validation shape.
+        slates: optional real slates; the first two are validated as one padded batch of 2.
+        progress: optional callable(str) told about each step.
+    Raises:
+        CheckpointError: the checkpoint has an adapter. ExportError: export or validation failed.
+    """
+    import time
+
+    from hllm.engines.onnxruntime import OnnxRuntimeEngine
+
+    say = progress or (lambda msg: None)
+    m = load_manifest(ckpt)
+    if m.adapter_path is not None:
+        raise CheckpointError(f"{m.root} has a LoRA adapter: run `hllm merge` first and export the merged checkpoint")
+    model = load_model(m)
+    k = m.num_positions
+    t0 = time.perf_counter()
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        onnx_path = tmp / ONNX_NAME
+        say(f"tracing with the dynamo exporter (opset {opset})")
+        _export(model, onnx_path, opset, k, m.dims.vocab_size)
+        export_s = time.perf_counter() - t0
+        say("validating in ONNX Runtime against PyTorch")
+        batches = validation_batches(m.dims.vocab_size, k)
+        if slates:
+            builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=k)
+            batches.append(("real_slates", builder.encode(list(slates)[:2])))
+        results = []
+        with OnnxRuntimeEngine(onnx_path, k) as eng, torch.inference_mode():
+            for name, b in batches:
+                ref = model(*(torch.from_numpy(x) for x in b.inputs().values())).numpy()
+                got = eng.run(b.input_ids, b.readout_positions, b.item_mask)
+                diff = float(np.abs(ref - got).max())
+                results.append({"shape": name, "batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
+                                "items": int(b.item_mask.shape[1]), "max_abs_diff": diff,
+                                "nonfinite": int((~np.isfinite(got)).sum())})
+        worst = max(r["max_abs_diff"] for r in results)
+        bad = [r for r in results if not (r["max_abs_diff"] <= atol) or r["nonfinite"]]
+        if bad:
+            raise ExportError(f"ONNX Runtime disagrees with PyTorch beyond atol={atol:g}: {bad}")
+        shutil.copy2(m.tokenizer_path, tmp / "tokenizer.json")
+        inputs, outputs = graph_io_specs(k)
+        onnx_bytes = sum(p.stat().st_size for p in tmp.glob(f"{ONNX_NAME}*"))
+        atomic_write_json(tmp / EXPORT_SIDECAR, {
+            "format": "hllm-onnx",
+            "onnx": ONNX_NAME,
+            "precision": "fp32",
+            "opset": opset,
+            "num_positions": k,
+            "head": m.head.kind,
+            "backbone": {"model_type": m.dims.model_type, "hidden_size": m.dims.hidden_size,
+                         "num_layers": m.dims.num_layers, "vocab_size": m.dims.vocab_size},
+            "prompt": m.prompt.to_dict(),
+            "tokenizer": "tokenizer.json",
+            "source_checkpoint": {"path": str(m.root), "sha256": checkpoint_hash(m.root)},
+            "onnx_sha256": sha256_file(onnx_path),
+            "onnx_bytes": onnx_bytes,
+            "validation": {"atol": atol, "max_abs_diff": worst, "shapes": results},
+            "inputs": [t.to_dict() for t in inputs],
+            "outputs": [t.to_dict() for t in outputs],
+            "versions": library_versions(),
+        })
+    return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2))
+
+
+def checkpoint_hash(root: Path) -> str:
+    """sha256 over a checkpoint: its files plus its backbone directory's files."""
+    m = load_manifest(root)
+    import hashlib
+
+    h = hashlib.sha256(sha256_tree(m.root).encode())
+    if not str(m.backbone_path).startswith(str(m.root)):
+        h.update(sha256_tree(m.backbone_path).encode())
+    return h.hexdigest()
+
+
+def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int) -> None:
+    from torch.export import Dim
+
+    ex = synthetic_batch(np.random.default_rng(1), vocab, [32, 27], [min(4, k), min(3, k)])
+    args = tuple(torch.from_numpy(x) for x in ex.inputs().values())
+    batch, seq, items = Dim("batch", min=1, max=1024), Dim("seq", min=2, max=65536), Dim("items", min=1, max=4096)
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: seq},
+        "readout_positions": {0: batch, 1: items},
+        "item_mask": {0: batch, 1: items},
+    }
+    try:
+        prog = torch.onnx.export(
+            model,
+            args,
+            dynamo=True,
+            input_names=["input_ids", "readout_positions", "item_mask"],
+            output_names=["scores"],
+            opset_version=opset,
+            dynamic_shapes=dynamic_shapes,
+            optimize=True,
+        )
+    except Exception as e:  # the exporter raises many kinds; keep the message
+        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {e}") from e
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    prog.save(str(path), external_data=size >= TWO_GB)

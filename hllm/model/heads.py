@@ -1,0 +1,137 @@
+"""The three scoring heads of the paper (§3.3), one interface:
+
+    forward(items [B, N, D] float, item_mask [B, N] bool) → scores M [B, N, K] float32
+
+Rows of masked (padding) items are set to 0. Attention is written with explicit reshapes and
+``torch.nn.functional.scaled_dot_product_attention`` rather than ``nn.MultiheadAttention`` so that
+N stays dynamic under every ONNX exporter (the legacy exporter bakes N into
+``nn.TransformerEncoder``). Attention masks are boolean (True = may attend); every slate has at
+least one real item, so no attention row is fully masked. LayerNorm and softmax run in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hllm.checkpoint import HeadSpec
+
+
+class _Attention(nn.Module):
+    """Multi-head attention: queries ``[B, Q, d]`` over keys/values ``[B, N, d]`` with key mask ``[B, N]``."""
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        self.h = num_heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+
+    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        b, nq, d = x_q.shape
+        nk = x_kv.shape[1]
+        dh = d // self.h
+        q = self.q(x_q).reshape(b, nq, self.h, dh).transpose(1, 2)
+        k = self.k(x_kv).reshape(b, nk, self.h, dh).transpose(1, 2)
+        v = self.v(x_kv).reshape(b, nk, self.h, dh).transpose(1, 2)
+        mask = key_mask[:, None, None, :]  # [B, 1, 1, N] bool, broadcast over heads and queries
+        a = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(x_q.dtype)
+        return self.o(a.transpose(1, 2).reshape(b, nq, d))
+
+
+class _Block(nn.Module):
+    """Pre-LayerNorm transformer block: attention + GELU MLP, both residual."""
+
+    def __init__(self, d_model: int, num_heads: int, ff_dim: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = _Attention(d_model, num_heads)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff1 = nn.Linear(d_model, ff_dim)
+        self.ff2 = nn.Linear(ff_dim, d_model)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
+        h = _ln(self.norm1, x)
+        x = x + self.attn(h, h if kv is None else kv, key_mask)
+        return x + self.ff2(F.gelu(self.ff1(_ln(self.norm2, x))))
+
+
+def _ln(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm computed in float32 (FP16 statistics overflow), cast back to x's dtype."""
+    return F.layer_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps).to(x.dtype)
+
+
+def _mask_rows(scores: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(item_mask[..., None], scores.float(), torch.zeros((), dtype=torch.float32))
+
+
+class LinearHead(nn.Module):
+    """Linear probe: per item Linear(D, d) → Linear(d, K). No interaction between items."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.proj = nn.Linear(spec.input_dim, spec.d_model)
+        self.out = nn.Linear(spec.d_model, spec.num_positions)
+
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+        return _mask_rows(self.out(self.proj(items)), item_mask)
+
+
+class SelfAttentionHead(nn.Module):
+    """Linear(D, d) → ``num_layers`` self-attention blocks over the N items (key padding mask)
+    → LayerNorm → Linear(d, K). The paper's default head."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.proj = nn.Linear(spec.input_dim, spec.d_model)
+        self.blocks = nn.ModuleList(
+            _Block(spec.d_model, spec.num_heads, spec.ff_dim) for _ in range(spec.num_layers)
+        )
+        self.norm = nn.LayerNorm(spec.d_model)
+        self.out = nn.Linear(spec.d_model, spec.num_positions)
+
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+        x = self.proj(items)
+        for blk in self.blocks:
+            x = blk(x, None, item_mask)
+        return _mask_rows(self.out(_ln(self.norm, x)), item_mask)
+
+
+class SlotQueryHead(nn.Module):
+    """K learned rank-position queries cross-attend over the items (``num_layers`` blocks);
+    ``M[b, i, k] = ⟨item_i, query_k⟩ / √d``."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.proj = nn.Linear(spec.input_dim, spec.d_model)
+        self.queries = nn.Parameter(torch.randn(spec.num_positions, spec.d_model) * 0.02)
+        self.blocks = nn.ModuleList(
+            _Block(spec.d_model, spec.num_heads, spec.ff_dim) for _ in range(spec.num_layers)
+        )
+        self.norm = nn.LayerNorm(spec.d_model)
+
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+        x = self.proj(items)  # [B, N, d]
+        q = self.queries.to(x.dtype).unsqueeze(0).expand(x.shape[0], -1, -1)  # [B, K, d]
+        for blk in self.blocks:
+            q = blk(q, x, item_mask)
+        q = _ln(self.norm, q)
+        scores = torch.matmul(x.float(), q.float().transpose(1, 2)) / math.sqrt(x.shape[-1])
+        return _mask_rows(scores, item_mask)
+
+
+HEADS = {"linear": LinearHead, "self_attention": SelfAttentionHead, "slot_query": SlotQueryHead}
+
+
+def build_head(spec: HeadSpec, seed: int | None = None) -> nn.Module:
+    """Instantiate a head from its spec (random init; seeded when ``seed`` is given)."""
+    spec.validate()
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return HEADS[spec.kind](spec)
+    return HEADS[spec.kind](spec)

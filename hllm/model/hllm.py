@@ -1,0 +1,104 @@
+"""The PyTorch reference hLLM: backbone prefill → readout gather → scoring head (paper §3).
+
+    input_ids [B, S] int64 ──backbone (one causal forward, no KV cache)──► hidden [B, S, D]
+    hidden, readout_positions [B, N] ──gather──► items [B, N, D]
+    items, item_mask [B, N] ──head──► scores M [B, N, K] float32
+
+Inputs are right-padded, so plain causal attention with no attention mask gives real tokens exactly
+the hidden states they would have unpadded (pads come after every real token and real positions keep
+their position ids).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from hllm.checkpoint import Manifest, load_manifest
+from hllm.errors import CheckpointError
+from hllm.model.heads import build_head
+
+
+def gather_readout(hidden: torch.Tensor, readout_positions: torch.Tensor) -> torch.Tensor:
+    """``hidden [B, S, D]``, ``readout_positions [B, N] int64`` → ``[B, N, D]`` (hidden at each position)."""
+    idx = readout_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    return torch.gather(hidden, 1, idx)
+
+
+class HllmModel(nn.Module):
+    """Backbone + readout + head. ``forward(input_ids, readout_positions, item_mask) → scores``.
+
+    Args:
+        backbone: a Hugging Face base decoder (``AutoModel``; or a PEFT-wrapped one) whose output has
+            ``last_hidden_state [B, S, D]``.
+        head: a scoring head from :mod:`hllm.model.heads`.
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Final hidden states ``[B, S, D]`` from one causal prefill (no cache, no attention mask)."""
+        return self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
+
+    def forward(self, input_ids: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+        items = gather_readout(self.hidden_states(input_ids), readout_positions)
+        return self.head(items, item_mask)
+
+
+def load_backbone(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Load a Hugging Face base decoder (Qwen3 / Qwen2 / Llama) with ``AutoModel`` on CPU, eval mode.
+
+    Raises: CheckpointError if transformers cannot load the directory.
+    """
+    from transformers import AutoModel
+
+    try:
+        model = AutoModel.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot load backbone {path}: {e}") from None
+    return model.eval()
+
+
+def load_head(manifest: Manifest) -> nn.Module:
+    """Build the head of ``manifest`` and load ``head.safetensors`` (strict).
+
+    Raises: CheckpointError on missing/unexpected/mis-shaped tensors.
+    """
+    from safetensors.torch import load_file
+
+    head = build_head(manifest.head)
+    state = load_file(str(manifest.head_path))
+    try:
+        head.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"head weights {manifest.head_path} do not match the head spec: {e}") from None
+    return head.eval()
+
+
+def load_model(ckpt: str | os.PathLike | Manifest, merge: bool = False, dtype: torch.dtype = torch.float32) -> HllmModel:
+    """Load the reference model of a checkpoint.
+
+    Args:
+        ckpt: checkpoint directory or a loaded :class:`Manifest`.
+        merge: with an adapter, merge LoRA into the backbone (peft ``merge_and_unload``) instead of
+            running it as an adapter.
+        dtype: weights dtype (float32 for the reference).
+    Returns: :class:`HllmModel` in eval mode on CPU.
+    Raises: CheckpointError (see :func:`hllm.checkpoint.load_manifest`).
+    """
+    m = ckpt if isinstance(ckpt, Manifest) else load_manifest(ckpt)
+    backbone = load_backbone(m.backbone_path, dtype)
+    if m.adapter_path is not None:
+        from peft import PeftModel
+
+        backbone = PeftModel.from_pretrained(backbone, str(m.adapter_path), is_trainable=False)
+        if merge:
+            backbone = backbone.merge_and_unload()
+    model = HllmModel(backbone, load_head(m).to(dtype))
+    return model.eval()
+

@@ -1,0 +1,229 @@
+"""Prompt building: slates → ``input_ids``, ``readout_positions``, ``item_mask`` (torch-free).
+
+hLLM (paper §3.1-3.2) puts the user context and all N candidate texts into ONE prompt and reads
+the backbone's final hidden state at the *last token of each candidate's text* (the readout
+position). To make readout positions exact, the prompt is built by concatenating the token ids of
+separately tokenized segments (user context, each candidate, separators) instead of tokenizing one
+long string, so no BPE merge can cross a segment boundary.
+
+Batches are right-padded. With right padding and purely causal attention, real tokens never attend
+to pad tokens and position ids of real tokens are unchanged, so no attention mask is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from hllm.errors import CheckpointError, SlateError
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """How a slate becomes a prompt. Stored in ``hllm.json`` under ``prompt``.
+
+    Attributes:
+        user_template: user-context text; ``{history}`` is replaced by the rendered history items.
+        history_item_template: one history item; ``{title}`` and ``{index}`` (1-based) available.
+        candidate_template: one candidate's text; ``{title}`` and ``{index}`` (1-based). Its last
+            token is the candidate's readout position.
+        separator: text after each candidate (tokenized once).
+        candidate_token_budget: max tokens per candidate text; longer ones are truncated (recorded),
+            never dropped.
+        history_token_budget: max tokens of the user context; oldest history items are dropped
+            first until it fits, then the context is cut (recorded).
+        max_history: at most this many most recent history items are used.
+        max_seq_len: a prompt longer than this is an error (SlateError).
+        bos_token: token string to prepend (e.g. ``"<|endoftext|>"``), or None.
+    """
+
+    user_template: str = "A shopper bought these products, oldest first:\n{history}Products to rank:\n"
+    history_item_template: str = "- {title}\n"
+    candidate_template: str = "{index}. {title}"
+    separator: str = "\n"
+    candidate_token_budget: int = 32
+    history_token_budget: int = 320
+    max_history: int = 10
+    max_seq_len: int = 2048
+    bos_token: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict (the ``prompt`` section of ``hllm.json``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptSpec":
+        """Build from a dict; unknown keys or bad values raise CheckpointError naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise CheckpointError(f"prompt spec has unknown keys: {sorted(unknown)}")
+        spec = cls(**d)
+        for name in ("candidate_token_budget", "history_token_budget", "max_seq_len", "max_history"):
+            v = getattr(spec, name)
+            if not isinstance(v, int) or v < (0 if name == "max_history" else 1):
+                raise CheckpointError(f"prompt spec {name} must be a positive integer, got {v!r}")
+        if "{title}" not in spec.candidate_template:
+            raise CheckpointError("prompt spec candidate_template must contain {title}")
+        return spec
+
+
+@dataclass
+class Batch:
+    """Engine inputs for B slates (numpy, right-padded).
+
+    Attributes:
+        input_ids: ``[B, S]`` int64 token ids; positions ≥ ``lengths[b]`` hold the pad id.
+        readout_positions: ``[B, N]`` int64 index into S of each candidate's last token (0 where
+            ``item_mask`` is False).
+        item_mask: ``[B, N]`` bool, True for real candidates.
+        lengths: ``[B]`` int64 prompt lengths in tokens.
+        n_items: ``[B]`` int64 candidates per slate.
+        truncated: per slate, the candidate indices whose text was cut to the token budget.
+        history_dropped: per slate, how many history items were dropped to fit the budget.
+    """
+
+    input_ids: np.ndarray
+    readout_positions: np.ndarray
+    item_mask: np.ndarray
+    lengths: np.ndarray
+    n_items: np.ndarray
+    truncated: list[list[int]] = field(default_factory=list)
+    history_dropped: list[int] = field(default_factory=list)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The three engine inputs by name."""
+        return {
+            "input_ids": self.input_ids,
+            "readout_positions": self.readout_positions,
+            "item_mask": self.item_mask,
+        }
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load a ``tokenizers.Tokenizer`` from ``tokenizer.json`` or a directory holding one.
+
+    Raises: CheckpointError if the file is missing or unreadable.
+    """
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise CheckpointError(f"tokenizer.json not found: {p}")
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as e:  # tokenizers raises a bare Exception on parse errors
+        raise CheckpointError(f"cannot read tokenizer {p}: {e}") from None
+
+
+class PromptBuilder:
+    """Builds engine inputs from slates with a :class:`PromptSpec` and a ``tokenizers.Tokenizer``.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` (the backbone's ``tokenizer.json``).
+        spec: the prompt spec.
+        max_items: K of the head; a slate with more candidates raises SlateError. None = no check.
+    """
+
+    def __init__(self, tokenizer, spec: PromptSpec, max_items: int | None = None):
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.max_items = max_items
+        self._sep_ids = self._ids(spec.separator) if spec.separator else []
+        self._bos = []
+        if spec.bos_token is not None:
+            tid = tokenizer.token_to_id(spec.bos_token)
+            if tid is None:
+                raise CheckpointError(f"bos_token {spec.bos_token!r} is not in the tokenizer vocabulary")
+            self._bos = [tid]
+        pad = tokenizer.token_to_id("<|endoftext|>")
+        self.pad_id = int(pad) if pad is not None else 0
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _context_ids(self, history: Sequence[str]) -> tuple[list[int], int]:
+        spec = self.spec
+        hist = list(history)[-spec.max_history:] if spec.max_history else []
+        dropped = len(history) - len(hist)
+        while True:
+            rendered = "".join(
+                spec.history_item_template.format(title=t, index=i + 1) for i, t in enumerate(hist)
+            )
+            ids = self._ids(spec.user_template.format(history=rendered))
+            if len(ids) <= spec.history_token_budget or not hist:
+                return ids[: spec.history_token_budget], dropped
+            hist = hist[1:]
+            dropped += 1
+
+    def encode_one(self, slate: dict) -> tuple[list[int], list[int], list[int], int]:
+        """Token ids, readout positions, truncated candidate indices and dropped history count.
+
+        Raises:
+            SlateError: empty slate, more candidates than ``max_items`` (K), or a prompt longer
+                than ``max_seq_len``.
+        """
+        cands = slate.get("candidates") or []
+        sid = slate.get("slate_id", "?")
+        if not cands:
+            raise SlateError(f"slate {sid}: empty slate (no candidates)")
+        if self.max_items is not None and len(cands) > self.max_items:
+            raise SlateError(
+                f"slate {sid}: {len(cands)} candidates but the head ranks at most K={self.max_items}"
+            )
+        ids, dropped = self._context_ids(slate.get("history") or [])
+        ids = self._bos + ids
+        texts = [self.spec.candidate_template.format(title=c["title"], index=i + 1) for i, c in enumerate(cands)]
+        encs = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        readout, truncated = [], []
+        budget = self.spec.candidate_token_budget
+        for i, enc in enumerate(encs):
+            cid = enc.ids
+            if not cid:
+                raise SlateError(f"slate {sid}: candidate {i} tokenizes to nothing")
+            if len(cid) > budget:
+                cid = cid[:budget]
+                truncated.append(i)
+            ids.extend(cid)
+            readout.append(len(ids) - 1)
+            ids.extend(self._sep_ids)
+        if len(ids) > self.spec.max_seq_len:
+            raise SlateError(
+                f"slate {sid}: prompt is {len(ids)} tokens, over max_seq_len={self.spec.max_seq_len} "
+                "(lower candidate_token_budget or history_token_budget)"
+            )
+        return ids, readout, truncated, dropped
+
+    def encode(self, slates: Sequence[dict]) -> Batch:
+        """Encode B slates into one right-padded :class:`Batch`.
+
+        Raises: SlateError (see :meth:`encode_one`), or if ``slates`` is empty.
+        """
+        if not slates:
+            raise SlateError("no slates to encode")
+        rows = [self.encode_one(s) for s in slates]
+        b = len(rows)
+        s_max = max(len(r[0]) for r in rows)
+        n_max = max(len(r[1]) for r in rows)
+        input_ids = np.full((b, s_max), self.pad_id, dtype=np.int64)
+        readout = np.zeros((b, n_max), dtype=np.int64)
+        mask = np.zeros((b, n_max), dtype=bool)
+        for i, (ids, pos, _, _) in enumerate(rows):
+            input_ids[i, : len(ids)] = ids
+            readout[i, : len(pos)] = pos
+            mask[i, : len(pos)] = True
+        return Batch(
+            input_ids=input_ids,
+            readout_positions=readout,
+            item_mask=mask,
+            lengths=np.array([len(r[0]) for r in rows], dtype=np.int64),
+            n_items=np.array([len(r[1]) for r in rows], dtype=np.int64),
+            truncated=[r[2] for r in rows],
+            history_dropped=[r[3] for r in rows],
+        )
