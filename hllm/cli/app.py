@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -25,8 +26,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 #: The committed sample of real eval slates used by default (see examples/README.md).
 DEFAULT_SLATES = Path("examples/beauty-eval-sample.jsonl.gz")
@@ -45,6 +46,9 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*torchvision.*")
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
 
     quiet_libraries()
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
@@ -103,4 +107,5 @@ def main(argv: list[str] | None = None) -> None:
             raise
         console.print(f"[red]internal error:[/] {type(e).__name__}: {e} (rerun with --debug for the traceback)")
         sys.exit(1)
-    sys.exit(0)
+    # With standalone_mode=False click returns the code of `raise typer.Exit(code)` instead of exiting.
+    sys.exit(rv if isinstance(rv, int) else 0)

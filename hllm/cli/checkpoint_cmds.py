@@ -87,15 +87,24 @@ def export_cmd(
     atol: float = typer.Option(1e-4, help="Validation tolerance: max |scores_ORT − scores_torch|."),
     slates: Optional[Path] = typer.Option(DEFAULT_SLATES, help="Real slates validated besides the synthetic shapes ('' to skip)."),
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
+    precision: str = typer.Option("fp32", help="fp32, or fp16: FP16 graph with FP32 islands (for strongly typed TensorRT) plus its CPU emulation."),
+    fp32_islands: Optional[str] = typer.Option(None, help="With --precision fp16: comma list of FP32 islands (rmsnorm,rotary,softmax,layernorm,scores; 'none'). Default: all."),
 ) -> None:
     """Export prefill + readout + head as ONE ONNX graph and validate it in ONNX Runtime at untraced shapes."""
     from hllm.exporter.onnx import export_onnx
+    from hllm.exporter.precision import parse_islands
     from hllm.runtime.slates import read_slates
 
     quiet_libraries()
     sample = read_slates(slates, limit=2) if slates and str(slates) and slates.exists() else []
     with step("exporting to ONNX and validating"):
-        rep = export_onnx(checkpoint, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite)
+        rep = export_onnx(checkpoint, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
+                          precision=precision, fp32_islands=parse_islands(fp32_islands))
     for v in rep.validation:
         out.print(f"  {v['shape']:<12} B={v['batch']} S={v['seq']} N={v['items']}  max|Δ|={v['max_abs_diff']:.2e}")
     out.print(f"exported → {rep.out_dir} ({rep.onnx_bytes / 1e6:.1f} MB, opset {rep.opset}); max|Δ| {rep.max_abs_diff:.2e} ≤ {atol:g}")
+    if precision == "fp16":
+        meta = json.loads((Path(out_dir) / "export.json").read_text())["fp16"]
+        v = meta["validation"]
+        out.print(f"fp16 (FP32 islands: {','.join(meta['islands']) or 'none'}): CPU emulation mean Kendall tau "
+                  f"{v['kendall_tau_mean']:.4f}, max|Δ| {v['max_abs_diff']:.2e}, non-finite {v['nonfinite']}")

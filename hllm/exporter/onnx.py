@@ -43,6 +43,7 @@ from hllm.runtime.artifact import EXPORT_SIDECAR
 from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
 
 ONNX_NAME = "model.onnx"
+EMULATED_NAME = "model.fp16-emulated.onnx"
 TWO_GB = 2 * 1024**3
 
 
@@ -110,6 +111,9 @@ def export_onnx(
     slates: Sequence[dict] = (),
     overwrite: bool = False,
     progress=None,
+    precision: str = "fp32",
+    fp32_islands: Sequence[str] | None = None,
+    fp16_min_tau: float = 0.9,
 ) -> ExportReport:
     """Export a checkpoint (without adapter: merge first) to ``out_dir/model.onnx`` and validate it.
 
@@ -121,6 +125,13 @@ def export_onnx(
         atol: max allowed |scores_ORT − scores_torch| at every validation shape.
         slates: optional real slates; the first two are validated as one padded batch of 2.
         progress: optional callable(str) told about each step.
+        precision: ``fp32`` (default) or ``fp16``: the validated float32 graph is rewritten by
+            :func:`hllm.exporter.precision.convert_to_fp16` (float16 with float32 islands) and a
+            float32 emulation ``model.fp16-emulated.onnx`` is written beside it for ONNX Runtime CPU.
+            The emulation is validated at ranking level: no non-finite score and mean Kendall tau
+            ≥ ``fp16_min_tau`` over the validation rows (|ΔM| is recorded, not enforced).
+        fp32_islands: islands kept in float32 (default: all of
+            :data:`hllm.exporter.precision.ISLANDS`).
     Raises:
         CheckpointError: the checkpoint has an adapter. ExportError: export or validation failed.
     """
@@ -129,6 +140,8 @@ def export_onnx(
     from hllm.engines.onnxruntime import OnnxRuntimeEngine
 
     say = progress or (lambda msg: None)
+    if precision not in ("fp32", "fp16"):
+        raise ExportError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
     m = load_manifest(ckpt)
     if m.adapter_path is not None:
         raise CheckpointError(f"{m.root} has a LoRA adapter: run `hllm merge` first and export the merged checkpoint")
@@ -146,9 +159,11 @@ def export_onnx(
             builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=k)
             batches.append(("real_slates", builder.encode(list(slates)[:2])))
         results = []
+        refs = []
         with OnnxRuntimeEngine(onnx_path, k) as eng, torch.inference_mode():
             for name, b in batches:
                 ref = model(*(torch.from_numpy(x) for x in b.inputs().values())).numpy()
+                refs.append(ref)
                 got = eng.run(b.input_ids, b.readout_positions, b.item_mask)
                 diff = float(np.abs(ref - got).max())
                 results.append({"shape": name, "batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
@@ -158,13 +173,18 @@ def export_onnx(
         bad = [r for r in results if not (r["max_abs_diff"] <= atol) or r["nonfinite"]]
         if bad:
             raise ExportError(f"ONNX Runtime disagrees with PyTorch beyond atol={atol:g}: {bad}")
+        fp16_meta = None
+        if precision == "fp16":
+            say("rewriting to FP16 with FP32 islands and validating its CPU emulation")
+            fp16_meta = _to_fp16(onnx_path, batches, refs, fp32_islands, fp16_min_tau)
         shutil.copy2(m.tokenizer_path, tmp / "tokenizer.json")
         inputs, outputs = graph_io_specs(k)
         onnx_bytes = sum(p.stat().st_size for p in tmp.glob(f"{ONNX_NAME}*"))
         atomic_write_json(tmp / EXPORT_SIDECAR, {
             "format": "hllm-onnx",
             "onnx": ONNX_NAME,
-            "precision": "fp32",
+            "precision": precision,
+            **({"fp32_islands": fp16_meta["islands"], "fp16": fp16_meta} if fp16_meta else {}),
             "opset": opset,
             "num_positions": k,
             "head": m.head.kind,
@@ -181,6 +201,51 @@ def export_onnx(
             "versions": library_versions(),
         })
     return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2))
+
+
+def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float) -> dict:
+    """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
+    from hllm.engines.onnxruntime import OnnxRuntimeEngine
+    from hllm.exporter.precision import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+                                         load_onnx, save_onnx)
+    from hllm.parity import compare_slate
+
+    islands = tuple(DEFAULT_ISLANDS if islands is None else islands)
+    fp16, rep = convert_to_fp16(load_onnx(onnx_path), islands)
+    problems = fp32_islands_check(fp16)
+    if problems:
+        raise ExportError(f"FP16 graph breaks its FP32 islands: {problems[:5]}")
+    emu_path = onnx_path.with_name(EMULATED_NAME)
+    save_onnx(emulate_fp16(fp16), emu_path)
+    for p in onnx_path.parent.glob(f"{ONNX_NAME}*"):
+        p.unlink()
+    save_onnx(fp16, onnx_path)
+    del fp16
+    rows = []
+    with OnnxRuntimeEngine(emu_path, refs[0].shape[-1]) as eng:
+        for (name, b), ref in zip(batches, refs):
+            got = eng.run(b.input_ids, b.readout_positions, b.item_mask)
+            for j, n in enumerate(b.n_items):
+                r = compare_slate(ref[j, :n], got[j, :n], f"{name}[{j}]")
+                rows.append({k: r[k] for k in ("slate_id", "n_items", "max_abs_diff", "nonfinite", "kendall_tau",
+                                              "top1_match")})
+    tau = float(np.mean([r["kendall_tau"] for r in rows]))
+    nonfinite = int(sum(r["nonfinite"] for r in rows))
+    if nonfinite or not tau >= min_tau:
+        raise ExportError(f"FP16 emulation fails the ranking check: nonfinite={nonfinite}, mean Kendall tau "
+                          f"{tau:.4f} (min {min_tau}); rows: {rows}")
+    return {
+        "islands": list(islands),
+        "conversion": rep.to_dict(),
+        "cpu_emulation": {
+            "onnx": EMULATED_NAME,
+            "what": "float16 weights stored as float32 with float16 values; every float16 tensor a node "
+                    "produces rounded through Cast(float16)->Cast(float32) (overflow -> inf); each node "
+                    "computes in float32 (no float16 accumulation inside MatMul/ReduceMean)",
+        },
+        "validation": {"min_kendall_tau": min_tau, "kendall_tau_mean": tau, "nonfinite": nonfinite,
+                       "max_abs_diff": float(max(r["max_abs_diff"] for r in rows)), "rows": rows},
+    }
 
 
 def checkpoint_hash(root: Path) -> str:

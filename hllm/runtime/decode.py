@@ -4,48 +4,93 @@ hLLM (paper §3.4) ranks by the assignment of items to rank positions that maxim
 score ``Σ_i M[i, π(i)]``; a valid permutation by construction. A slate of N items uses only the first
 N position columns of ``M [N, K]``, so the assignment is square N×N. Solved with the Jonker-Volgenant
 algorithm from the ``lap`` package (``lap.lapjv``, https://github.com/gatagat/lap) on float64 costs
-``-M``. ``lap.lapjv`` silently returns a permutation for NaN/inf costs, so finiteness is checked first.
+``-M``.
+
+Solver choice (measured by ``hllm bench lapjv``, ``results/bench/lapjv.json``, see
+``docs/benchmarks.md``): ``lap.lapjv`` on float64 was the fastest of the solvers a lean runtime can
+depend on at N=50 on dense score matrices; float32 input is converted by ``lap`` anyway, so the
+conversion is done here once, fused with the negation. The call path is kept to one copy
+(negate-and-convert), one reduction (finiteness), the solve and an O(N) permutation check.
+
+Behaviour that callers rely on:
+
+* ``lap.lapjv`` silently returns a permutation for NaN/inf costs, so finiteness is checked first
+  (DecodeError naming the count of non-finite values).
+* Ties: one fixed solver (``lap.lapjv``) on the same float64 costs, so equal inputs always give the
+  same ranking (the solver is deterministic); among exactly tied optima which one is returned is
+  the solver's choice, not a documented rule.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
 from hllm.errors import DecodeError
 
+#: The solver the runtime uses, for reports (``hllm bench`` records it with ``lap.__version__``).
+SOLVER = "lap.lapjv (float64 costs, return_cost=False)"
+
+
+def _check_shape(scores: np.ndarray, n_items: int | None) -> int:
+    if not isinstance(scores, np.ndarray) or scores.ndim != 2:
+        shape = getattr(scores, "shape", None)
+        raise DecodeError(f"scores must be a 2-D array [N, K], got shape {shape}")
+    n = scores.shape[0] if n_items is None else int(n_items)
+    if n < 1 or n > scores.shape[0]:
+        raise DecodeError(f"n_items={n} is outside 1..{scores.shape[0]}")
+    if n > scores.shape[1]:
+        raise DecodeError(f"{n} items but only K={scores.shape[1]} rank positions")
+    return n
+
+
+def _neg_cost(sub: np.ndarray) -> np.ndarray:
+    """``-sub`` as a new C-contiguous float64 array; DecodeError if any value is non-finite.
+
+    Works on ``[n, n]`` or ``[B, n, n]``. The fast check is the finiteness of the float64 sum (NaN
+    and ±inf propagate through it); only if the sum is not finite are the elements inspected, so
+    finite values whose sum overflows (|x| ~ 1e306) are still accepted.
+    """
+    cost = sub.astype(np.float64, order="C")
+    np.negative(cost, out=cost)
+    if not math.isfinite(cost.sum()):
+        bad = ~np.isfinite(cost)
+        if bad.any():
+            where = ""
+            if cost.ndim == 3:
+                b = int(np.flatnonzero(bad.any(axis=(1, 2)))[0])
+                where, bad = f"slate {b}: ", bad[b]
+            raise DecodeError(f"{where}score matrix has {int(bad.sum())} non-finite value(s); refusing to rank")
+    return cost
+
+
+def _lapjv_columns(cost: np.ndarray) -> np.ndarray:
+    """``y[j]`` = row assigned to column j of a square float64 C-contiguous cost (``lap.lapjv``)."""
+    import lap  # lazily: `lap` is a runtime extra, not a core dependency (cached in sys.modules)
+
+    return lap.lapjv(cost, extend_cost=False, return_cost=False)[1]
+
 
 def decode(scores: np.ndarray, n_items: int | None = None) -> np.ndarray:
     """Ranking of one slate from its score matrix.
 
     Args:
-        scores: ``[N_pad, K]`` float array, rows = items, columns = rank positions (0 = top).
+        scores: ``[N_pad, K]`` float array (float32 from engines; any real dtype), rows = items,
+            columns = rank positions (0 = top).
         n_items: number of real items n (rows ``0..n-1``); default all rows. Requires n ≤ K.
     Returns:
-        ``[n]`` int64 array ``ranking`` with ``ranking[p]`` = index of the item placed at position p.
+        ``[n]`` int64 array ``ranking`` with ``ranking[p]`` = index of the item placed at position p;
+        it maximises ``Σ_p scores[ranking[p], p]`` over the n×n block.
     Raises:
-        DecodeError: wrong rank, n > K or n < 1, or a non-finite score among the n×n used.
+        DecodeError: not 2-D, n > K or n outside ``1..N_pad``, or a non-finite score among the n×n used.
     """
-    if scores.ndim != 2:
-        raise DecodeError(f"scores must be 2-D [N, K], got shape {scores.shape}")
-    n = scores.shape[0] if n_items is None else int(n_items)
-    k = scores.shape[1]
-    if n < 1 or n > scores.shape[0]:
-        raise DecodeError(f"n_items={n} is outside 1..{scores.shape[0]}")
-    if n > k:
-        raise DecodeError(f"{n} items but only K={k} rank positions")
-    sub = np.asarray(scores[:n, :n], dtype=np.float64)
-    if not np.isfinite(sub).all():
-        bad = int((~np.isfinite(sub)).sum())
-        raise DecodeError(f"score matrix has {bad} non-finite value(s); refusing to rank")
+    n = _check_shape(scores, n_items)
+    cost = _neg_cost(scores[:n, :n])
     if n == 1:
         return np.zeros(1, dtype=np.int64)
-    import lap
-
-    # cost = -scores: lapjv minimises. y[j] = row (item) assigned to column (position) j.
-    _, _, y = lap.lapjv(np.ascontiguousarray(-sub), extend_cost=False)
-    ranking = np.asarray(y, dtype=np.int64)
+    ranking = _lapjv_columns(cost).astype(np.int64, copy=False)
     check_permutation(ranking, n)
     return ranking
 
@@ -53,25 +98,59 @@ def decode(scores: np.ndarray, n_items: int | None = None) -> np.ndarray:
 def decode_batch(scores: np.ndarray, n_items: Sequence[int]) -> list[np.ndarray]:
     """Rankings of B slates: ``scores [B, N_pad, K]`` and ``n_items [B]`` → list of ``[n_b]`` int64.
 
+    The batched path does the per-call numpy work once for the whole batch when every slate has
+    the same n (the common case: one slate size per request stream): one float64 conversion and
+    negation of the ``[B, n, n]`` block, one finiteness reduction, one solver call per slate on a
+    contiguous view, and one vectorised permutation check of the ``[B, n]`` result. Ragged batches
+    use :func:`decode` per slate. Results equal :func:`decode` per slate.
+
     Raises: DecodeError as :func:`decode`, naming the slate index.
     """
-    if scores.ndim != 3 or scores.shape[0] != len(n_items):
-        raise DecodeError(f"scores must be [B, N, K] with B={len(n_items)}, got {scores.shape}")
-    out = []
-    for b, n in enumerate(n_items):
-        try:
-            out.append(decode(scores[b], int(n)))
-        except DecodeError as e:
-            raise DecodeError(f"slate {b}: {e}") from None
-    return out
+    if not isinstance(scores, np.ndarray) or scores.ndim != 3 or scores.shape[0] != len(n_items):
+        raise DecodeError(f"scores must be [B, N, K] with B={len(n_items)}, got {getattr(scores, 'shape', None)}")
+    ns = [int(n) for n in n_items]
+    if not ns:
+        return []
+    if min(ns) != max(ns):
+        out = []
+        for b, n in enumerate(ns):
+            try:
+                out.append(decode(scores[b], n))
+            except DecodeError as e:
+                raise DecodeError(f"slate {b}: {e}") from None
+        return out
+    n = ns[0]
+    try:  # every slate has the same [N_pad, K] and n: the first one fails if any does
+        _check_shape(scores[0], n)
+    except DecodeError as e:
+        raise DecodeError(f"slate 0: {e}") from None
+    cost = _neg_cost(scores[:, :n, :n])
+    if n == 1:
+        return [np.zeros(1, dtype=np.int64) for _ in ns]
+    rankings = np.stack([_lapjv_columns(c) for c in cost]).astype(np.int64, copy=False)
+    ok = (np.sort(rankings, axis=1) == np.arange(n)).all(axis=1)
+    if not ok.all():
+        b = int(np.flatnonzero(~ok)[0])
+        raise DecodeError(f"slate {b}: decoder returned {rankings[b].tolist()}, not a permutation of 0..{n - 1}")
+    return list(rankings)
 
 
 def check_permutation(ranking: np.ndarray, n: int) -> None:
-    """Raise DecodeError unless ``ranking`` is a permutation of ``0..n-1``."""
-    if ranking.shape != (n,) or not np.array_equal(np.sort(ranking), np.arange(n)):
-        raise DecodeError(f"decoder returned {ranking.tolist()}, not a permutation of 0..{n - 1}")
+    """Raise DecodeError unless ``ranking`` is a permutation of ``0..n-1``.
+
+    O(n) in Python sets: at n ≤ 150 this is cheaper than several numpy calls.
+    """
+    r = np.asarray(ranking)
+    ok = r.shape == (n,)
+    if ok and n:
+        items = r.tolist()
+        ok = all(isinstance(i, int) or float(i).is_integer() for i in items) if r.dtype.kind not in "iu" else True
+        ok = ok and min(items) >= 0 and max(items) < n and len(set(items)) == n
+    if not ok:
+        raise DecodeError(f"decoder returned {r.tolist()}, not a permutation of 0..{n - 1}")
 
 
 def assignment_scores(scores: np.ndarray, ranking: np.ndarray) -> np.ndarray:
-    """Score of each item at its assigned position: ``[n]`` float, in ranking order."""
+    """Score of each item at its assigned position: ``[n]`` float64, in ranking order
+    (``out[p] = scores[ranking[p], p]``)."""
     return np.asarray(scores[ranking, np.arange(len(ranking))], dtype=np.float64)

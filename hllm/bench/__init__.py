@@ -1,0 +1,14 @@
+"""Benchmarks (``hllm bench``): per-stage latency of the runtime, LAP solver comparison, and the
+single-pass hLLM vs autoregressive speed-up, each written as JSON under ``results/bench/``.
+
+Modules: :mod:`.stats` (median/p90/p99), :mod:`.machine` (machine description, library versions,
+matmul peak), :mod:`.slates` (sub-slates of N candidates), :mod:`.lapjv` (solver comparison),
+:mod:`.stages` (per-stage timing of :class:`hllm.runtime.Ranker`), :mod:`.versus_ar` (hLLM vs greedy
+autoregressive ranking, interleaved), :mod:`.chart` (PNG, needs matplotlib).
+
+No benchmark result is asserted by a test; the figures are printed and written to JSON with the
+machine description and run counts, so they can be checked and re-run (``scripts/bench.sh``).
+"""
+
+#: Version of the JSON layout written by the benchmarks (bump when keys change).
+SCHEMA_VERSION = 1

@@ -1,0 +1,260 @@
+"""The ranking-fidelity gate of a quantized graph (torch-free).
+
+Tensor closeness is the wrong test for a ranker: INT8 activations flip decisions at near-ties while
+max|ΔM| still looks small. The gate compares *rankings* of the quantized graph with those of the FP32
+reference on held-out real slates, with the per-slate metrics of :mod:`hllm.parity`
+(``compare_slate``: top-1 agreement, Kendall tau, top-10 overlap, exact-permutation rate) and, when
+the slates carry labels, the change in ranking quality (Recall@1, Recall@10, NDCG@10 of the
+reference and of the quantized ranking against the labels).
+
+Default verdict: top-1 agreement ≥ 0.97, |ΔRecall@10| ≤ 0.01, no non-finite score; optional minimum
+mean Kendall tau. The reference's scores are computed once (:func:`reference_scores`) so the
+automatic exclusion mode re-runs only the quantized graph.
+
+Note: Recall@K / NDCG@K are computed here with the plain definitions (a ranking's hits among the
+labelled positives); if a shared ``hllm.metrics`` module appears it should replace them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from hllm.parity import ParityReport, Thresholds, compare_slate
+
+
+@dataclass
+class GateThresholds:
+    """Pass criteria of the fidelity gate.
+
+    Attributes:
+        min_top1: min fraction of slates whose top item equals the reference's (default 0.97).
+        max_recall10_delta: max |Recall@10(quantized) − Recall@10(reference)| (default 0.01); only
+            checked when the slates have labels.
+        min_tau: min mean Kendall tau (None = not checked).
+        max_nonfinite: max number of non-finite scores (default 0).
+    """
+
+    min_top1: float = 0.97
+    max_recall10_delta: float = 0.01
+    min_tau: float | None = None
+    max_nonfinite: int = 0
+
+
+def recall_at(order: Sequence[int], labels: Sequence[int], k: int) -> float:
+    """Fraction of the positive labels found in the first ``k`` ranked items (nan without positives)."""
+    pos = {i for i, y in enumerate(labels) if y}
+    if not pos:
+        return math.nan
+    return len(pos & set(int(i) for i in order[:k])) / len(pos)
+
+
+def ndcg_at(order: Sequence[int], labels: Sequence[int], k: int) -> float:
+    """NDCG@k with binary gains (nan without positives)."""
+    gains = [1.0 if labels[int(i)] else 0.0 for i in order[:k]]
+    dcg = sum(g / math.log2(p + 2) for p, g in enumerate(gains))
+    n_pos = sum(1 for y in labels if y)
+    if not n_pos:
+        return math.nan
+    idcg = sum(1.0 / math.log2(p + 2) for p in range(min(k, n_pos)))
+    return dcg / idcg
+
+
+def label_metrics(orders: Sequence[Sequence[int]], slates: Sequence[dict]) -> dict | None:
+    """Mean Recall@1, Recall@10, NDCG@10 of rankings against the slates' ``labels`` (None if no labels)."""
+    rows = [(o, s["labels"]) for o, s in zip(orders, slates) if s.get("labels") and any(s["labels"])]
+    if not rows:
+        return None
+    return {
+        "recall@1": float(np.mean([recall_at(o, y, 1) for o, y in rows])),
+        "recall@10": float(np.mean([recall_at(o, y, 10) for o, y in rows])),
+        "ndcg@10": float(np.mean([ndcg_at(o, y, 10) for o, y in rows])),
+        "labelled_slates": len(rows),
+    }
+
+
+def run_scores(ranker, slates: Sequence[dict], batch_size: int = 1, on_batch=None) -> list[np.ndarray]:
+    """Per-slate score matrices ``[n_i, K]`` float32 of a :class:`hllm.runtime.Ranker` (its own builder)."""
+    out = []
+    with ranker:
+        for i in range(0, len(slates), batch_size):
+            chunk = slates[i : i + batch_size]
+            batch = ranker.builder.encode(chunk)
+            s = ranker.scores(batch)
+            out.extend(s[j, : int(batch.n_items[j])].copy() for j in range(len(chunk)))
+            if on_batch:
+                on_batch(len(chunk))
+    return out
+
+
+def reference_scores(reference, slates: Sequence[dict], batch_size: int = 1, on_batch=None) -> list[np.ndarray]:
+    """Scores of the FP32 reference (path or Ranker), computed once per gate run."""
+    from hllm.runtime.ranker import Ranker
+
+    ref = reference if isinstance(reference, Ranker) else Ranker.from_path(reference)
+    return run_scores(ref, slates, batch_size, on_batch)
+
+
+def save_reference(path, scores: Sequence[np.ndarray], slates: Sequence[dict], source_sha256: str | None) -> None:
+    """Save reference score matrices (one ``[n_i, K]`` per slate) with the slate ids and the hash of the
+    graph that produced them (npz, written atomically), so later gate runs can skip the FP32 pass."""
+    from hllm.files import atomic_path
+
+    arrays = {f"scores/{i}": a for i, a in enumerate(scores)}
+    arrays["slate_ids"] = np.array([str(s.get("slate_id", i)) for i, s in enumerate(slates)])
+    arrays["source_sha256"] = np.array(source_sha256 or "")
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def load_reference(path, slates: Sequence[dict], source_sha256: str | None) -> list[np.ndarray]:
+    """Load scores saved by :func:`save_reference`.
+
+    Raises: ParityError if they were made for other slates or by another graph.
+    """
+    from hllm.errors import ParityError
+
+    with np.load(path, allow_pickle=False) as z:
+        ids = [str(x) for x in z["slate_ids"]]
+        want = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
+        if ids != want:
+            raise ParityError(f"{path}: reference scores are for other slates than the evaluation slates")
+        if source_sha256 and str(z["source_sha256"]) not in ("", source_sha256):
+            raise ParityError(f"{path}: reference scores come from another graph (onnx sha256 differs)")
+        return [z[f"scores/{i}"] for i in range(len(ids))]
+
+
+@dataclass
+class GateReport:
+    """Verdict of the fidelity gate.
+
+    :meth:`to_dict` keys: slates, top1_agreement, kendall_tau_mean, kendall_tau_min, top10_agreement,
+    perm_match_rate, max_abs_diff, nonfinite (from :class:`hllm.parity.ParityReport`), reference /
+    quantized label metrics, ``recall@10_delta`` (None without labels), passed, failures, thresholds.
+    """
+
+    parity: ParityReport
+    thresholds: GateThresholds
+    reference_metrics: dict | None = None
+    test_metrics: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def recall10_delta(self) -> float | None:
+        if not self.reference_metrics or not self.test_metrics:
+            return None
+        return self.test_metrics["recall@10"] - self.reference_metrics["recall@10"]
+
+    def failures(self) -> list[dict]:
+        """Each failed criterion with value, limit and by how much it missed."""
+        s, t = self.parity.summary(), self.thresholds
+        if not s.get("slates"):
+            return [{"criterion": "slates", "value": 0, "limit": 1, "op": ">=", "missed_by": 1}]
+        checks = [("top1_agreement", s["top1_agreement"], t.min_top1, ">="),
+                  ("nonfinite", s["nonfinite"], t.max_nonfinite, "<=")]
+        if t.min_tau is not None:
+            checks.append(("kendall_tau_mean", s["kendall_tau_mean"], t.min_tau, ">="))
+        d = self.recall10_delta
+        if d is not None:
+            checks.append(("|recall@10_delta|", abs(d), t.max_recall10_delta, "<="))
+        out = []
+        for name, v, lim, op in checks:
+            ok = v <= lim + 1e-12 if op == "<=" else v >= lim - 1e-12
+            if not ok:
+                out.append({"criterion": name, "value": v, "limit": lim, "op": op, "missed_by": abs(v - lim)})
+        return out
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures()
+
+    def to_dict(self, per_slate: bool = False) -> dict:
+        s = self.parity.summary()
+        d = {**s, "recall@10_delta": self.recall10_delta, "reference_metrics": self.reference_metrics,
+             "quantized_metrics": self.test_metrics, "passed": self.passed, "failures": self.failures(),
+             "thresholds": asdict(self.thresholds), "precision": self.parity.precision,
+             "reference": self.parity.reference, "backend": self.parity.backend}
+        if self.test_metrics and self.reference_metrics:
+            for k in ("recall@1", "ndcg@10"):
+                d[f"{k}_delta"] = self.test_metrics[k] - self.reference_metrics[k]
+        d.update(self.extra)
+        if per_slate:
+            d["per_slate"] = self.parity.records
+        return _json_safe(d)
+
+
+def _json_safe(x):
+    """Replace non-finite floats (inf max diff of a NaN-producing graph) by None for strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def gate_scores(
+    ref_scores: Sequence[np.ndarray],
+    test_scores: Sequence[np.ndarray],
+    slates: Sequence[dict],
+    thresholds: GateThresholds | None = None,
+    precision: str = "int8",
+    reference: str = "fp32",
+    backend: str = "onnxruntime",
+) -> GateReport:
+    """Gate per-slate score matrices of a quantized graph against the reference's.
+
+    Args:
+        ref_scores, test_scores: one ``[n_i, K]`` float array per slate, same order as ``slates``.
+        slates: the evaluation slates (for ids and labels).
+    Raises: ValueError if the lists differ in length or a slate's shapes differ.
+    """
+    if not (len(ref_scores) == len(test_scores) == len(slates)):
+        raise ValueError(f"{len(ref_scores)} reference, {len(test_scores)} test score sets for {len(slates)} slates")
+    records = []
+    for i, (a, b, s) in enumerate(zip(ref_scores, test_scores, slates)):
+        if a.shape != b.shape:
+            raise ValueError(f"slate {i}: reference scores {a.shape} vs test {b.shape}")
+        records.append(compare_slate(a, b, str(s.get("slate_id", i))))
+    parity = ParityReport(records, Thresholds(), reference=reference, backend=backend, precision=precision)
+    ref_m = label_metrics([r["ref_order"] for r in records], slates)
+    test_orders = [r["test_order"] if r["test_order"] is not None else list(range(r["n_items"])) for r in records]
+    test_m = label_metrics(test_orders, slates)
+    return GateReport(parity, thresholds or GateThresholds(), ref_m, test_m)
+
+
+def run_gate(
+    ref_scores: Sequence[np.ndarray],
+    test,
+    slates: Sequence[dict],
+    thresholds: GateThresholds | None = None,
+    calibration_ids: Sequence[str] = (),
+    batch_size: int = 1,
+    on_batch=None,
+    **engine_options,
+) -> GateReport:
+    """Run the quantized artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it.
+
+    Raises:
+        SlateError: an evaluation slate was used for calibration (see
+            :func:`hllm.calibration.data.check_disjoint`).
+        EngineError: the artefact cannot be loaded or run.
+    """
+    from hllm.calibration.data import check_disjoint
+    from hllm.runtime.ranker import Ranker
+
+    check_disjoint(calibration_ids, slates)
+    r = test if isinstance(test, Ranker) else Ranker.from_path(test, **engine_options)
+    t_scores = run_scores(r, slates, batch_size, on_batch)
+    meta = getattr(r.engine, "sidecar", None) or {}
+    if not meta and not isinstance(test, Ranker):
+        from hllm.runtime.artifact import resolve
+
+        meta = resolve(test).meta
+    return gate_scores(ref_scores, t_scores, slates, thresholds, precision=meta.get("precision", "int8"),
+                       backend=r.engine.name)

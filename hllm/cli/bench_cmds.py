@@ -1,0 +1,240 @@
+"""``hllm bench``: per-stage latency, LAP solvers, hLLM vs autoregressive; JSON (+ PNG) out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
+
+bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+_SHARED = typer.Option(None, "--shared/--quiet-machine", help="State whether other work shared the cores (recorded).")
+_NOTE = typer.Option(None, "--note", help="Free text stored with the figures.")
+
+
+def _print_table(t: Table) -> None:
+    """Print a wide table on stdout; in a log file (not a terminal) use 160 columns instead of 80."""
+    if out.is_terminal:
+        out.print(t)
+    else:
+        from rich.console import Console
+
+        Console(width=160).print(t)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    from hllm.errors import HllmError
+
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HllmError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise HllmError(f"{what} must be positive integers, got {text!r}")
+    return vals
+
+
+@bench_app.command("stages")
+def stages_cmd(
+    models: List[Path] = typer.Argument(..., help="Checkpoint dirs, export dirs / .onnx, or .plan files (run interleaved)."),
+    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Real slates, JSONL or JSONL.gz."),
+    n_items: str = typer.Option("10,25,50", "--n-items", "-n", help="Sub-slate sizes N (comma-separated)."),
+    batch_sizes: str = typer.Option("1", "--batch-sizes", "-b", help="Batch sizes (comma-separated), each at every N."),
+    large_batch: Optional[int] = typer.Option(None, help="Also run this batch size at the largest N only."),
+    runs: int = typer.Option(3, help="Measured calls per model and configuration."),
+    warmup: int = typer.Option(1, help="Warm-up calls per model and configuration (discarded)."),
+    threads: Optional[int] = typer.Option(None, help="Engine intra-op threads."),
+    peak_size: int = typer.Option(2048, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
+    out_path: Path = typer.Option(Path("results/bench/stages.json"), "--out", "-o", help="JSON to write (atomic)."),
+    shared: Optional[bool] = _SHARED,
+    note: Optional[str] = _NOTE,
+) -> None:
+    """Per-stage latency (prompt, engine, LAPJV decode, total) on real sub-slates, with the GEMM peak."""
+    from hllm.bench.machine import matmul_peak
+    from hllm.bench.report import document, write_document
+    from hllm.bench.stages import bench_stages
+    from hllm.runtime import read_slates
+
+    quiet_libraries()
+    ns, bs = _ints(n_items, "--n-items"), _ints(batch_sizes, "--batch-sizes")
+    configs = [(n, b) for n in ns for b in bs]
+    if large_batch:
+        configs.append((max(ns), large_batch))
+    need = max(b for _, b in configs) * (runs + warmup)
+    data = read_slates(slates, limit=need)
+    peak = matmul_peak(peak_size) if peak_size else None
+    if peak:
+        console.print(f"fp32 GEMM peak ({peak_size}³): {peak['peak_gflops']} GFLOP/s")
+    total = len(models) * sum(runs + warmup for _ in configs)
+    with progress() as bar:
+        task = bar.add_task("stage benchmark", total=total)
+        recs = bench_stages(models, data, runs=runs, warmup=warmup, threads=threads,
+                            peak_gflops=peak["peak_gflops"] if peak else None, configs=configs,
+                            on_call=lambda _: bar.advance(task))
+    doc = document("stages", recs, shared, note, matmul_peak=peak, slates_file=str(slates))
+    write_document(out_path, doc)
+    print_stages(recs)
+    out.print(f"→ {out_path}")
+
+
+def print_stages(recs: list[dict]) -> None:
+    """Table of per-stage medians (ms) per record."""
+    t = Table(title="hLLM stages (median ms per call)")
+    for c in ("backend", "N", "B", "runs", "prompt", "engine", "decode+out", "LAPJV µs/slate", "total", "overhead", "tok/s", "GFLOP/s"):
+        t.add_column(c, justify="right")
+    for r in recs:
+        s = r["stage_ms"]
+        t.add_row(r["backend"], str(r["n_items"]), str(r["batch_size"]), str(r["runs"]), f"{s['prompt']:.2f}",
+                  f"{s['engine']:.1f}", f"{s['decode_output']:.3f}", f"{r['lapjv_us']['median']:.1f}", f"{s['total']:.1f}",
+                  f"{r['overhead_fraction']:.2%}", f"{r['tokens_per_s']:.0f}",
+                  "-" if r["gflops"] is None else f"{r['gflops']:.0f}" + ("" if r["peak_fraction"] is None else f" ({r['peak_fraction']:.0%})"))
+    _print_table(t)
+
+
+@bench_app.command("lapjv")
+def lapjv_cmd(
+    n_items: str = typer.Option("10,50,150", "--n-items", "-n", help="Square sizes N (comma-separated)."),
+    families: str = typer.Option("gaussian,planted,rank1", help="Score-matrix families (see hllm.bench.lapjv)."),
+    matrices: int = typer.Option(200, help="Measured matrices per (N, family); N ≥ 150 uses a quarter."),
+    model: Optional[Path] = typer.Option(None, "--model", help="Also time the real score matrices of this hLLM artefact."),
+    model_slates: int = typer.Option(8, help="Real slates scored by --model (per N ≤ its K and slate size)."),
+    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Real slates for --model."),
+    out_path: Path = typer.Option(Path("results/bench/lapjv.json"), "--out", "-o", help="JSON to write (atomic)."),
+    shared: Optional[bool] = _SHARED,
+    note: Optional[str] = _NOTE,
+) -> None:
+    """Compare LAP solvers (lap.lapjv, scipy, others installed) and the runtime's decode path."""
+    from hllm.bench.lapjv import BATCH, FAMILIES, available_solvers, bench_solvers
+    from hllm.bench.report import document, write_document
+    from hllm.errors import HllmError
+    from hllm.runtime.decode import SOLVER
+
+    fams = [f.strip() for f in families.split(",") if f.strip()]
+    bad = [f for f in fams if f not in FAMILIES]
+    if bad:
+        raise HllmError(f"unknown matrix families {bad}; choose from {list(FAMILIES)}")
+    solvers = available_solvers()
+    ns = _ints(n_items, "--n-items")
+    real: dict[int, list] = {}
+    if model is not None:
+        from hllm.bench.lapjv import model_score_matrices
+        from hllm.runtime import read_slates
+        from hllm.runtime.artifact import resolve
+
+        quiet_libraries()
+        k = resolve(model).num_positions
+        data = read_slates(slates, limit=model_slates)
+        fits = [n for n in ns if n <= k and all(len(s["candidates"]) >= n for s in data)]
+        from hllm.cli.app import step
+
+        with step(f"scoring {len(data)} real slates at N={fits} with {model}"):
+            real = model_score_matrices(model, data, fits)
+    recs = []
+    with progress() as bar:
+        grid = [(n, f) for n in ns for f in fams] + [(n, "model") for n in real]
+        task = bar.add_task("LAP solvers", total=len(grid))
+        for n, fam in grid:
+            count = matrices if n < 150 else max(10, matrices // 4)
+            rec = bench_solvers(n, fam, count, solvers=solvers, matrices=real.get(n) if fam == "model" else None)
+            if fam == "model":
+                rec["model"], rec["distinct_matrices"] = str(model), len(real[n])
+            recs.append(rec)
+            bar.advance(task)
+    doc = document("lapjv", recs, shared, note, runtime_solver=SOLVER, solvers=[s.name for s in solvers])
+    write_document(out_path, doc)
+    t = Table(title="LAP solve, median µs per slate (float64 cost | float32 cost)")
+    t.add_column("N", justify="right")
+    t.add_column("family")
+    for s in solvers:
+        t.add_column(s.name, justify="right")
+    t.add_column("runtime decode()", justify="right")
+    t.add_column(f"batch of {BATCH}: decode_batch | decode loop | lapjv loop, /slate", justify="right")
+    t.add_column("same optimum")
+    for r in recs:
+        row = [str(r["n_items"]), r["family"]]
+        for s in solvers:
+            row.append(f"{r['solvers_us'][s.name + '/float64']['median']:.1f} | {r['solvers_us'][s.name + '/float32']['median']:.1f}")
+        bu = r["batch_us_per_slate"]
+        row += [f"{r['runtime_decode_us']['median']:.1f}",
+                f"{bu['decode_batch()']['median']:.1f} | {bu['decode() loop']['median']:.1f} | {bu['lap.lapjv loop']['median']:.1f}",
+                "yes" if r["correct"] else "NO"]
+        t.add_row(*row)
+    _print_table(t)
+    out.print(f"→ {out_path}")
+    if not all(r["correct"] for r in recs):
+        console.print("[red]solvers disagree on the optimum[/]")
+        raise typer.Exit(1)
+
+
+@bench_app.command("versus-ar")
+def versus_ar_cmd(
+    models: List[Path] = typer.Argument(..., help="hLLM artefacts (checkpoint / export); the first one gives `speedup`."),
+    ar_model: Path = typer.Option(Path("work/smollm2"), "--ar", help="Causal LM dir of the same backbone (AR teacher)."),
+    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Real slates, JSONL or JSONL.gz."),
+    count: int = typer.Option(3, help="Measured slates (one more is used for warm-up)."),
+    n_items: str = typer.Option("50", "--n-items", "-n", help="Slate sizes N (comma-separated)."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads of every engine and of torch."),
+    unconstrained: bool = typer.Option(True, help="Also run unconstrained greedy decoding."),
+    out_path: Path = typer.Option(Path("results/bench/versus_ar.json"), "--out", "-o", help="JSON to write (atomic)."),
+    shared: Optional[bool] = _SHARED,
+    note: Optional[str] = _NOTE,
+) -> None:
+    """hLLM single pass vs greedy autoregressive ranking, interleaved per slate (paper Table 2)."""
+    from hllm.bench.report import document, write_document
+    from hllm.bench.versus_ar import bench_versus_ar
+    from hllm.runtime import read_slates
+
+    quiet_libraries()
+    data = read_slates(slates, limit=count + 1)
+    recs = []
+    ns = _ints(n_items, "--n-items")
+    calls_per = len(models) + 1 + int(unconstrained)
+    with progress() as bar:
+        task = bar.add_task("hLLM vs autoregressive", total=len(ns) * calls_per * len(data))
+        for n in ns:
+            recs.append(bench_versus_ar(models, ar_model, data, n, threads, unconstrained,
+                                        on_call=lambda _: bar.advance(task)))
+    doc = document("versus_ar", recs, shared, note, slates_file=str(slates))
+    write_document(out_path, doc)
+    t = Table(title="single pass vs autoregressive (median per slate)")
+    for c in ("N", "slates", "hLLM ms", "AR ms", "AR passes", "speed-up", "AR free ms", "free passes", "free invalid"):
+        t.add_column(c, justify="right")
+    for r in recs:
+        t.add_row(str(r["n_items"]), str(r["slates"]), f"{r['hllm_ms']:.0f}", f"{r['ar_ms']:.0f}", f"{r['ar_decode_passes']:.0f}",
+                  f"{r['speedup']:.1f}×", f"{r.get('ar_unconstrained_ms', float('nan')):.0f}",
+                  f"{r.get('ar_unconstrained_decode_passes', float('nan')):.0f}",
+                  f"{r.get('ar_unconstrained_invalid_rate', float('nan')):.0%}")
+    _print_table(t)
+    out.print(f"→ {out_path}")
+
+
+@bench_app.command("chart")
+def chart_cmd(
+    stages: Path = typer.Option(Path("results/bench/stages.json"), help="Stage benchmark JSON."),
+    versus: Optional[Path] = typer.Option(Path("results/bench/versus_ar.json"), help="hLLM vs AR JSON (optional)."),
+    n_items: int = typer.Option(50, "--n-items", "-n", help="N of the per-stage panel."),
+    out_path: Path = typer.Option(Path("results/bench/stages.png"), "--out", "-o", help="PNG to write (atomic)."),
+) -> None:
+    """PNG of the per-stage breakdown (+ hLLM vs AR) from the JSON results (needs matplotlib)."""
+    from hllm.bench.chart import write_chart
+    from hllm.errors import HllmError
+
+    def load(p: Path) -> dict:
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise HllmError(f"cannot read {p}: {e}") from None
+
+    st = load(stages)
+    vs = None
+    if versus is not None and versus.is_file():
+        recs = [r for r in load(versus)["records"] if r["n_items"] == n_items] or load(versus)["records"]
+        vs = recs[0] if recs else None
+    write_chart(st["records"], out_path, vs, n_items=n_items)
+    out.print(f"chart → {out_path}")

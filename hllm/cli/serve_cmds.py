@@ -1,0 +1,159 @@
+"""Commands that serve rankings: serve (HTTP API), loadtest, triton-repo."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hllm.cli.app import DEFAULT_SLATES, app, console, out, quiet_libraries
+
+
+@app.command("serve")
+def serve_cmd(
+    model: Path = typer.Argument(..., help="Export dir / .onnx, TensorRT .plan, or checkpoint dir."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told otherwise)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    max_batch: int = typer.Option(8, help="Most slates per engine call (micro-batch size)."),
+    max_wait_ms: float = typer.Option(5.0, help="Micro-batch window: how long the oldest request waits for others."),
+    no_batching: bool = typer.Option(False, "--no-batching", help="One engine call per slate (max-batch 1, no wait)."),
+    max_queue: int = typer.Option(64, help="Most requests waiting for the engine; more → 503 + Retry-After."),
+    deadline_ms: float = typer.Option(60_000, help="Default per-request deadline (ms) → 504."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, help="Larger request bodies → 413."),
+    max_slates_per_request: int = typer.Option(32, help="More slates in one request → 413."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine."),
+    graceful_timeout: float = typer.Option(60.0, help="Seconds to drain in-flight requests on SIGTERM."),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Serve rankings over HTTP: POST /v1/rank, GET /healthz /readyz /metrics /docs (Ctrl-C or SIGTERM drains)."""
+    import logging
+
+    from hllm.runtime import Ranker
+    from hllm.serve.app import ServeOptions, create_app
+    from hllm.serve.batching import BatchOptions
+    from hllm.serve.server import is_loopback, run_server
+
+    quiet_libraries()
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s %(name)s: %(message)s")
+    if no_batching:
+        max_batch, max_wait_ms = 1, 0.0
+    opts = ServeOptions(
+        batch=BatchOptions(max_batch_slates=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, deadline_ms=deadline_ms),
+        max_body_bytes=max_body_bytes,
+        max_slates_per_request=max_slates_per_request,
+    )
+    if not is_loopback(host):
+        console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from other machines (it has no auth)")
+    ranker = Ranker.from_path(model, threads=threads)
+    application = create_app(ranker, opts, info={"model": str(model)})
+    console.print(
+        f"serving {model} on http://{host}:{port} (max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms); "
+        "the engine loads in the background — GET /readyz says when it is ready"
+    )
+    run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout)
+
+
+@app.command("loadtest")
+def loadtest_cmd(
+    model: Optional[Path] = typer.Argument(None, help="Export dir / .onnx / .plan / checkpoint (served in-process, both modes)."),
+    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Slates, JSONL or JSONL.gz."),
+    url: Optional[str] = typer.Option(None, help="Measure an already running server instead (loopback only, one mode)."),
+    clients: int = typer.Option(4, help="Concurrent clients."),
+    requests: int = typer.Option(40, help="Requests per mode (one slate each)."),
+    max_seconds: float = typer.Option(300.0, help="No request starts after this many seconds (per mode, split over its rounds)."),
+    limit: int = typer.Option(40, help="Distinct slates to cycle through (the first LIMIT of --slates)."),
+    candidates: Optional[int] = typer.Option(None, help="Use sub-slates of the first CANDIDATES candidates."),
+    max_batch: Optional[int] = typer.Option(None, help="Micro-batch size when batching is on (default: clients)."),
+    max_wait_ms: float = typer.Option(20.0, help="Micro-batch window when batching is on."),
+    rounds: int = typer.Option(2, help="Bursts per mode, alternating on/off/off/on… (fair under changing machine load)."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine."),
+    note: Optional[str] = typer.Option(None, help="Free text stored in the JSON (e.g. that the cores were shared)."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON report to write (atomic)."),
+) -> None:
+    """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off in one run."""
+    from hllm.files import atomic_write_json
+    from hllm.runtime import read_slates
+    from hllm.serve.loadtest import compare_batching, environment, run_load
+
+    quiet_libraries()
+    if (model is None) == (url is None):
+        raise typer.BadParameter("give either MODEL (in-process, both modes) or --url (one running server)")
+    data = read_slates(slates, limit=limit)
+    if candidates is not None:
+        if candidates < 1:
+            raise typer.BadParameter("--candidates must be ≥ 1")
+        data = [{**s, "candidates": s["candidates"][:candidates], "labels": None} for s in data]
+        data = [{k: v for k, v in s.items() if v is not None} for s in data]
+    report: dict = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "slates_file": str(slates),
+        "distinct_slates": len(data),
+        "candidates_per_slate": sorted({len(s["candidates"]) for s in data}),
+        "clients": clients,
+        "requests_per_mode": requests,
+        "max_seconds_per_mode": max_seconds,
+        "latency": "client-side wall time per request over loopback HTTP, ms",
+        "environment": environment(),
+        "note": note,
+    }
+    t0 = time.perf_counter()
+    if url is not None:
+        res = run_load(url.rstrip("/"), data, clients, requests, max_seconds)
+        res.pop("orders")
+        report["url"] = url
+        report["modes"] = {"as_running": res}
+    else:
+        report["model"] = str(model)
+        report["modes"] = compare_batching(
+            model, data, clients, requests, max_seconds, max_batch, max_wait_ms, threads, rounds=rounds,
+            log=lambda m: console.print(m),
+        )
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    if out_path:
+        atomic_write_json(out_path, report)
+    _print_table(report)
+    if out_path:
+        out.print(f"report → {out_path}")
+
+
+def _print_table(report: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title="load test")
+    for c in ("mode", "ok/sent", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "batches"):
+        t.add_column(c, no_wrap=True)
+    for name, m in report["modes"].items():
+        if not isinstance(m, dict) or "latency_ms" not in m:
+            continue
+        lat = m["latency_ms"]
+        t.add_row(name, f"{m['ok']}/{m['requests']}", str(m["errors"]), str(m["throughput_rps"]),
+                  str(lat["p50"]), str(lat["p90"]), str(lat["p99"]), json.dumps(m["batch_slates_seen"]))
+    out.print(t)
+
+
+@app.command("triton-repo")
+def triton_repo_cmd(
+    model: Path = typer.Argument(..., help="Export dir / .onnx (ONNX Runtime backend) or TensorRT .plan."),
+    out_dir: Path = typer.Argument(..., help="Repository to write (refused if it exists, unless --overwrite)."),
+    max_batch_size: int = typer.Option(8, help="Triton max_batch_size of the engine and decode models."),
+    max_queue_delay_us: int = typer.Option(2000, help="Dynamic batching window of the engine model (µs)."),
+    instances: int = typer.Option(1, help="Engine model instances."),
+    kind: str = typer.Option("gpu", help="Engine instance kind: gpu or cpu."),
+    decode_instances: int = typer.Option(2, help="CPU instances of the LAPJV decode model."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing repository."),
+) -> None:
+    """Write a Triton model repository: engine (ONNX / TensorRT) + LAPJV decode (Python backend) + ensemble."""
+    from hllm.triton.repo import write_repository
+
+    quiet_libraries()
+    res = write_repository(
+        model, out_dir, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+        instances=instances, kind=kind, decode_instances=decode_instances, overwrite=overwrite,
+    )
+    for name in res["models"]:
+        out.print(f"  {out_dir}/models/{name}/config.pbtxt")
+    out.print(f"Triton repository → {out_dir} (tritonserver --model-repository {out_dir}/models); client: {out_dir}/client/")

@@ -1,0 +1,198 @@
+"""The metadata sidecar of a TensorRT plan (``<name>.plan.json``) and its compatibility check (TRT-free).
+
+A serialized TensorRT engine runs only with the TensorRT version that built it (unless built
+version-compatible) and only on GPUs of the architecture it was built on (unless built with a
+hardware-compatibility level) — TensorRT developer guide, "Engine Compatibility". The plan file does
+not say which, in a form a loader can check cheaply, so ``hllm build`` writes a sidecar beside it and
+:func:`check_compatible` refuses, with a message, a plan that would fail or misbehave.
+
+Sidecar keys (``format: hllm-tensorrt-plan``, ``format_version: 1``):
+    tensorrt_version, cuda_runtime_version, cuda_driver_version, gpu_name, compute_capability
+    ("8.0"), hardware_compatibility ("none" | "ampere_plus" | "same_compute_capability"),
+    version_compatible (bool), builder_optimization_level, target, profiles [Profile.to_dict()],
+    precision, fp32_islands, onnx, onnx_sha256, source_checkpoint {path, sha256}, num_positions,
+    prompt, tokenizer (file beside the plan), head, build_seconds, timing_cache, plan_sha256, plan_bytes.
+The runtime keys ``prompt``, ``tokenizer`` and ``num_positions`` are those of ``export.json``, so
+:func:`hllm.runtime.artifact.resolve` treats a plan like an export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hllm.engines.profiles import Profile
+from hllm.errors import EngineError
+from hllm.files import atomic_write_json
+
+FORMAT = "hllm-tensorrt-plan"
+FORMAT_VERSION = 1
+HARDWARE_COMPAT = ("none", "ampere_plus", "same_compute_capability")
+REQUIRED = ("tensorrt_version", "compute_capability", "gpu_name", "profiles", "precision", "num_positions",
+            "prompt", "tokenizer", "onnx_sha256")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A deployment GPU: what ``hllm build --target NAME`` implies.
+
+    Attributes:
+        name: short name. compute_capability: (major, minor). precisions: the precisions its tensor
+        cores run (no FP8 before sm_89). gpu_memory_gb: smallest memory of the model line.
+    """
+
+    name: str
+    compute_capability: tuple[int, int]
+    precisions: tuple[str, ...]
+    gpu_memory_gb: int
+
+
+# NVIDIA A100 datasheet: Ampere GA100, sm_80, FP16/BF16/TF32/INT8 tensor cores, no FP8; 40 or 80 GB.
+TARGETS = {"a100": Target("a100", (8, 0), ("fp32", "fp16", "bf16", "int8"), 40)}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The GPU and CUDA a plan is built or loaded on."""
+
+    gpu_name: str
+    compute_capability: tuple[int, int]
+    cuda_runtime_version: str = ""
+    cuda_driver_version: str = ""
+
+    @property
+    def cc(self) -> str:
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+
+
+def sidecar_path(plan: str | os.PathLike) -> Path:
+    """``model.plan`` → ``model.plan.json`` (the name :mod:`hllm.runtime.artifact` looks for)."""
+    p = Path(plan)
+    return p.with_name(p.name + ".json")
+
+
+def parse_cc(text: str) -> tuple[int, int]:
+    """``"8.0"`` → (8, 0). Raises EngineError."""
+    try:
+        major, minor = str(text).split(".")
+        return int(major), int(minor)
+    except ValueError:
+        raise EngineError(f"compute capability {text!r} is not MAJOR.MINOR") from None
+
+
+def write_sidecar(plan: str | os.PathLike, meta: dict) -> Path:
+    """Validate and write ``meta`` atomically as the plan's sidecar; returns its path.
+
+    Raises: EngineError if a required key is missing or a profile is malformed.
+    """
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
+    _check_keys(meta, sidecar_path(plan))
+    out = sidecar_path(plan)
+    atomic_write_json(out, meta)
+    return out
+
+
+def read_sidecar(plan: str | os.PathLike) -> dict:
+    """Read and validate the sidecar of ``plan``. Raises EngineError (missing, unreadable, malformed)."""
+    side = sidecar_path(plan)
+    if not side.is_file():
+        raise EngineError(f"{plan} has no sidecar {side.name} (build with `hllm build`)")
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise EngineError(f"cannot read {side}: {e}") from None
+    _check_keys(meta, side)
+    return meta
+
+
+def _check_keys(meta: dict, where) -> None:
+    if meta.get("format") != FORMAT:
+        raise EngineError(f"{where}: format is {meta.get('format')!r}, expected {FORMAT!r}")
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise EngineError(f"{where}: format_version {meta.get('format_version')} is newer than this hllm reads ({FORMAT_VERSION})")
+    missing = [k for k in REQUIRED if k not in meta]
+    if missing:
+        raise EngineError(f"{where} lacks {missing}")
+    hc = meta.get("hardware_compatibility", "none")
+    if hc not in HARDWARE_COMPAT:
+        raise EngineError(f"{where}: hardware_compatibility {hc!r} not one of {HARDWARE_COMPAT}")
+    parse_cc(meta["compute_capability"])
+    profiles(meta)
+
+
+def profiles(meta: dict) -> list[Profile]:
+    """The plan's optimization profiles, in engine order."""
+    ps = [Profile.from_dict(p) for p in meta.get("profiles", [])]
+    if not ps:
+        raise EngineError("plan sidecar lists no optimization profile")
+    return ps
+
+
+def check_compatible(meta: dict, tensorrt_version: str, device: DeviceInfo) -> None:
+    """Refuse a plan that this TensorRT / GPU cannot run.
+
+    Rules (TensorRT "Engine Compatibility"): the TensorRT version must equal the builder's
+    (``major.minor.patch``; with ``version_compatible`` any later version of the same major). The GPU:
+    ``hardware_compatibility`` ``none`` → same compute capability as the build GPU;
+    ``same_compute_capability`` → same; ``ampere_plus`` → compute capability ≥ 8.0.
+    Raises: EngineError saying what was built for what, and what to do.
+    """
+    built = str(meta["tensorrt_version"])
+    if not _trt_versions_match(built, tensorrt_version, bool(meta.get("version_compatible"))):
+        raise EngineError(
+            f"plan was built with TensorRT {built} but this is TensorRT {tensorrt_version}: a plan only loads in "
+            f"the TensorRT version that built it; rebuild it here with `hllm build`")
+    want = parse_cc(meta["compute_capability"])
+    hc = meta.get("hardware_compatibility", "none")
+    have = tuple(device.compute_capability)
+    ok = have >= (8, 0) if hc == "ampere_plus" else have == want
+    if not ok:
+        need = "compute capability ≥ 8.0 (Ampere or newer)" if hc == "ampere_plus" else f"compute capability {want[0]}.{want[1]}"
+        raise EngineError(
+            f"plan was built for {meta.get('gpu_name', '?')} (sm_{want[0]}{want[1]}, hardware compatibility {hc}) "
+            f"and needs {need}; this GPU is {device.gpu_name} (sm_{have[0]}{have[1]}): rebuild on this GPU or "
+            f"build with --hardware-compat ampere_plus")
+
+
+def _trt_versions_match(built: str, running: str, version_compatible: bool) -> bool:
+    b = [int(x) for x in built.split(".")[:3] if x.isdigit()]
+    r = [int(x) for x in running.split(".")[:3] if x.isdigit()]
+    if version_compatible:
+        return bool(b) and bool(r) and r[0] == b[0] and r >= b
+    return b == r
+
+
+def target_settings(target: str | None, device: DeviceInfo | None, hardware_compat: str | None,
+                    precision: str) -> dict:
+    """What ``--target`` implies, checked against the build GPU and the graph's precision.
+
+    Returns ``{"target", "hardware_compatibility"}``. With ``target="a100"``: the graph's precision
+    must run on sm_80 (FP8 refused); building on an sm_80 GPU keeps ``hardware_compatibility`` as
+    given (default ``none``); building on a newer GPU sets ``ampere_plus`` (else the plan would not
+    load on an A100); building on an older GPU is refused.
+    Raises: EngineError.
+    """
+    hc = hardware_compat or "none"
+    if hc not in HARDWARE_COMPAT:
+        raise EngineError(f"--hardware-compat must be one of {HARDWARE_COMPAT}, got {hc!r}")
+    if target is None:
+        return {"target": None, "hardware_compatibility": hc}
+    t = TARGETS.get(target.lower())
+    if t is None:
+        raise EngineError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
+    if precision not in t.precisions:
+        raise EngineError(f"{t.name} (sm_{t.compute_capability[0]}{t.compute_capability[1]}) has no {precision} tensor cores; "
+                          f"export with --precision fp16")
+    if device is not None:
+        have = tuple(device.compute_capability)
+        if have < t.compute_capability:
+            raise EngineError(f"cannot build for {t.name} on {device.gpu_name} (sm_{have[0]}{have[1]}): "
+                              f"TensorRT builds only for the build GPU's architecture or newer")
+        if have != t.compute_capability:
+            if hardware_compat not in (None, "ampere_plus"):
+                raise EngineError(f"a plan built on {device.gpu_name} (sm_{have[0]}{have[1]}) with hardware "
+                                  f"compatibility {hc!r} will not load on {t.name}; use --hardware-compat ampere_plus")
+            hc = "ampere_plus"
+    return {"target": t.name, "hardware_compatibility": hc}

@@ -1,0 +1,157 @@
+"""TensorRT optimization profiles over the three dynamic dims of the hLLM graph (torch-free, TRT-free).
+
+The graph's inputs are ``input_ids [batch, seq]``, ``readout_positions [batch, items]`` and
+``item_mask [batch, items]``. A :class:`Profile` gives each of batch, seq and items a
+``min ≤ opt ≤ max`` range; TensorRT tunes kernels for ``opt`` and accepts every shape inside
+``[min, max]`` (TensorRT Python API, ``IOptimizationProfile.set_shape(name, min, opt, max)``).
+
+Profiles are validated before any build (:meth:`Profile.validate`) and requests are matched to a
+profile before any run (:func:`select_profile`), so a shape TensorRT would reject fails early with a
+message naming the dim and the ranges built.
+
+Text form (CLI ``--profile``): ``BATCH/SEQ/ITEMS`` with each part ``min:opt:max`` or one number,
+e.g. ``1:1:8/64:1536:2048/1:50:50``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hllm.errors import EngineError
+
+DIMS = ("batch", "seq", "items")
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """``min ≤ opt ≤ max`` of one dynamic dim (all ints ≥ 1)."""
+
+    min: int
+    opt: int
+    max: int
+
+    @classmethod
+    def parse(cls, text: str, dim: str = "dim") -> "DimRange":
+        """``"1:4:8"`` → DimRange(1, 4, 8); ``"50"`` → DimRange(50, 50, 50). Raises EngineError."""
+        parts = [p.strip() for p in str(text).split(":")]
+        try:
+            vals = [int(p) for p in parts]
+        except ValueError:
+            raise EngineError(f"{dim} range {text!r} is not min:opt:max integers") from None
+        if len(vals) == 1:
+            vals = vals * 3
+        if len(vals) != 3:
+            raise EngineError(f"{dim} range {text!r} needs 1 or 3 numbers (min:opt:max), got {len(vals)}")
+        r = cls(*vals)
+        r.validate(dim)
+        return r
+
+    def validate(self, dim: str = "dim") -> None:
+        """Raises EngineError unless ``1 ≤ min ≤ opt ≤ max``."""
+        if not (1 <= self.min <= self.opt <= self.max):
+            raise EngineError(f"{dim} range must satisfy 1 ≤ min ≤ opt ≤ max, got min={self.min} opt={self.opt} max={self.max}")
+
+    def __contains__(self, v: int) -> bool:
+        return self.min <= v <= self.max
+
+    def __str__(self) -> str:
+        return f"{self.min}:{self.opt}:{self.max}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One optimization profile: ranges of batch (B), sequence length (S) and items (N)."""
+
+    batch: DimRange
+    seq: DimRange
+    items: DimRange
+
+    @classmethod
+    def parse(cls, text: str) -> "Profile":
+        """``"1:1:8/64:1536:2048/1:50:50"`` → Profile. Raises EngineError on a malformed spec."""
+        parts = str(text).split("/")
+        if len(parts) != 3:
+            raise EngineError(f"profile {text!r} must be BATCH/SEQ/ITEMS, each min:opt:max or one number")
+        return cls(*(DimRange.parse(p, d) for p, d in zip(parts, DIMS)))
+
+    def validate(self, num_positions: int | None = None) -> "Profile":
+        """Check the profile can serve the hLLM graph; returns self.
+
+        Rules: each dim ``1 ≤ min ≤ opt ≤ max``; ``seq.min ≥ 2`` (the export's smallest sequence);
+        ``items ≤ seq`` at min, opt and max (every item has a readout token); with ``num_positions``
+        K: ``items.max ≤ K`` (the head ranks at most K items).
+        Raises: EngineError naming the broken rule.
+        """
+        for d in DIMS:
+            getattr(self, d).validate(d)
+        if self.seq.min < 2:
+            raise EngineError(f"seq.min must be ≥ 2 (the exported graph's smallest sequence), got {self.seq.min}")
+        for which in ("min", "opt", "max"):
+            n, s = getattr(self.items, which), getattr(self.seq, which)
+            if n > s:
+                raise EngineError(f"items.{which}={n} exceeds seq.{which}={s}: each item needs a readout token")
+        if num_positions is not None and self.items.max > num_positions:
+            raise EngineError(f"items.max={self.items.max} exceeds the head's K={num_positions} rank positions")
+        return self
+
+    def shapes(self) -> dict[str, tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]:
+        """``{input name: (min shape, opt shape, max shape)}`` for ``IOptimizationProfile.set_shape``."""
+        b, s, n = self.batch, self.seq, self.items
+        bn = ((b.min, n.min), (b.opt, n.opt), (b.max, n.max))
+        return {
+            "input_ids": ((b.min, s.min), (b.opt, s.opt), (b.max, s.max)),
+            "readout_positions": bn,
+            "item_mask": bn,
+        }
+
+    def contains(self, batch: int, seq: int, items: int) -> bool:
+        """Whether a request of shape (B, S, N) lies inside this profile."""
+        return batch in self.batch and seq in self.seq and items in self.items
+
+    def to_dict(self) -> dict:
+        return {d: {"min": r.min, "opt": r.opt, "max": r.max} for d, r in zip(DIMS, (self.batch, self.seq, self.items))}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Profile":
+        try:
+            return cls(*(DimRange(int(d[k]["min"]), int(d[k]["opt"]), int(d[k]["max"])) for k in DIMS))
+        except (KeyError, TypeError, ValueError) as e:
+            raise EngineError(f"malformed profile {d!r}: {e}") from None
+
+    def __str__(self) -> str:
+        return f"{self.batch}/{self.seq}/{self.items}"
+
+
+def default_profile(num_positions: int, max_seq_len: int, max_batch: int = 8, opt_seq: int | None = None) -> Profile:
+    """One profile covering B ∈ [1, max_batch] (opt 1), S ∈ [2, max_seq_len] (opt ≈ 3/4 of it or
+    ``opt_seq``), N ∈ [1, K] (opt K): the serving shape of the paper (one slate, N = K)."""
+    opt_s = opt_seq or max(2, min(max_seq_len, (3 * max_seq_len) // 4))
+    k = int(num_positions)
+    return Profile(DimRange(1, 1, max_batch), DimRange(2, opt_s, max_seq_len),
+                   DimRange(1, min(k, opt_s), k)).validate(k)
+
+
+def validate_profiles(profiles: list[Profile], num_positions: int | None = None) -> list[Profile]:
+    """Validate every profile (see :meth:`Profile.validate`); at least one. Raises EngineError."""
+    if not profiles:
+        raise EngineError("at least one optimization profile is needed (the graph has dynamic dims)")
+    for i, p in enumerate(profiles):
+        try:
+            p.validate(num_positions)
+        except EngineError as e:
+            raise EngineError(f"profile {i} ({p}): {e}") from None
+    return profiles
+
+
+def select_profile(profiles: list[Profile], batch: int, seq: int, items: int) -> int:
+    """Index of the first profile containing (B, S, N) (smallest ``seq.max`` first among matches).
+
+    Raises: EngineError naming the request and the ranges the plan was built for.
+    """
+    matches = [i for i, p in enumerate(profiles) if p.contains(batch, seq, items)]
+    if not matches:
+        built = "; ".join(f"#{i} batch {p.batch.min}..{p.batch.max}, seq {p.seq.min}..{p.seq.max}, "
+                          f"items {p.items.min}..{p.items.max}" for i, p in enumerate(profiles))
+        raise EngineError(f"request batch={batch} seq={seq} items={items} lies outside every optimization "
+                          f"profile of the plan ({built}); rebuild with a wider --profile")
+    return min(matches, key=lambda i: (profiles[i].seq.max, profiles[i].batch.max, i))

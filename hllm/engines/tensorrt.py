@@ -1,0 +1,374 @@
+"""TensorRT backend: build a strongly typed plan from the exported ONNX graph, and run it (torch-free).
+
+One recipe for TensorRT 10.x and 11.x (TensorRT "Migrating from 10.x to 11.x": 11 removed
+``BuilderFlag.FP16/BF16/INT8`` and weak typing). Precision lives in the ONNX graph
+(``hllm export --precision fp16``: FP16 with FP32 islands, :mod:`hllm.exporter.precision`); the network
+is strongly typed, so TensorRT runs every tensor in the graph's type:
+
+* TensorRT 10.x: ``create_network(1 << NetworkDefinitionCreationFlag.STRONGLY_TYPED)``, no precision flag.
+* TensorRT 11.x: every network is strongly typed (the flag is deprecated and ignored), so none is passed.
+* TensorRT < 10: refused (no strongly typed ONNX import, no ``execute_async_v3`` / INT64 I/O).
+
+Build (:func:`build_plan`): ``OnnxParser.parse_from_file`` → ``IBuilderConfig`` with one
+``IOptimizationProfile`` per :class:`hllm.engines.profiles.Profile` (``set_shape(name, min, opt,
+max)``), ``builder_optimization_level``, optional ``hardware_compatibility_level``, a timing cache
+read from / written back to a file (``create_timing_cache`` / ``set_timing_cache`` /
+``get_timing_cache().serialize()``) → ``build_serialized_network`` → plan written atomically, plus the
+sidecar of :mod:`hllm.engines.plan_meta` and a copy of the tokenizer.
+
+Run (:class:`TensorRTEngine`): ``Runtime.deserialize_cuda_engine`` after the sidecar compatibility
+check; device buffers from cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` in older
+releases) sized for the largest profile and bound once with ``set_tensor_address``; per call:
+``select_profile`` → ``set_optimization_profile_async`` (when it changes) → ``set_input_shape`` ×3 →
+``cudaMemcpyAsync`` H→D → ``execute_async_v3(stream)`` → ``cudaMemcpyAsync`` D→H → one
+``cudaStreamSynchronize``: everything is ordered on one CUDA stream.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hllm.engines.base import INPUT_NAMES, OUTPUT_NAME, Engine
+from hllm.engines.plan_meta import (DeviceInfo, check_compatible, profiles as sidecar_profiles, read_sidecar,
+                                    sidecar_path, target_settings, write_sidecar)
+from hllm.engines.profiles import Profile, select_profile, validate_profiles
+from hllm.errors import EngineError
+from hllm.files import atomic_path, sha256_file
+
+MIN_MAJOR = 10
+INSTALL_HINT = ("install TensorRT from NVIDIA's package index, e.g. "
+                "`pip install tensorrt-cu12 cuda-python --extra-index-url https://pypi.nvidia.com` (see docs/tensorrt.md)")
+_DTYPES = {"input_ids": np.int64, "readout_positions": np.int64, "item_mask": np.bool_, OUTPUT_NAME: np.float32}
+
+
+def import_tensorrt():
+    """``import tensorrt``; raises EngineError with the install hint when it is missing or broken."""
+    try:
+        import tensorrt
+    except ImportError as e:  # also OSError-like failures surface as ImportError (missing libnvinfer)
+        raise EngineError(f"TensorRT is not importable ({e}); {INSTALL_HINT}") from None
+    return tensorrt
+
+
+@dataclass(frozen=True)
+class TrtApi:
+    """The TensorRT code path chosen for an installed version.
+
+    Attributes:
+        version: ``tensorrt.__version__``. major: its major number.
+        network_flags: the ``create_network`` flags (STRONGLY_TYPED bit on 10.x, 0 on 11.x).
+        weak_typing_available: whether ``BuilderFlag.FP16`` exists (10.x); never used by hllm.
+    """
+
+    version: str
+    major: int
+    network_flags: int
+    weak_typing_available: bool
+
+
+def trt_api(trt) -> TrtApi:
+    """Choose the TensorRT 10.x or 11.x code path for module ``trt`` (see module docstring).
+
+    Raises: EngineError for TensorRT < 10 or a 10.x without ``STRONGLY_TYPED``.
+    """
+    version = str(getattr(trt, "__version__", "0"))
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        raise EngineError(f"cannot read the TensorRT version {version!r}") from None
+    if major < MIN_MAJOR:
+        raise EngineError(f"TensorRT {version} is too old: hllm needs TensorRT 10.x or 11.x (strongly typed "
+                          f"networks, execute_async_v3, INT64 inputs)")
+    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    weak = hasattr(trt.BuilderFlag, "FP16")
+    if major == MIN_MAJOR:
+        if strongly_typed is None:
+            raise EngineError(f"TensorRT {version} lacks NetworkDefinitionCreationFlag.STRONGLY_TYPED; upgrade to 10.x ≥ 10.0")
+        flags = 1 << int(strongly_typed)
+    else:
+        flags = 0  # 11.x: strong typing is unconditional; STRONGLY_TYPED is deprecated and ignored
+    return TrtApi(version, major, flags, weak)
+
+
+# -- CUDA (cuda-python), kept thin ---------------------------------------------------------------------
+def _cudart():
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python ≥ 12.6
+    except ImportError:
+        try:
+            from cuda import cudart  # older cuda-python
+        except ImportError:
+            raise EngineError(f"cuda-python is not installed; {INSTALL_HINT}") from None
+    return cudart
+
+
+def _ok(result, what: str):
+    """Unpack a cuda-python ``(err, *values)`` tuple; raise EngineError on an error code."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, values = result[0], result[1:]
+    if int(err) != 0:
+        raise EngineError(f"CUDA {what} failed: {err}")
+    return values[0] if len(values) == 1 else (values or None)
+
+
+def device_info(device: int = 0) -> DeviceInfo:
+    """Name, compute capability and CUDA runtime/driver versions of GPU ``device`` (cuda-python).
+
+    Raises: EngineError when cuda-python or a GPU is missing.
+    """
+    cudart = _cudart()
+    prop = _ok(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+    name = prop.name.decode(errors="replace").rstrip("\x00") if isinstance(prop.name, bytes) else str(prop.name)
+    rt = _ok(cudart.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
+    drv = _ok(cudart.cudaDriverGetVersion(), "cudaDriverGetVersion")
+    fmt = lambda v: f"{int(v) // 1000}.{(int(v) % 1000) // 10}"  # noqa: E731  12040 → "12.4"
+    return DeviceInfo(name, (int(prop.major), int(prop.minor)), fmt(rt), fmt(drv))
+
+
+# -- build -----------------------------------------------------------------------------------------------
+HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
+
+
+def build_plan(
+    model: str | os.PathLike,
+    plan_path: str | os.PathLike,
+    profiles: list[Profile],
+    *,
+    timing_cache: str | os.PathLike | None = None,
+    opt_level: int = 3,
+    hardware_compat: str | None = None,
+    target: str | None = None,
+    workspace_gb: float | None = None,
+    overwrite: bool = False,
+    trt=None,
+    device: DeviceInfo | None = None,
+    progress=None,
+) -> dict:
+    """Build a strongly typed TensorRT plan from an export (directory or its ``.onnx``).
+
+    Args:
+        model: export directory (``export.json`` + ``model.onnx``) or the ``.onnx`` file.
+        plan_path: the plan to write (atomic); its sidecar ``<plan>.json`` and tokenizer copy
+            ``<plan>.tokenizer.json`` go beside it.
+        profiles: optimization profiles, validated (min ≤ opt ≤ max, items ≤ K) before TensorRT starts.
+        timing_cache: file read when present and written back after the build (reused across builds).
+        opt_level: ``IBuilderConfig.builder_optimization_level`` 0..5 (TensorRT default 3).
+        hardware_compat: ``none`` | ``ampere_plus`` | ``same_compute_capability``.
+        target: e.g. ``a100``: see :func:`hllm.engines.plan_meta.target_settings`.
+        workspace_gb: workspace memory-pool limit (default: TensorRT's, the device memory).
+        trt, device: the ``tensorrt`` module and build GPU (default: import / query them); tests pass stubs.
+    Returns: the sidecar dict written.
+    Raises: EngineError (TensorRT missing, bad profile, parse or build failure), FileExistsError.
+    """
+    from hllm.runtime.artifact import resolve
+
+    say = progress or (lambda msg: None)
+    art = resolve(model)
+    if art.kind != "onnx":
+        raise EngineError(f"{model} is a {art.kind}, not an ONNX export: run `hllm export` first")
+    k = art.num_positions
+    validate_profiles(profiles, k)
+    if not 0 <= int(opt_level) <= 5:
+        raise EngineError(f"--opt-level must be 0..5, got {opt_level}")
+    precision = art.meta.get("precision", "fp32")
+    plan_path = Path(plan_path)
+    if plan_path.exists() and not overwrite:
+        raise FileExistsError(f"{plan_path} exists (use --overwrite)")
+    trt = trt or import_tensorrt()
+    api = trt_api(trt)
+    device = device or device_info()
+    settings = target_settings(target, device, hardware_compat, precision)
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(api.network_flags)
+    parser = trt.OnnxParser(network, logger)
+    say(f"parsing {art.path.name} (TensorRT {api.version}, strongly typed)")
+    if not parser.parse_from_file(str(art.path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise EngineError(f"TensorRT cannot parse {art.path}: {errors[:5]}")
+    config = builder.create_builder_config()
+    config.builder_optimization_level = int(opt_level)
+    if workspace_gb:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * 1024**3))
+    hc = settings["hardware_compatibility"]
+    if hc != "none":
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_LEVELS[hc])
+    for p in profiles:
+        prof = builder.create_optimization_profile()
+        for name, (mn, opt, mx) in p.shapes().items():
+            prof.set_shape(name, mn, opt, mx)
+        if config.add_optimization_profile(prof) < 0:
+            raise EngineError(f"TensorRT rejected optimization profile {p}")
+    cache_path = Path(timing_cache) if timing_cache else None
+    cache_reused = bool(cache_path and cache_path.is_file())
+    blob = cache_path.read_bytes() if cache_reused else b""
+    cache = config.create_timing_cache(blob)
+    if not config.set_timing_cache(cache, False):
+        raise EngineError(f"TensorRT rejected the timing cache {cache_path} (built by another TensorRT/GPU?); delete it")
+
+    say(f"building ({len(profiles)} profile(s), optimization level {opt_level}, hardware compatibility {hc})")
+    t0 = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise EngineError("TensorRT build failed (see the TensorRT log above)")
+    data = bytes(memoryview(serialized))
+    build_s = time.perf_counter() - t0
+    with atomic_path(plan_path) as tmp:
+        tmp.write_bytes(data)
+    if cache_path:
+        new_cache = bytes(memoryview(config.get_timing_cache().serialize()))
+        with atomic_path(cache_path) as tmp:
+            tmp.write_bytes(new_cache)
+    tok_name = f"{plan_path.name}.tokenizer.json"
+    with atomic_path(plan_path.parent / tok_name) as tmp:
+        shutil.copy2(art.tokenizer_path, tmp)
+    m = art.meta
+    meta = {
+        "plan": plan_path.name,
+        "plan_bytes": len(data),
+        "plan_sha256": sha256_file(plan_path),
+        "tensorrt_version": api.version,
+        "tensorrt_code_path": f"{api.major}.x strongly typed",
+        "cuda_runtime_version": device.cuda_runtime_version,
+        "cuda_driver_version": device.cuda_driver_version,
+        "gpu_name": device.gpu_name,
+        "compute_capability": device.cc,
+        "hardware_compatibility": hc,
+        "version_compatible": False,
+        "target": settings["target"],
+        "builder_optimization_level": int(opt_level),
+        "workspace_gb": workspace_gb,
+        "profiles": [p.to_dict() for p in profiles],
+        "precision": precision,
+        "fp32_islands": m.get("fp32_islands"),
+        "onnx": str(art.path),
+        "onnx_sha256": m.get("onnx_sha256") or sha256_file(art.path),
+        "source_checkpoint": m.get("source_checkpoint"),
+        "num_positions": k,
+        "head": m.get("head"),
+        "prompt": m["prompt"],
+        "tokenizer": tok_name,
+        "timing_cache": {"path": str(cache_path), "reused": cache_reused} if cache_path else None,
+        "build_seconds": round(build_s, 2),
+    }
+    write_sidecar(plan_path, meta)
+    return meta
+
+
+# -- run -------------------------------------------------------------------------------------------------
+class TensorRTEngine(Engine):
+    """Runs a plan built by :func:`build_plan` on one GPU.
+
+    Args:
+        plan_path: the ``.plan`` file.
+        num_positions: K (checked against the sidecar).
+        sidecar: the sidecar dict (read from ``<plan>.json`` when None).
+        device: CUDA device ordinal.
+    Raises (on activate): EngineError — TensorRT / cuda-python missing, plan built for another
+    TensorRT version or GPU, plan unreadable, I/O names differ. On run: EngineError for a request
+    outside the plan's optimization profiles.
+    """
+
+    name = "tensorrt"
+
+    def __init__(self, plan_path: str | os.PathLike, num_positions: int, sidecar: dict | None = None, device: int = 0):
+        super().__init__(num_positions)
+        self.plan_path = Path(plan_path)
+        self.sidecar = sidecar
+        self.device = device
+        self._profiles: list[Profile] = []
+        self._ctx = None
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if self.sidecar:
+            d.update({k: self.sidecar.get(k) for k in ("tensorrt_version", "gpu_name", "compute_capability",
+                                                        "precision", "profiles")})
+        return d
+
+    def _activate(self) -> None:
+        if not self.plan_path.is_file():
+            raise EngineError(f"TensorRT plan not found: {self.plan_path}")
+        meta = read_sidecar(self.plan_path)
+        if self.sidecar and self.sidecar.get("plan_sha256") not in (None, meta.get("plan_sha256")):
+            raise EngineError(f"the sidecar given does not belong to {self.plan_path}")
+        self.sidecar = meta
+        if int(meta["num_positions"]) != self.num_positions:
+            raise EngineError(f"{self.plan_path} outputs K={meta['num_positions']}, expected {self.num_positions}")
+        self._profiles = sidecar_profiles(meta)
+        trt = import_tensorrt()
+        trt_api(trt)
+        cudart = _cudart()
+        _ok(cudart.cudaSetDevice(self.device), "cudaSetDevice")
+        check_compatible(meta, trt.__version__, device_info(self.device))
+        self._trt, self._cudart = trt, cudart
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        engine = self._runtime.deserialize_cuda_engine(self.plan_path.read_bytes())
+        if engine is None:
+            raise EngineError(f"TensorRT cannot deserialize {self.plan_path} (see the TensorRT log)")
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        if sorted(names) != sorted((*INPUT_NAMES, OUTPUT_NAME)):
+            raise EngineError(f"{self.plan_path} has I/O tensors {names}, expected {[*INPUT_NAMES, OUTPUT_NAME]}")
+        if engine.num_optimization_profiles != len(self._profiles):
+            raise EngineError(f"{self.plan_path} has {engine.num_optimization_profiles} profiles, sidecar lists {len(self._profiles)}")
+        self._engine = engine
+        self._ctx = engine.create_execution_context()
+        self._stream = _ok(cudart.cudaStreamCreate(), "cudaStreamCreate")
+        bmax = max(p.batch.max for p in self._profiles)
+        smax = max(p.seq.max for p in self._profiles)
+        nmax = max(p.items.max for p in self._profiles)
+        sizes = {"input_ids": bmax * smax * 8, "readout_positions": bmax * nmax * 8, "item_mask": bmax * nmax,
+                 OUTPUT_NAME: bmax * nmax * self.num_positions * 4}
+        self._buf = {}
+        for name, nbytes in sizes.items():
+            ptr = _ok(cudart.cudaMalloc(nbytes), f"cudaMalloc({name})")
+            self._buf[name] = int(ptr)
+            if not self._ctx.set_tensor_address(name, int(ptr)):
+                raise EngineError(f"TensorRT rejected the address of {name}")
+        self._profile_index = None
+
+    def _deactivate(self) -> None:
+        cudart = getattr(self, "_cudart", None)
+        if cudart is not None:
+            for ptr in getattr(self, "_buf", {}).values():
+                cudart.cudaFree(ptr)
+            if getattr(self, "_stream", None) is not None:
+                cudart.cudaStreamDestroy(self._stream)
+        self._buf, self._stream, self._ctx, self._engine, self._runtime = {}, None, None, None, None
+
+    def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
+        cudart, ctx, stream = self._cudart, self._ctx, self._stream
+        b, s = input_ids.shape
+        n = item_mask.shape[1]
+        idx = select_profile(self._profiles, b, s, n)
+        if idx != self._profile_index:
+            if not ctx.set_optimization_profile_async(idx, int(stream)):
+                raise EngineError(f"TensorRT cannot switch to optimization profile {idx}")
+            self._profile_index = idx
+        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
+        host = {}
+        for name, arr in feeds.items():
+            arr = host[name] = np.ascontiguousarray(arr, dtype=_DTYPES[name])
+            if not ctx.set_input_shape(name, arr.shape):
+                raise EngineError(f"TensorRT rejected shape {arr.shape} for {name}")
+            _ok(cudart.cudaMemcpyAsync(self._buf[name], arr.ctypes.data, arr.nbytes, h2d, stream), f"copy {name}")
+        if not ctx.execute_async_v3(int(stream)):
+            raise EngineError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+        out = np.empty((b, n, self.num_positions), dtype=np.float32)
+        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        _ok(cudart.cudaMemcpyAsync(out.ctypes.data, self._buf[OUTPUT_NAME], out.nbytes, d2h, stream), "copy scores")
+        _ok(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        return out
+
+
+__all__ = ["TensorRTEngine", "TrtApi", "build_plan", "device_info", "import_tensorrt", "sidecar_path", "trt_api"]

@@ -1,0 +1,434 @@
+"""FP16 graph with FP32 islands: the precision recipe for strongly typed TensorRT builds.
+
+TensorRT 11 removed ``BuilderFlag.FP16`` and weak typing; a strongly typed network runs every tensor in
+the type the ONNX graph gives it (TensorRT developer guide, "Strongly Typed Networks"). So precision is
+decided here, in the graph: every float32 tensor becomes float16 except inside *islands* that stay
+float32, with ``Cast`` nodes at island borders. The same graph builds on TensorRT 10.x and 11.x.
+
+Islands (names used by ``hllm export --fp32-islands`` and recorded in ``export.json``):
+
+``rmsnorm``
+    every node of a ``*RMSNorm`` module (``x.pow(2).mean(-1)`` overflows float16 once |x| > 256).
+``rotary``
+    every node of a ``*RotaryEmbedding`` module (position × inv_freq in float16 has a spacing of 1 rad
+    near position 1,024: cos/sin would be garbage; Hugging Face computes them in float32 too).
+``softmax``
+    every ``Softmax`` node (the logits are cast up, the probabilities back down).
+``layernorm``
+    every ``LayerNormalization`` node (the scoring head's norms).
+``scores``
+    the head's output projection and row mask (nodes whose innermost module is ``head`` or
+    ``head.out``): the score matrix M is computed and returned in float32.
+
+Nodes are assigned to islands from the module path the dynamo exporter records on each node
+(``pkg.torch.onnx.class_hierarchy`` / ``pkg.torch.onnx.name_scopes`` metadata), so the pass needs an
+export made by :func:`hllm.exporter.onnx.export_onnx`.
+
+Why our own pass and not ModelOpt AutoCast (``modelopt.onnx.autocast``): see ``docs/tensorrt.md``
+(measured); in short, AutoCast pins onnx 1.21 / onnxruntime-gpu and decides by data magnitudes,
+while the islands here are named by module and tested structurally.
+
+ONNX Runtime on CPU has few float16 kernels and silently runs float16 nodes in float32 (it inserts
+casts and drops the float32→float16→float32 round trips between neighbouring nodes), which hides
+float16 overflow. :func:`emulate_fp16` therefore rewrites a float16 graph into an explicit float32
+emulation: float16 weights keep their float16 values (stored as float32) and every float16 tensor a
+node produces is rounded through ``Cast(float16) → Cast(float32)`` (overflow → ±inf as on a GPU).
+Not emulated: float16 accumulation *inside* one kernel (MatMul / ReduceMean sum in float32, as tensor
+cores with float32 accumulate do).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hllm.errors import ExportError
+
+FLOAT = 1  # onnx.TensorProto.FLOAT
+FLOAT16 = 10  # onnx.TensorProto.FLOAT16
+FP16_MAX = 65504.0
+
+ISLANDS = ("rmsnorm", "rotary", "softmax", "layernorm", "scores")
+DEFAULT_ISLANDS = ISLANDS
+# Ops whose inputs are read as they come (type-agnostic or producing non-float outputs only).
+_PASSTHROUGH_INPUT_OPS = {"Shape", "Size", "IsNaN", "IsInf", "Cast", "CastLike"}
+
+
+def parse_islands(text: str | None) -> tuple[str, ...]:
+    """``"rmsnorm,softmax"`` → ``("rmsnorm", "softmax")``; ``"none"`` or ``""`` → ``()``; None → defaults.
+
+    Raises: ExportError naming an unknown island.
+    """
+    if text is None:
+        return DEFAULT_ISLANDS
+    names = tuple(s.strip() for s in text.split(",") if s.strip() and s.strip() != "none")
+    bad = [n for n in names if n not in ISLANDS]
+    if bad:
+        raise ExportError(f"unknown FP32 island(s) {bad}; choose from {list(ISLANDS)} or 'none'")
+    return names
+
+
+def _meta(node) -> dict:
+    return {p.key: p.value for p in node.metadata_props}
+
+
+def _literal_list(text: str | None) -> list[str]:
+    if not text:
+        return []
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else []
+
+
+def island_of(node) -> str | None:
+    """The island a node belongs to (one of :data:`ISLANDS`) or None (float16).
+
+    Uses the op type and the dynamo exporter's module metadata on the node.
+    """
+    if node.op_type == "LayerNormalization":
+        return "layernorm"
+    if node.op_type == "Softmax":
+        return "softmax"
+    md = _meta(node)
+    classes = _literal_list(md.get("pkg.torch.onnx.class_hierarchy"))
+    if any(c.endswith("RMSNorm") for c in classes):
+        return "rmsnorm"
+    if any(c.endswith("RotaryEmbedding") for c in classes):
+        return "rotary"
+    scopes = _literal_list(md.get("pkg.torch.onnx.name_scopes"))
+    # scopes = ['', 'head', 'head.out', 'linear_27']: modules are all but the last (the op itself).
+    if len(scopes) >= 2 and scopes[-2] in ("head", "head.out"):
+        return "scores"
+    return None
+
+
+@dataclass
+class PrecisionReport:
+    """What :func:`convert_to_fp16` did. ``island_nodes`` counts float32 nodes per island;
+    ``clipped_values`` counts finite float32 constants beyond ±65504 saturated to ±65504."""
+
+    islands: list[str]
+    fp16_nodes: int = 0
+    fp32_nodes: int = 0
+    island_nodes: dict = field(default_factory=dict)
+    casts_inserted: int = 0
+    initializers_fp16: int = 0
+    initializers_fp32: int = 0
+    clipped_values: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _value_types(model) -> dict[str, int]:
+    import onnx
+
+    g = model.graph
+    if not g.value_info:
+        model = onnx.shape_inference.infer_shapes(model)
+        g = model.graph
+    types = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        if vi.type.HasField("tensor_type"):
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for t in g.initializer:
+        types[t.name] = t.data_type
+    return types
+
+
+def convert_to_fp16(model, islands: tuple[str, ...] = DEFAULT_ISLANDS):
+    """Float16 graph with float32 islands from a float32 ONNX model (in memory).
+
+    Args:
+        model: ``onnx.ModelProto`` exported by :func:`hllm.exporter.onnx.export_onnx` (float32,
+            with value_info and the dynamo exporter's node metadata).
+        islands: island names (see module docstring) kept in float32.
+    Returns:
+        ``(model_fp16, PrecisionReport)``. Graph inputs are unchanged (int64/bool); the ``scores``
+        output stays float32 (a final Cast is added if the last node runs in float16).
+    Raises:
+        ExportError: a subgraph (If/Loop) is present, or a node's float inputs cannot be typed.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    islands = tuple(islands)
+    parse_islands(",".join(islands) or "none")
+    types = _value_types(model)
+    g = model.graph
+    rep = PrecisionReport(islands=list(islands))
+    inits = {t.name: t for t in g.initializer}
+    dtype_now: dict[str, int] = {}  # float value name → its element type in the new graph
+    for t in g.initializer:
+        if t.data_type == FLOAT:
+            dtype_now[t.name] = FLOAT
+    for vi in g.input:
+        dtype_now[vi.name] = vi.type.tensor_type.elem_type
+
+    new_inits: dict[str, object] = {}
+    used_inits: set[str] = set()
+    casts: dict[tuple[str, int], str] = {}
+    nodes = []
+
+    def init_as(name: str, to: int) -> str:
+        if to == FLOAT:
+            used_inits.add(name)
+            return name
+        key = f"{name}__fp16"
+        if key not in new_inits:
+            arr = numpy_helper.to_array(inits[name])
+            over = np.isfinite(arr) & (np.abs(arr) > FP16_MAX)
+            if over.any():  # e.g. an additive mask of float32 min → -65504 (±inf stay ±inf)
+                rep.clipped_values += int(over.sum())
+                arr = np.clip(arr, -FP16_MAX, FP16_MAX)
+            new_inits[key] = numpy_helper.from_array(arr.astype(np.float16), key)
+        return key
+
+    def value_as(name: str, to: int) -> str:
+        if name in inits and inits[name].data_type == FLOAT:
+            return init_as(name, to)
+        have = dtype_now.get(name)
+        if have is None:
+            raise ExportError(f"no type known for tensor {name!r}; export with `hllm export`")
+        if have == to or have not in (FLOAT, FLOAT16):
+            return name
+        key = (name, to)
+        if key not in casts:
+            out = f"{name}__to_{'fp16' if to == FLOAT16 else 'fp32'}"
+            nodes.append(helper.make_node("Cast", [name], [out], to=to, name=f"hllm_cast_{out}"))
+            dtype_now[out] = to
+            casts[key] = out
+            rep.casts_inserted += 1
+        return casts[key]
+
+    for node in g.node:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            raise ExportError(f"node {node.name} ({node.op_type}) has a subgraph; the FP16 pass does not handle them")
+        isl = island_of(node)
+        prec = FLOAT if isl in islands else FLOAT16
+        if prec == FLOAT:
+            rep.fp32_nodes += 1
+            rep.island_nodes[isl] = rep.island_nodes.get(isl, 0) + 1
+        else:
+            rep.fp16_nodes += 1
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for i, name in enumerate(node.input):
+            if not name:
+                continue
+            t = types.get(name)
+            if t is None and name in dtype_now:
+                t = dtype_now[name]
+            if t not in (FLOAT, FLOAT16):
+                continue
+            if node.op_type in _PASSTHROUGH_INPUT_OPS:
+                if name in inits and inits[name].data_type == FLOAT:
+                    new.input[i] = init_as(name, FLOAT)
+                continue
+            new.input[i] = value_as(name, prec)
+        if node.op_type == "Cast":
+            to = next(a.i for a in node.attribute if a.name == "to")
+            if to == FLOAT and prec == FLOAT16:
+                for a in new.attribute:
+                    if a.name == "to":
+                        a.i = FLOAT16
+        if node.op_type in ("Constant", "ConstantOfShape") and prec == FLOAT16:
+            for a in new.attribute:
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT:
+                    arr = numpy_helper.to_array(a.t).astype(np.float16)
+                    a.t.CopyFrom(numpy_helper.from_array(arr, a.t.name))
+        for out in node.output:
+            if types.get(out) == FLOAT:
+                if node.op_type == "Cast":
+                    dtype_now[out] = next(a.i for a in new.attribute if a.name == "to")
+                else:
+                    dtype_now[out] = prec
+            elif out in types:
+                dtype_now[out] = types[out]
+        nodes.append(new)
+
+    # graph outputs keep their float32 type
+    out_fix = []
+    for vo in g.output:
+        if vo.type.tensor_type.elem_type == FLOAT and dtype_now.get(vo.name) == FLOAT16:
+            inner = f"{vo.name}__fp16"
+            for n in nodes:
+                for i, o in enumerate(n.output):
+                    if o == vo.name:
+                        n.output[i] = inner
+                for i, x in enumerate(n.input):
+                    if x == vo.name:
+                        n.input[i] = inner
+            out_fix.append(helper.make_node("Cast", [inner], [vo.name], to=FLOAT, name=f"hllm_cast_{vo.name}"))
+            dtype_now[inner] = FLOAT16
+            dtype_now[vo.name] = FLOAT
+            rep.casts_inserted += 1
+    nodes.extend(out_fix)
+
+    used = {x for n in nodes for x in n.input}
+    keep_inits = [t for t in g.initializer if t.data_type != FLOAT or t.name in used]
+    keep_inits += [t for k, t in new_inits.items() if k in used]
+    rep.initializers_fp16 = sum(1 for k in new_inits if k in used)
+    rep.initializers_fp32 = sum(1 for t in keep_inits if t.data_type == FLOAT)
+
+    value_info = []
+    seen = set()
+    shapes = {vi.name: vi for vi in g.value_info}
+    for name, t in dtype_now.items():
+        if name in inits or name in new_inits or name in seen:
+            continue
+        if any(vo.name == name for vo in g.output) or any(vi.name == name for vi in g.input):
+            continue
+        seen.add(name)
+        base = shapes.get(name)
+        if base is None:
+            base = shapes.get(name.split("__")[0])
+        vi = onnx.ValueInfoProto()
+        if base is not None:
+            vi.CopyFrom(base)
+        vi.name = name
+        vi.type.tensor_type.elem_type = t
+        value_info.append(vi)
+
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.producer_name = model.producer_name
+    out.producer_version = model.producer_version
+    out.opset_import.extend(model.opset_import)
+    new_graph = helper.make_graph(nodes, g.name, list(g.input), list(g.output), keep_inits, value_info=value_info)
+    out.graph.CopyFrom(new_graph)
+    meta = out.metadata_props.add()
+    meta.key, meta.value = "hllm.precision", "fp16"
+    meta = out.metadata_props.add()
+    meta.key, meta.value = "hllm.fp32_islands", ",".join(islands) or "none"
+    return out, rep
+
+
+def emulate_fp16(model):
+    """Float32 emulation of a float16 graph for ONNX Runtime CPU (see module docstring).
+
+    Every float16 initializer / Constant becomes float32 holding the same (float16) values; every
+    float16 tensor a node produces is rounded by ``Cast(to=float16) → Cast(to=float32)`` right after
+    the node, so values, rounding and overflow (±inf) match float16 storage, while each node computes
+    in float32. Returns a new ``onnx.ModelProto`` whose tensors are all float32 / int / bool.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    fp16_values = {vi.name for vi in g.value_info if vi.type.tensor_type.elem_type == FLOAT16}
+    fp16_values |= {vo.name for vo in g.output if vo.type.tensor_type.elem_type == FLOAT16}
+    nodes = []
+    for node in g.node:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        if node.op_type in ("Constant", "ConstantOfShape"):
+            for a in new.attribute:
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT16:
+                    a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+            nodes.append(new)
+            continue
+        rounded = []
+        for i, o in enumerate(node.output):
+            if o in fp16_values:
+                new.output[i] = f"{o}__f32"
+                rounded.append(o)
+        if node.op_type == "Cast":
+            for a in new.attribute:
+                if a.name == "to" and a.i == FLOAT16:
+                    a.i = FLOAT
+        nodes.append(new)
+        for o in rounded:
+            nodes.append(helper.make_node("Cast", [f"{o}__f32"], [f"{o}__h"], to=FLOAT16, name=f"emu_round_{o}"))
+            nodes.append(helper.make_node("Cast", [f"{o}__h"], [o], to=FLOAT, name=f"emu_back_{o}"))
+    inits = []
+    for t in g.initializer:
+        if t.data_type == FLOAT16:
+            inits.append(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+        else:
+            inits.append(t)
+    value_info = []
+    for vi in g.value_info:
+        v = onnx.ValueInfoProto()
+        v.CopyFrom(vi)
+        if v.type.tensor_type.elem_type == FLOAT16:
+            v.type.tensor_type.elem_type = FLOAT
+        value_info.append(v)
+    outputs = []
+    for vo in g.output:
+        v = onnx.ValueInfoProto()
+        v.CopyFrom(vo)
+        if v.type.tensor_type.elem_type == FLOAT16:
+            v.type.tensor_type.elem_type = FLOAT
+        outputs.append(v)
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.producer_name = model.producer_name
+    out.producer_version = model.producer_version
+    out.opset_import.extend(model.opset_import)
+    out.graph.CopyFrom(helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info))
+    meta = out.metadata_props.add()
+    meta.key, meta.value = "hllm.precision", "fp16-emulated-fp32"
+    return out
+
+
+def save_onnx(model, path: str | os.PathLike) -> None:
+    """Save an ONNX model; weights go to ``<name>.data`` beside it when the model is ≥ 2 GB."""
+    import onnx
+
+    path = Path(path)
+    size = sum(len(t.raw_data) for t in model.graph.initializer)
+    if size >= 2 * 1024**3 - 64 * 1024**2:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def load_onnx(path: str | os.PathLike):
+    """Load an ONNX model with its external data (if any)."""
+    import onnx
+
+    try:
+        return onnx.load(str(path))
+    except Exception as e:
+        raise ExportError(f"cannot load ONNX model {path}: {e}") from None
+
+
+def fp32_islands_check(model) -> list[str]:
+    """Structural check of a float16 graph; returns the list of violations (empty = fine).
+
+    Checked: every ``ReduceMean`` / ``Pow`` / ``Sqrt`` / ``Reciprocal`` inside an RMSNorm module, every
+    ``Softmax`` and ``LayerNormalization`` reads and writes float32 when its island is on; graph outputs
+    are float32; no float32 ``MatMul`` outside islands (the bulk of the FLOPs must be float16).
+    """
+    g = model.graph
+    islands = set()
+    for p in model.metadata_props:
+        if p.key == "hllm.fp32_islands" and p.value != "none":
+            islands = set(p.value.split(","))
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
+    for t in g.initializer:
+        types[t.name] = t.data_type
+    bad = []
+    for n in g.node:
+        isl = island_of(n)
+        float_io = [x for x in list(n.input) + list(n.output) if types.get(x) in (FLOAT, FLOAT16)]
+        if n.op_type == "Cast" and n.name.startswith("hllm_cast_"):
+            continue
+        if isl in islands:
+            wrong = [x for x in float_io if types[x] != FLOAT and not (n.op_type == "Cast")]
+            if wrong:
+                bad.append(f"{n.name} ({n.op_type}, island {isl}) has float16 tensors {wrong}")
+        elif n.op_type in ("MatMul", "Gemm") and any(types.get(x) == FLOAT for x in n.input):
+            bad.append(f"{n.name} ({n.op_type}) runs in float32 outside every island")
+    for vo in g.output:
+        if vo.type.tensor_type.elem_type != FLOAT:
+            bad.append(f"output {vo.name} is not float32")
+    return bad

@@ -1,0 +1,234 @@
+"""A bounded load test of ``hllm serve`` on loopback: concurrent clients sending real slates.
+
+:func:`run_load` drives one server URL with ``clients`` concurrent HTTP clients (``httpx.AsyncClient``),
+one slate per request, at most ``requests`` requests and ``max_seconds`` seconds (no request starts
+after that), and reports throughput, p50/p90/p99 latency and errors. :func:`compare_batching`
+starts two in-process servers on ``127.0.0.1`` (micro-batching on and off) over ONE
+:class:`hllm.runtime.Ranker` and alternates bursts between them, so both modes are measured in one
+run on the same engine and slates; it also reports whether the two modes gave identical rankings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import time
+from typing import Sequence
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from hllm.errors import HllmError
+
+
+def _pct(values: Sequence[float]) -> dict:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
+    a = np.asarray(values, dtype=np.float64)
+    return {
+        "p50": round(float(np.percentile(a, 50)), 1),
+        "p90": round(float(np.percentile(a, 90)), 1),
+        "p99": round(float(np.percentile(a, 99)), 1),
+        "mean": round(float(a.mean()), 1),
+        "max": round(float(a.max()), 1),
+    }
+
+
+def check_loopback_url(url: str) -> None:
+    """Raise HllmError unless ``url`` points at a loopback host (127.0.0.0/8, ::1, localhost)."""
+    from hllm.serve.server import is_loopback
+
+    host = urlsplit(url).hostname or ""
+    if not is_loopback(host):
+        raise HllmError(f"the load test targets loopback only (127.0.0.1, ::1, localhost), not {host!r}")
+
+
+def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float, offset: int = 0) -> dict:
+    """Raw samples of one bounded burst: latencies (ms), errors, orders, server timings, wall time."""
+    import httpx
+
+    lat, errors, orders, timings = [], {}, {}, []
+    sent = 0
+
+    async def client(http: httpx.AsyncClient, t_end: float) -> None:
+        nonlocal sent
+        while sent < requests and time.perf_counter() < t_end:
+            i = offset + sent
+            sent += 1
+            slate = slates[i % len(slates)]
+            t0 = time.perf_counter()
+            try:
+                r = await http.post(f"{url}/v1/rank", json={"slates": [slate]})
+            except httpx.HTTPError as e:
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                continue
+            dt = (time.perf_counter() - t0) * 1e3
+            if r.status_code != 200:
+                errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
+                continue
+            body = r.json()
+            lat.append(dt)
+            orders[i] = body["rankings"][0]["order"]
+            timings.append(body["timing"])
+
+    async def main() -> float:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client(http, t0 + max_seconds) for _ in range(clients)))
+            return time.perf_counter() - t0
+
+    wall = asyncio.run(main())
+    return {"sent": sent, "lat": lat, "errors": errors, "orders": orders, "timings": timings, "wall": wall}
+
+
+def _summary(samples: Sequence[dict]) -> dict:
+    """Merge raw bursts into the reported figures (throughput over the bursts' summed wall time)."""
+    lat = [x for s in samples for x in s["lat"]]
+    timings = [t for s in samples for t in s["timings"]]
+    errors: dict = {}
+    for s in samples:
+        for k, v in s["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    wall = sum(s["wall"] for s in samples)
+    mean = lambda k: round(float(np.mean([t[k] for t in timings])), 1) if timings else None  # noqa: E731
+    sizes = [t["batch_slates"] for t in timings]
+    u, c = np.unique(sizes, return_counts=True) if sizes else ([], [])
+    orders = {}
+    for s in samples:
+        orders.update(s["orders"])
+    return {
+        "requests": sum(s["sent"] for s in samples),
+        "ok": len(lat),
+        "errors": sum(errors.values()),
+        "errors_by_kind": errors,
+        "wall_s": round(wall, 2),
+        "throughput_rps": round(len(lat) / wall, 3) if wall > 0 else None,
+        "latency_ms": _pct(lat),
+        "server_mean_ms": {k: mean(k) for k in ("queue_ms", "prompt_ms", "engine_ms", "decode_ms", "total_ms")},
+        "batch_slates_seen": {str(int(a)): int(b) for a, b in zip(u, c)},
+        "orders": orders,
+    }
+
+
+def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float = 600.0) -> dict:
+    """Send ``requests`` single-slate requests from ``clients`` concurrent clients to ``{url}/v1/rank``.
+
+    Request i carries ``slates[i % len(slates)]``; no request starts after ``max_seconds``. Latency is
+    client-side wall time per request (ms). Returns: requests, ok, errors (by HTTP status or transport
+    error), wall_s, throughput_rps, latency_ms (p50/p90/p99/mean/max of successful requests), the
+    server's mean stage times, the batch sizes the server reported, and ``orders`` (request index →
+    ranking order) for comparisons.
+    Raises: HllmError for a non-loopback URL or bad bounds.
+    """
+    check_loopback_url(url)
+    if clients < 1 or requests < 1 or max_seconds <= 0:
+        raise HllmError("clients and requests must be ≥ 1 and max_seconds > 0")
+    if not slates:
+        raise HllmError("no slates to send")
+    return _summary([_send_all(url, slates, clients, requests, max_seconds, timeout_s)])
+
+
+def compare_batching(
+    model: str | os.PathLike,
+    slates: Sequence[dict],
+    clients: int = 4,
+    requests: int = 40,
+    max_seconds: float = 600.0,
+    max_batch: int | None = None,
+    max_wait_ms: float = 20.0,
+    threads: int | None = None,
+    rounds: int = 2,
+    ranker=None,
+    log=print,
+) -> dict:
+    """Measure the same load with micro-batching on and off in one run, interleaved.
+
+    Two in-process servers on ``127.0.0.1`` share ONE :class:`hllm.runtime.Ranker` (one engine);
+    the ``requests`` of each mode are sent in ``rounds`` bursts that alternate between the modes
+    (on, off, off, on, …) so that a change of machine load during the run hits both modes alike.
+    Only one mode has traffic at a time.
+
+    Args:
+        model: export dir / ``.onnx`` / ``.plan`` / checkpoint, opened once with :meth:`Ranker.from_path`.
+        slates: the slates to send (one per request); both modes send the same slates in the same order.
+        clients, requests, max_seconds: per mode; ``max_seconds`` is split evenly over its bursts.
+        max_batch: slates per engine batch when batching is on (default ``clients``).
+        max_wait_ms: micro-batch window when batching is on.
+        threads: engine intra-op threads.
+        rounds: bursts per mode.
+        ranker: an existing Ranker (tests); overrides ``model``.
+    Returns: a JSON-ready dict with one entry per mode and the agreement of their rankings.
+    """
+    import contextlib
+
+    from hllm.runtime import Ranker
+    from hllm.serve.app import ServeOptions, create_app
+    from hllm.serve.batching import BatchOptions
+    from hllm.serve.server import BackgroundServer, wait_ready
+
+    if rounds < 1 or requests < rounds:
+        raise HllmError(f"need 1 ≤ rounds ≤ requests, got rounds={rounds}, requests={requests}")
+    ranker = ranker or Ranker.from_path(model, threads=threads)
+    max_batch = max_batch or clients
+    q = max(64, clients * 2)
+    dl = max_seconds * 1e3
+    modes = {
+        "batching_on": BatchOptions(max_batch_slates=max_batch, max_wait_ms=max_wait_ms, max_queue=q, deadline_ms=dl),
+        "batching_off": BatchOptions(max_batch_slates=1, max_wait_ms=0.0, max_queue=q, deadline_ms=dl),
+    }
+    apps = {name: create_app(ranker, ServeOptions(batch=o)) for name, o in modes.items()}
+    samples: dict = {name: [] for name in modes}
+    load_s: dict = {}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name, app in apps.items():
+            srv = servers[name] = stack.enter_context(BackgroundServer(app))
+            t0 = time.perf_counter()
+            wait_ready(srv.url, timeout_s=900)
+            load_s[name] = round(time.perf_counter() - t0, 1)
+            log(f"{name}: ready on {srv.url} in {load_s[name]} s (max_batch={modes[name].max_batch_slates}, max_wait_ms={modes[name].max_wait_ms})")
+        per = [requests // rounds + (1 if r < requests % rounds else 0) for r in range(rounds)]
+        names = list(modes)
+        offset = 0
+        for r in range(rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for name in order:
+                s = _send_all(servers[name].url, slates, clients, per[r], max_seconds / rounds, 600.0, offset)
+                samples[name].append(s)
+                log(f"round {r + 1}/{rounds} {name}: {len(s['lat'])}/{s['sent']} ok in {s['wall']:.1f} s")
+            offset += per[r]
+    out: dict = {}
+    for name in modes:
+        res = _summary(samples[name])
+        o = modes[name]
+        res["options"] = {"max_batch_slates": o.max_batch_slates, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue}
+        res["load_and_warmup_s"] = load_s[name]
+        res["engine_batches"] = apps[name].state.hllm.batcher.stats.batches  # the warm-up is not counted
+        res["engine"] = ranker.engine.name
+        res["rounds"] = rounds
+        out[name] = res
+        log(f"{name}: {res['ok']}/{res['requests']} ok, {res['throughput_rps']} req/s, p50 {res['latency_ms']['p50']} ms")
+    a, b = out["batching_on"].pop("orders"), out["batching_off"].pop("orders")
+    common = sorted(set(a) & set(b))
+    out["rankings_identical_across_modes"] = {"compared": len(common), "identical": sum(a[i] == b[i] for i in common)}
+    return out
+
+
+def environment() -> dict:
+    """Hardware and library versions for the result JSON."""
+    import importlib.metadata as md
+
+    def v(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "versions": {p: v(p) for p in ("fastapi", "starlette", "uvicorn", "httpx", "onnxruntime", "tokenizers", "lap")},
+    }

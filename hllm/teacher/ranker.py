@@ -1,0 +1,242 @@
+"""The autoregressive listwise teacher (paper §4.3 Phase 1): any Hugging Face causal LM ranks a
+slate by generating the candidate numbers, greedily, with a KV cache.
+
+    prompt (user history + numbered candidates + instruction) ──prefill──► KV cache
+    ──greedy decode, one token per pass──► "3, 17, 1, …" ──parse/repair──► permutation
+
+The prompt is built by :class:`hllm.runtime.prompt.PromptBuilder` (the one prompt builder) from
+:func:`teacher_prompt_spec` plus an instruction suffix. With a ChatML tokenizer (``<|im_start|>`` in
+the vocabulary, e.g. SmolLM2-Instruct, Qwen) the prompt is wrapped as a system/user/assistant chat.
+
+Unconstrained mode is plain greedy ``generate``. Constrained mode adds a logits processor
+(:class:`OrdinalLogitsProcessor`) that allows only tokens keeping the output inside the ordinal
+grammar of :mod:`hllm.teacher.constrain` and forbids end-of-sequence until all N ordinals are out.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from hllm.errors import CheckpointError
+from hllm.runtime.prompt import PromptBuilder, PromptSpec, load_tokenizer
+from hllm.teacher.constrain import GrammarState, OrdinalGrammar
+from hllm.teacher.parse import parse_ordinals
+
+CHATML_SYSTEM = "<|im_start|>system\nYou are a shopping assistant who ranks products for a shopper.<|im_end|>\n<|im_start|>user\n"
+USER_CONTEXT = "A shopper bought these products, oldest first:\n{history}Candidate products:\n"
+INSTRUCTION = (
+    "Rank all {n} candidate products from most to least likely to be bought next by this shopper. "
+    "Answer with the candidate numbers only, separated by commas."
+)
+
+
+def teacher_prompt_spec(chatml: bool, candidate_token_budget: int = 24, history_token_budget: int = 256,
+                        max_history: int = 10) -> PromptSpec:
+    """The teacher's listing: history then ``"{index}. {title}"`` lines (1-based numbers to answer with)."""
+    return PromptSpec(
+        user_template=(CHATML_SYSTEM if chatml else "") + USER_CONTEXT,
+        candidate_template="{index}. {title}",
+        separator="\n",
+        candidate_token_budget=candidate_token_budget,
+        history_token_budget=history_token_budget + (40 if chatml else 0),
+        max_history=max_history,
+        max_seq_len=8192,
+    )
+
+
+@dataclass
+class ArResult:
+    """One slate ranked by the autoregressive teacher.
+
+    Attributes:
+        slate_id: the slate's id.
+        order: repaired permutation, 0-based candidate indices best first.
+        valid: the raw output was a complete valid permutation (no repair needed).
+        invalid / repeated / missing: counts from :func:`hllm.teacher.parse.parse_ordinals`.
+        decode_passes: generated tokens = decoder forward passes after the prefill.
+        prefill_tokens: prompt length in tokens.
+        wall_s: wall time of prefill + decoding + parsing, seconds.
+        raw_text: the decoded generation.
+        constrained: whether constrained decoding was used.
+    """
+
+    slate_id: str
+    order: list[int]
+    valid: bool
+    invalid: int
+    repeated: int
+    missing: int
+    decode_passes: int
+    prefill_tokens: int
+    wall_s: float
+    raw_text: str
+    constrained: bool
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["wall_s"] = round(self.wall_s, 4)
+        return d
+
+
+def _token_strings(tokenizer) -> dict[int, str]:
+    """Decoded strings of the vocabulary tokens that can appear in an ordinal list (digits, ',', ' ')."""
+    keep = set("0123456789, Ġ▁")
+    out = {}
+    for tok, tid in tokenizer.get_vocab().items():
+        if tok and set(tok) <= keep:
+            s = tokenizer.decode([tid], skip_special_tokens=False)
+            if s and set(s) <= set("0123456789, "):
+                out[tid] = s
+    return out
+
+
+def make_logits_processor(grammar: OrdinalGrammar, token_strings: dict[int, str], eos_ids: list[int], prompt_len: int):
+    """A ``transformers`` logits processor enforcing ``grammar`` on the generated suffix (batch 1).
+
+    At each step every non-allowed logit is set to -inf; allowed = tokens whose string keeps the
+    output valid, plus end-of-sequence once :meth:`OrdinalGrammar.can_end` holds. If nothing else is
+    allowed, EOS is (cannot happen for a consistent grammar; avoids an all -inf row).
+    """
+    from transformers import LogitsProcessor
+
+    class OrdinalLogitsProcessor(LogitsProcessor):
+        def __init__(self):
+            self.state = GrammarState()
+            self.seen = 0
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            gen = input_ids[0, prompt_len:].tolist()
+            for tid in gen[self.seen:]:  # advance by the token chosen at the previous step
+                nxt = grammar.advance(self.state, token_strings.get(tid, "\x00"))
+                self.state = nxt if nxt is not None else self.state
+            self.seen = len(gen)
+            allowed = [t for t, s in token_strings.items() if grammar.advance(self.state, s) is not None]
+            if grammar.can_end(self.state) or not allowed:
+                allowed = allowed + list(eos_ids)
+            mask = torch.full_like(scores, float("-inf"))
+            mask[:, allowed] = 0.0
+            return scores + mask
+
+    return OrdinalLogitsProcessor()
+
+
+class ArRanker:
+    """Autoregressive listwise ranker over a Hugging Face causal LM directory.
+
+    Args:
+        model_dir: HF causal LM directory (config.json, weights, tokenizer.json); e.g. ``work/smollm2``.
+        max_new_tokens: generation cap; None = enough for every ordinal of the slate plus separators
+            (:meth:`OrdinalGrammar.max_tokens`).
+        threads: torch intra-op threads (None = leave as is).
+        candidate_token_budget / history_token_budget: prompt budgets in tokens (see PromptSpec).
+    Raises: CheckpointError if the directory cannot be loaded.
+
+    ``rank(slate, constrained)`` → :class:`ArResult`. Decoding is greedy (``do_sample=False``) with
+    the KV cache (``use_cache=True``): one prefill pass, then one decoder pass per generated token.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, max_new_tokens: int | None = None, threads: int | None = None,
+                 candidate_token_budget: int = 24, history_token_budget: int = 256):
+        from transformers import AutoModelForCausalLM
+
+        self.model_dir = Path(model_dir)
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.tokenizer = load_tokenizer(self.model_dir)
+        chatml = self.tokenizer.token_to_id("<|im_start|>") is not None
+        self.chatml = chatml
+        self.spec = teacher_prompt_spec(chatml, candidate_token_budget, history_token_budget)
+        self.builder = PromptBuilder(self.tokenizer, self.spec)
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot load causal LM {self.model_dir}: {e}") from None
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        for name in ("<|im_end|>", "<|endoftext|>"):
+            tid = self.tokenizer.token_to_id(name)
+            if tid is not None and (chatml or name == "<|endoftext|>") and tid not in eos:
+                eos.append(tid)
+        self.eos_ids = [int(e) for e in eos]
+        self.max_new_tokens = max_new_tokens
+        self._token_strings = _token_strings(self.tokenizer)
+
+    def prompt_ids(self, slate: dict) -> list[int]:
+        """Token ids of the teacher prompt for ``slate`` (listing + instruction [+ assistant turn])."""
+        ids, _, _, _ = self.builder.encode_one(slate)
+        n = len(slate["candidates"])
+        suffix = INSTRUCTION.format(n=n)
+        suffix = suffix + "<|im_end|>\n<|im_start|>assistant\n" if self.chatml else "\n" + suffix + "\nAnswer: "
+        return ids + self.tokenizer.encode(suffix, add_special_tokens=False).ids
+
+    @torch.inference_mode()
+    def rank(self, slate: dict, constrained: bool = True) -> ArResult:
+        """Rank one slate. Raises SlateError for a malformed slate (see PromptBuilder)."""
+        t0 = time.perf_counter()
+        n = len(slate.get("candidates") or [])
+        ids = self.prompt_ids(slate)
+        grammar = OrdinalGrammar(n)
+        cap = self.max_new_tokens or grammar.max_tokens()
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        kwargs = dict(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=cap,
+            do_sample=False,
+            use_cache=True,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.eos_ids[0] if self.eos_ids else 0,
+        )
+        if constrained:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [make_logits_processor(grammar, self._token_strings, self.eos_ids, len(ids))]
+            )
+        out = self.model.generate(**kwargs)
+        gen = out[0, len(ids):].tolist()
+        passes = len(gen)
+        while gen and gen[-1] in self.eos_ids:
+            gen.pop()
+        text = self.tokenizer.decode(gen, skip_special_tokens=True)
+        parsed = parse_ordinals(text, n)
+        return ArResult(
+            slate_id=str(slate.get("slate_id", "")),
+            order=parsed.order,
+            valid=parsed.valid,
+            invalid=parsed.invalid,
+            repeated=parsed.repeated,
+            missing=parsed.missing,
+            decode_passes=passes,
+            prefill_tokens=len(ids),
+            wall_s=time.perf_counter() - t0,
+            raw_text=text,
+            constrained=constrained,
+        )
+
+    def rank_all(self, slates: Iterable[dict], constrained: bool = True) -> Iterator[ArResult]:
+        """Rank slates one by one (lazily)."""
+        for s in slates:
+            yield self.rank(s, constrained)
+
+
+def summarize(results: list[ArResult]) -> dict:
+    """Aggregate teacher statistics: slates, valid rate, mean invalid/repeated/missing, decode passes
+    (mean), prefill tokens (mean) and wall seconds per slate (mean)."""
+    k = max(1, len(results))
+    return {
+        "slates": len(results),
+        "valid_rate": sum(r.valid for r in results) / k,
+        "invalid_mean": sum(r.invalid for r in results) / k,
+        "repeated_mean": sum(r.repeated for r in results) / k,
+        "missing_mean": sum(r.missing for r in results) / k,
+        "decode_passes_mean": sum(r.decode_passes for r in results) / k,
+        "prefill_tokens_mean": sum(r.prefill_tokens for r in results) / k,
+        "wall_s_mean": sum(r.wall_s for r in results) / k,
+    }

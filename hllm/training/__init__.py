@@ -1,0 +1,5 @@
+"""Training (paper §3.3-§4): log-domain Sinkhorn loss, click/teacher targets, the training loop.
+
+Modules: :mod:`.sinkhorn` (operator + loss), :mod:`.targets` (target matrices), :mod:`.trainer`
+(``train(TrainConfig)``). Imports torch; never imported by :mod:`hllm.runtime`.
+"""

@@ -1,0 +1,104 @@
+"""Training targets P ``[n, n]`` (item × rank position) for the Sinkhorn loss (torch-free, numpy).
+
+Three kinds, chosen with ``hllm train --target``:
+
+* ``teacher``: a stored permutation (teacher JSONL, one ``order`` of 0-based candidate indices per
+  slate, best first) → permutation matrix ``P[order[p], p] = 1``.
+* ``clicks`` (the paper's weaker "Track 1" signal): with c clicked items among n (0 < c < n), a
+  clicked item's row is uniform over the top positions ``0..c-1`` and an unclicked item's row is
+  uniform over ``c..n-1``. P is doubly stochastic, so ``−Σ P log S`` rewards putting the clicked
+  items in the first c positions (in any order among themselves) and says nothing about the order
+  of the rest. Slates with no click or all clicked carry no signal and are skipped.
+* ``clicks+teacher``: a permutation with clicked items first, then the unclicked ones, each group in
+  the teacher's order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from hllm.errors import SlateError
+from hllm.runtime.slates import _open_text
+
+TARGET_KINDS = ("clicks", "teacher", "clicks+teacher")
+
+
+def permutation_target(order: Sequence[int], n: int) -> np.ndarray:
+    """``[n, n]`` float32 permutation matrix with ``P[order[p], p] = 1``.
+
+    Raises: SlateError if ``order`` is not a permutation of ``range(n)``.
+    """
+    order = [int(i) for i in order]
+    if sorted(order) != list(range(n)):
+        raise SlateError(f"teacher order is not a permutation of 0..{n - 1}: {order[:12]}…")
+    p = np.zeros((n, n), dtype=np.float32)
+    p[order, np.arange(n)] = 1.0
+    return p
+
+
+def click_target(labels: Sequence[int]) -> np.ndarray | None:
+    """``[n, n]`` float32 click target (see module doc), or None when no/all items are clicked."""
+    lab = np.asarray(labels, dtype=bool)
+    n, c = lab.size, int(lab.sum())
+    if c == 0 or c == n:
+        return None
+    p = np.zeros((n, n), dtype=np.float32)
+    p[np.ix_(lab, np.arange(c))] = 1.0 / c
+    p[np.ix_(~lab, np.arange(c, n))] = 1.0 / (n - c)
+    return p
+
+
+def clicks_then_teacher(labels: Sequence[int], order: Sequence[int]) -> list[int] | None:
+    """Clicked items first, then the rest, each group in teacher order; None without a usable click."""
+    lab = [bool(x) for x in labels]
+    if not any(lab) or all(lab):
+        return None
+    return [i for i in order if lab[i]] + [i for i in order if not lab[i]]
+
+
+def read_teacher(path: str | os.PathLike) -> dict[str, list[int]]:
+    """Read teacher permutations ``{slate_id: order}`` from JSONL (``hllm teacher`` output; any
+    JSONL with ``slate_id`` and ``order`` keys). Raises SlateError naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise SlateError(f"teacher file not found: {path}")
+    out = {}
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                out[str(rec["slate_id"])] = [int(i) for i in rec["order"]]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise SlateError(f"{path}:{lineno}: not a teacher record with slate_id and order ({e})") from None
+    return out
+
+
+def build_target(kind: str, slate: dict, teacher: dict[str, list[int]] | None = None) -> np.ndarray | None:
+    """The ``[n, n]`` target of one slate for ``kind`` (see module doc); None = skip this slate.
+
+    Raises: SlateError for an unknown kind, missing labels (clicks) or a slate the teacher lacks.
+    """
+    if kind not in TARGET_KINDS:
+        raise SlateError(f"unknown target {kind!r}; known: {', '.join(TARGET_KINDS)}")
+    n = len(slate["candidates"])
+    sid = str(slate.get("slate_id", "?"))
+    if kind in ("clicks", "clicks+teacher") and slate.get("labels") is None:
+        raise SlateError(f"slate {sid}: target {kind!r} needs labels")
+    if kind in ("teacher", "clicks+teacher"):
+        if teacher is None or sid not in teacher:
+            raise SlateError(f"slate {sid}: no teacher permutation for it")
+        if len(teacher[sid]) != n:
+            raise SlateError(f"slate {sid}: teacher order has {len(teacher[sid])} items, slate has {n}")
+    if kind == "clicks":
+        return click_target(slate["labels"])
+    if kind == "teacher":
+        return permutation_target(teacher[sid], n)
+    order = clicks_then_teacher(slate["labels"], teacher[sid])
+    return None if order is None else permutation_target(order, n)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Reproduce the benchmark figures of the README (docs/benchmarks.md) into results/bench/:
+#   lapjv.json      LAP solvers vs the runtime's decode path (N = 10, 50, 150; 3 matrix families)
+#   stages.json     per-stage latency, PyTorch and ONNX Runtime, N = 10, 25, 50 (batch 1) + batch 4 at N = 50
+#   versus_ar.json  hLLM single pass vs greedy autoregressive (constrained + unconstrained), N = 50
+#   stages.png      chart of the two (needs matplotlib: pip install 'hllm[bench]')
+# About 6 minutes on a quiet 2-core machine (much longer when the cores are shared).
+#
+# Inputs (environment variables, defaults in brackets):
+#   CKPT [work/demo/merged]  hLLM checkpoint (PyTorch engine)     EXPORT [work/demo/export]  its ONNX export
+#   AR [work/smollm2]        the same backbone as a causal LM     SLATES [examples/beauty-eval-sample.jsonl.gz]
+#   OUT [results/bench]      output folder                        THREADS []  intra-op threads (default: engine's)
+#   MACHINE [--quiet-machine] or --shared: recorded in the JSON   NOTE []  free text recorded in the JSON
+#   RUNS [3]  measured calls per configuration   AR_SLATES [3]  measured slates of the AR comparison
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+CKPT=${CKPT:-work/demo/merged}
+EXPORT=${EXPORT:-work/demo/export}
+AR=${AR:-work/smollm2}
+SLATES=${SLATES:-examples/beauty-eval-sample.jsonl.gz}
+OUT=${OUT:-results/bench}
+MACHINE=${MACHINE:---quiet-machine}
+RUNS=${RUNS:-3}
+AR_SLATES=${AR_SLATES:-3}
+THREADS_OPT=()
+[ -n "${THREADS:-}" ] && THREADS_OPT=(--threads "$THREADS")
+NOTE_OPT=()
+[ -n "${NOTE:-}" ] && NOTE_OPT=(--note "$NOTE")
+
+for p in "$CKPT" "$EXPORT" "$AR" "$SLATES"; do
+  [ -e "$p" ] || { echo "error: $p not found (see docs/benchmarks.md for how to make it)" >&2; exit 2; }
+done
+mkdir -p "$OUT"
+hllm() { "$PY" -m hllm "$@"; }
+
+echo "== LAP solvers" >&2
+hllm bench lapjv -n 10,50,150 --families gaussian,planted,rank1 --matrices 200 \
+  -o "$OUT/lapjv.json" "$MACHINE" "${NOTE_OPT[@]}"
+
+echo "== per-stage latency (PyTorch + ONNX Runtime, interleaved)" >&2
+hllm bench stages "$CKPT" "$EXPORT" -s "$SLATES" -n 10,25,50 -b 1 --large-batch 4 \
+  --runs "$RUNS" --warmup 1 "${THREADS_OPT[@]}" -o "$OUT/stages.json" "$MACHINE" "${NOTE_OPT[@]}"
+
+echo "== single pass vs autoregressive (interleaved per slate)" >&2
+hllm bench versus-ar "$CKPT" "$EXPORT" --ar "$AR" -s "$SLATES" -n 50 --count "$AR_SLATES" \
+  "${THREADS_OPT[@]}" -o "$OUT/versus_ar.json" "$MACHINE" "${NOTE_OPT[@]}"
+
+if "$PY" -c "import matplotlib" 2>/dev/null; then
+  hllm bench chart --stages "$OUT/stages.json" --versus "$OUT/versus_ar.json" -n 50 -o "$OUT/stages.png"
+else
+  echo "matplotlib not installed: no chart (pip install 'hllm[bench]')" >&2
+fi

@@ -1,0 +1,69 @@
+"""Shared fixtures: tiny random backbones (Qwen3 with head_dim ≠ hidden/heads, Qwen2, Llama with tied
+embeddings), checkpoints and exports built offline in a session temp dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_SLATES = REPO / "examples" / "beauty-eval-sample.jsonl.gz"
+TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def backbones(tiny_dir) -> dict[str, Path]:
+    """{family: HF model dir} for qwen3, qwen2, llama."""
+    from hllm.testing import tiny_backbone
+
+    return {f: tiny_backbone(tiny_dir / f"backbone-{f}", f, seed=i) for i, f in enumerate(("qwen3", "qwen2", "llama"))}
+
+
+@pytest.fixture(scope="session")
+def qwen3_backbone(backbones) -> Path:
+    return backbones["qwen3"]
+
+
+@pytest.fixture(scope="session")
+def lora_checkpoint(tiny_dir, qwen3_backbone) -> Path:
+    """Untrained self-attention checkpoint (K=8) with a non-zero LoRA adapter (r=4)."""
+    from hllm.model.init import init_checkpoint
+
+    return init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-lora", "self_attention", 8, seed=0, lora_rank=4,
+                           head_kwargs=TINY_HEAD)
+
+
+@pytest.fixture(scope="session")
+def merged_checkpoint(tiny_dir, lora_checkpoint) -> Path:
+    from hllm.exporter.merge import merge_checkpoint
+    from hllm.testing import tiny_slates
+
+    merge_checkpoint(lora_checkpoint, tiny_dir / "ckpt-merged", tiny_slates(2, (2, 8)))
+    return tiny_dir / "ckpt-merged"
+
+
+@pytest.fixture(scope="session")
+def export_dir(tiny_dir, merged_checkpoint) -> Path:
+    """ONNX export (fp32, opset 20) of the merged tiny checkpoint."""
+    from hllm.exporter.onnx import export_onnx
+
+    export_onnx(merged_checkpoint, tiny_dir / "export")
+    return tiny_dir / "export"
+
+
+@pytest.fixture
+def slates():
+    from hllm.testing import tiny_slates
+
+    return tiny_slates(6, (1, 8), seed=3)

@@ -1,0 +1,72 @@
+"""The lean runtime: no torch import, Ranker end to end on ONNX, artefact resolution."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hllm.errors import DecodeError, EngineError, SlateError
+from hllm.runtime import Ranker
+from hllm.runtime.artifact import resolve
+
+
+def test_import_runtime_does_not_import_torch():
+    code = (
+        "import sys, hllm.runtime, hllm.runtime.artifact, hllm.engines.onnxruntime, hllm.checkpoint;"
+        "bad=[m for m in ('torch','transformers','peft') if m in sys.modules];"
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, f"runtime imported: {r.stdout} {r.stderr}"
+
+
+def test_ranker_on_onnx_matches_torch(export_dir, merged_checkpoint, slates):
+    with Ranker.from_path(export_dir, batch_size=3) as onnx_r, Ranker.from_path(merged_checkpoint) as torch_r:
+        a = onnx_r.rank(slates)
+        b = torch_r.rank(slates)
+    assert [r.order for r in a] == [r.order for r in b]
+    for r, s in zip(a, slates):
+        assert sorted(r.order) == list(range(len(s["candidates"])))
+        assert r.item_ids == [s["candidates"][i]["item_id"] for i in r.order]
+        assert len(r.scores) == len(s["candidates"])
+
+
+def test_ranker_refuses_non_finite(export_dir, slates):
+    class NaNEngine:
+        name = "nan"
+        num_positions = 8
+
+        def activate(self):
+            return self
+
+        def run(self, ids, pos, mask):
+            return np.full(mask.shape + (8,), np.nan, np.float32)
+
+    r = Ranker.from_path(export_dir)
+    r.engine = NaNEngine()
+    with pytest.raises(DecodeError, match="non-finite"):
+        r.rank(slates[:1])
+
+
+def test_slate_over_k(export_dir):
+    from hllm.testing import tiny_slates
+
+    with Ranker.from_path(export_dir) as r, pytest.raises(SlateError, match="K=8"):
+        r.rank(tiny_slates(1, 9))
+
+
+def test_resolve_kinds(export_dir, merged_checkpoint, tmp_path):
+    assert resolve(export_dir).kind == "onnx"
+    assert resolve(export_dir / "model.onnx").kind == "onnx"
+    assert resolve(merged_checkpoint).kind == "checkpoint"
+    with pytest.raises(EngineError, match="not found"):
+        resolve(tmp_path / "missing")
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"x")
+    with pytest.raises(EngineError, match="sidecar"):
+        resolve(plan)
+    (tmp_path / "m.plan.json").write_text(json.dumps({"prompt": {}}))
+    with pytest.raises(EngineError, match="num_positions"):
+        resolve(plan)

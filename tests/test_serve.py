@@ -1,0 +1,386 @@
+"""`hllm serve`: a real uvicorn on 127.0.0.1 (random port) over the tiny ONNX export.
+
+Covers: concurrency correctness of micro-batching against `Ranker` directly, bad input → 4xx naming
+the problem, engine-failure isolation, queue-full 503 + Retry-After, deadlines, readiness, metrics,
+OpenAPI, the load test, and SIGTERM drain of the `hllm serve` process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from hllm.engines.base import Engine
+from hllm.errors import EngineError
+from hllm.runtime import Ranker
+from hllm.runtime.prompt import PromptBuilder
+from hllm.serve.app import ServeOptions, create_app
+from hllm.serve.batching import BatchOptions
+from hllm.serve.server import BackgroundServer, wait_ready
+from hllm.testing import tiny_slates
+
+K = 8  # the tiny export's head
+
+
+class ControlledEngine(Engine):
+    """Delegates to a real engine; can block on a gate and fail when the batch has ``fail_n`` item slots."""
+
+    name = "controlled"
+
+    def __init__(self, inner: Engine):
+        super().__init__(inner.num_positions)
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Semaphore(0)
+        self.fail_n: int | None = None
+        self.calls = 0
+
+    def _activate(self):
+        self.inner.activate()
+
+    def _deactivate(self):
+        self.inner.deactivate()
+
+    def _run(self, input_ids, readout_positions, item_mask):
+        self.calls += 1
+        self.entered.release()
+        assert self.gate.wait(timeout=30)
+        if self.fail_n is not None and item_mask.shape[1] == self.fail_n:
+            raise EngineError(f"injected failure on a batch with {self.fail_n} item slots")
+        return self.inner.run(input_ids, readout_positions, item_mask)
+
+
+def _server(ranker, **batch) -> tuple[BackgroundServer, object]:
+    opts = ServeOptions(batch=BatchOptions(**{"max_batch_slates": 4, "max_wait_ms": 20.0, **batch}), max_body_bytes=64 * 1024)
+    app = create_app(ranker, opts)
+    return BackgroundServer(app), app
+
+
+@pytest.fixture(scope="module")
+def reference(export_dir):
+    with Ranker.from_path(export_dir) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def served(export_dir):
+    """A batching server (max 4 slates, 20 ms window) on a plain ONNX Ranker."""
+    srv, app = _server(Ranker.from_path(export_dir))
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        yield srv, app
+
+
+def _post(url, body, **kw):
+    return httpx.post(f"{url}/v1/rank", json=body, timeout=60, **kw)
+
+
+def test_serve_package_does_not_import_torch():
+    code = (
+        "import sys, hllm.serve, hllm.serve.loadtest, hllm.serve.server, hllm.triton, hllm.triton.repo, hllm.triton.decode_model;"
+        "bad=[m for m in ('torch','transformers','peft') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_health_ready_and_one_ranking(served, reference):
+    srv, _ = served
+    assert httpx.get(f"{srv.url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{srv.url}/readyz")
+    assert ready.status_code == 200 and ready.json()["num_positions"] == K
+    s = tiny_slates(1, 6, seed=11)[0]
+    r = _post(srv.url, {"slates": [s]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    want = reference.rank([s])[0]
+    assert got["rankings"][0]["order"] == want.order
+    assert got["rankings"][0]["ranking"] == want.item_ids
+    np.testing.assert_allclose(got["rankings"][0]["scores"], want.scores, atol=1e-4)
+    t = got["timing"]
+    assert t["batch_slates"] >= 1 and t["engine_ms"] > 0 and t["total_ms"] >= t["engine_ms"]
+
+
+def test_jsonl_body_and_single_slate_object(served, reference):
+    srv, _ = served
+    ss = tiny_slates(3, (2, 8), seed=12)
+    body = "\n".join(json.dumps(s) for s in ss) + "\n"
+    r = httpx.post(f"{srv.url}/v1/rank", content=body, headers={"content-type": "application/x-ndjson"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert [x["order"] for x in r.json()["rankings"]] == [x.order for x in reference.rank(ss)]
+    r1 = _post(srv.url, ss[1])  # a bare slate object
+    assert r1.status_code == 200 and r1.json()["rankings"][0]["slate_id"] == ss[1]["slate_id"]
+
+
+def test_concurrent_requests_each_get_their_own_correct_ranking(served, reference):
+    """Under concurrent load every request gets exactly its own slates' rankings (== Ranker), none lost."""
+    srv, app = served
+    pool = tiny_slates(60, (1, K), seed=21)
+    reqs = []
+    i = 0
+    for n in [1, 2, 3, 1, 1, 2] * 5:  # 30 requests, 1-3 slates each (60 slates)
+        reqs.append(pool[i : i + n])
+        i += n
+    want = {s["slate_id"]: r for s, r in zip(pool, reference.rank(pool))}
+    batches_before = app.state.hllm.batcher.stats.batches
+
+    def send(slates):
+        return _post(srv.url, {"slates": slates})
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        responses = list(ex.map(send, reqs))
+    assert [r.status_code for r in responses] == [200] * len(reqs)
+    multi = 0
+    for slates, r in zip(reqs, responses):
+        body = r.json()
+        assert [x["slate_id"] for x in body["rankings"]] == [s["slate_id"] for s in slates]
+        for s, got in zip(slates, body["rankings"]):
+            ref = want[s["slate_id"]]
+            assert got["order"] == ref.order, s["slate_id"]
+            assert got["ranking"] == ref.item_ids
+            np.testing.assert_allclose(got["scores"], ref.scores, atol=1e-4)
+        multi += body["timing"]["batch_requests"] > 1
+    stats = app.state.hllm.batcher.stats
+    assert multi > 0, "no request shared an engine batch: micro-batching was not exercised"
+    assert stats.batches - batches_before < len(reqs)  # fewer engine calls than requests
+    assert max(stats.sizes) <= 4  # never over max_batch_slates
+
+
+def _long_slate():
+    return {"slate_id": "long", "history": ["word " * 30] * 5, "candidates": [{"item_id": f"c{i}", "title": "longer title text " * 4} for i in range(K)]}
+
+
+@pytest.mark.parametrize(
+    "body, status, kind, words",
+    [
+        ("{not json", 400, "bad_json", "malformed JSON"),
+        ([1, 2], 422, "bad_slate", "slates[0]: expected a JSON object"),
+        ({"slates": {"candidates": []}}, 422, "bad_request", "'slates' must be a list"),
+        ({"slates": []}, 422, "bad_request", "no slates"),
+        ({"slates": [{"candidates": []}]}, 422, "bad_slate", "empty slate"),
+        ({"slates": [{"candidates": "abc"}]}, 422, "bad_slate", "'candidates' must be a list"),
+        ({"slates": [{"candidates": [{"title": 5}]}]}, 422, "bad_slate", "candidate 0 must be an object with a string 'title'"),
+        ({"slates": [{"candidates": [{"title": "a"}], "history": "x"}]}, 422, "bad_slate", "'history' must be a list"),
+        ({"slates": [{"slate_id": "big", "candidates": [{"title": f"t{i}"} for i in range(K + 1)]}]}, 422, "bad_slate", "at most K=8"),
+        ({"slates": [{"candidates": [{"title": "a"}]}], "deadline_ms": "soon"}, 422, "bad_request", "'deadline_ms' must be a positive number"),
+        ({"slates": [{"candidates": [{"title": "a"}]}], "extra": 1}, 422, "bad_request", "unknown fields ['extra']"),
+        ({"slates": [{"candidates": [{"title": "a"}]}] * 40}, 413, "too_large", "40 slates in one request"),
+        ({"slates": [{"candidates": [{"title": "x" * 70_000}]}]}, 413, "too_large", "over the limit of 65536 bytes"),
+    ],
+)
+def test_bad_input_is_4xx_naming_the_problem(served, body, status, kind, words):
+    srv, _ = served
+    if isinstance(body, str):
+        r = httpx.post(f"{srv.url}/v1/rank", content=body, headers={"content-type": "application/json"})
+    else:
+        r = _post(srv.url, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["kind"] == kind and words in err["message"], err
+    assert httpx.get(f"{srv.url}/healthz").status_code == 200  # and the server keeps serving
+
+
+def test_wrong_content_type_and_bad_utf8(served):
+    srv, _ = served
+    r = httpx.post(f"{srv.url}/v1/rank", content=b"x", headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and "text/plain" in r.json()["error"]["message"]
+    r = httpx.post(f"{srv.url}/v1/rank", content=b'{"slates": "\xff"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not UTF-8" in r.json()["error"]["message"]
+
+
+def test_over_long_prompt_is_422(export_dir):
+    base = Ranker.from_path(export_dir)
+    n_tokens = len(base.builder.encode_one(_long_slate())[0])
+    spec = dataclasses.replace(base.builder.spec, max_seq_len=n_tokens - 1)
+    ranker = Ranker(base.engine, PromptBuilder(base.builder.tokenizer, spec, max_items=K))
+    srv, _ = _server(ranker)
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        r = _post(srv.url, {"slates": [_long_slate()]})
+        assert r.status_code == 422
+        assert f"prompt is {n_tokens} tokens, over max_seq_len={n_tokens - 1}" in r.json()["error"]["message"]
+        ok = _post(srv.url, {"slates": tiny_slates(1, 3, seed=5)})
+        assert ok.status_code == 200
+
+
+def test_engine_failure_fails_only_its_batch(export_dir, reference):
+    """With batching off, requests whose batch fails get 500 + error id; the others get correct rankings."""
+    eng = ControlledEngine(Ranker.from_path(export_dir).engine)
+    base = Ranker.from_path(export_dir)
+    srv, app = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0)
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        eng.fail_n = 7  # any batch whose slates have 7 candidates fails
+        ss = [tiny_slates(1, n, seed=30 + i)[0] for i, n in enumerate([3, 7, 5, 7, 2, 4])]
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            rs = list(ex.map(lambda s: _post(srv.url, {"slates": [s]}), ss))
+        ids = set()
+        for s, r in zip(ss, rs):
+            if len(s["candidates"]) == 7:
+                assert r.status_code == 500, r.text
+                err = r.json()["error"]
+                assert err["kind"] == "engine" and "injected failure" in err["message"] and err["id"]
+                ids.add(err["id"])
+            else:
+                assert r.status_code == 200, r.text
+                assert r.json()["rankings"][0]["order"] == reference.rank([s])[0].order
+        assert len(ids) == 2  # one error id per failed batch
+        assert app.state.hllm.batcher.stats.failed_batches == 2
+        after = _post(srv.url, {"slates": [ss[0]]})  # still serving
+        assert after.status_code == 200
+        m = httpx.get(f"{srv.url}/metrics").text
+        assert 'hllm_errors_total{kind="engine"} 2.0' in m
+        assert 'hllm_failed_batches_total{kind="engine"} 2.0' in m
+
+
+def test_queue_full_is_503_with_retry_after_and_deadline_is_504(export_dir):
+    eng = ControlledEngine(Ranker.from_path(export_dir).engine)
+    base = Ranker.from_path(export_dir)
+    srv, app = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0, max_queue=2)
+    batcher = app.state.hllm.batcher
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        while eng.entered.acquire(blocking=False):  # forget the warm-up call
+            pass
+        eng.gate.clear()
+        s = tiny_slates(1, 4, seed=40)
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            first = ex.submit(_post, srv.url, {"slates": s})
+            assert eng.entered.acquire(timeout=30)  # request 1 is inside the engine
+            queued = [ex.submit(_post, srv.url, {"slates": s}) for _ in range(2)]
+            t_end = time.monotonic() + 30
+            while batcher.depth < 2 and time.monotonic() < t_end:
+                time.sleep(0.01)
+            assert batcher.depth == 2
+            full = _post(srv.url, {"slates": s})
+            assert full.status_code == 503, full.text
+            assert full.headers["retry-after"] == "1" and full.json()["error"]["kind"] == "queue_full"
+            late = _post(srv.url, {"slates": s, "deadline_ms": 1})  # queue is full too → 503 first
+            assert late.status_code == 503
+            eng.gate.set()
+            assert [f.result().status_code for f in [first, *queued]] == [200, 200, 200]
+        # deadline: the engine is held; a request with a 100 ms deadline gets 504
+        eng.gate.clear()
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            blocker = ex.submit(_post, srv.url, {"slates": s})
+            assert eng.entered.acquire(timeout=30)
+            r = _post(srv.url, {"slates": s, "deadline_ms": 100})
+            assert r.status_code == 504 and r.json()["error"]["kind"] == "deadline"
+            eng.gate.set()
+            assert blocker.result().status_code == 200
+        assert _post(srv.url, {"slates": s}).status_code == 200
+
+
+def test_not_ready_until_warmed_up(export_dir):
+    eng = ControlledEngine(Ranker.from_path(export_dir).engine)
+    base = Ranker.from_path(export_dir)
+    eng.gate.clear()  # hold the warm-up
+    srv, _ = _server(Ranker(eng, base.builder))
+    with srv:
+        assert httpx.get(f"{srv.url}/healthz").status_code == 200
+        r = httpx.get(f"{srv.url}/readyz")
+        assert r.status_code == 503 and r.json()["error"]["kind"] == "not_ready"
+        r = _post(srv.url, {"slates": tiny_slates(1, 3)})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        eng.gate.set()
+        wait_ready(srv.url, timeout_s=60)
+        assert _post(srv.url, {"slates": tiny_slates(1, 3)}).status_code == 200
+
+
+def test_metrics_and_openapi(served):
+    srv, _ = served
+    _post(srv.url, {"slates": tiny_slates(2, 3, seed=50)})
+    httpx.post(f"{srv.url}/v1/rank", content="{", headers={"content-type": "application/json"})
+    m = httpx.get(f"{srv.url}/metrics")
+    assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
+    text = m.text
+    for needle in (
+        'hllm_requests_total{code="200",path="/v1/rank"}',
+        'hllm_errors_total{kind="bad_json"}',
+        'hllm_stage_seconds_bucket{le="0.0005",stage="engine"}',
+        'hllm_stage_seconds_count{stage="queue"}',
+        'hllm_stage_seconds_count{stage="request"}',
+        "hllm_batch_slates_count",
+        "hllm_queue_depth 0.0",
+        "hllm_ready 1.0",
+    ):
+        assert needle in text, needle
+    api = httpx.get(f"{srv.url}/openapi.json").json()
+    post = api["paths"]["/v1/rank"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/RankRequest"
+    schemas = api["components"]["schemas"]
+    assert {"RankRequest", "SlateIn", "CandidateIn", "RankResponse", "ErrorResponse"} <= set(schemas)
+    assert schemas["RankRequest"]["properties"]["slates"]["items"]["$ref"] == "#/components/schemas/SlateIn"
+    assert {"200", "400", "413", "422", "500", "503", "504"} <= set(post["responses"])
+    assert {"/healthz", "/readyz", "/metrics"} <= set(api["paths"])
+
+
+def test_loadtest_compares_both_modes(export_dir):
+    from hllm.serve.loadtest import compare_batching
+
+    res = compare_batching(export_dir, tiny_slates(10, (2, K), seed=60), clients=4, requests=16, max_seconds=60, max_wait_ms=30, rounds=2, log=lambda m: None)
+    for mode in ("batching_on", "batching_off"):
+        m = res[mode]
+        assert m["requests"] == 16 and m["ok"] == 16 and m["errors"] == 0
+        assert m["latency_ms"]["p50"] <= m["latency_ms"]["p99"] <= m["latency_ms"]["max"]
+    assert set(res["batching_off"]["batch_slates_seen"]) == {"1"}
+    assert res["batching_off"]["engine_batches"] == 16
+    assert res["batching_on"]["engine_batches"] < 16  # 4 clients share batches of ≤ 4 slates
+    assert res["rankings_identical_across_modes"] == {"compared": 16, "identical": 16}
+
+
+def test_loadtest_refuses_non_loopback():
+    from hllm.errors import HllmError
+    from hllm.serve.loadtest import run_load
+
+    with pytest.raises(HllmError, match="loopback only"):
+        run_load("http://10.0.0.1:8000", [{"candidates": [{"title": "a"}]}], 1, 1, 1.0)
+    with pytest.raises(HllmError, match="loopback only"):
+        BackgroundServer(create_app(object()), host="0.0.0.0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
+    """`hllm serve` in a subprocess: a request waiting in a 1.5 s batch window still completes after SIGTERM."""
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", "1500", "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout_s=120)
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(_post, url, {"slates": tiny_slates(1, 5, seed=70)})
+            time.sleep(0.5)  # the request is queued, waiting for its batch window
+            proc.send_signal(signal.SIGTERM)
+            r = fut.result(timeout=60)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["rankings"][0]["order"]) == 5
+        rc = proc.wait(timeout=60)
+        assert rc in (0, -signal.SIGTERM), rc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/healthz", timeout=2)
