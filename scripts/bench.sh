@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Reproduce the benchmark figures of the README (docs/benchmarks.md) into results/bench/:
 #   lapjv.json      LAP solvers vs the runtime's decode path (N = 10, 50, 150; 3 matrix families)
-#   stages.json     per-stage latency, PyTorch and ONNX Runtime, N = 10, 25, 50 (batch 1) + batch 4 at N = 50
-#   versus_ar.json  hLLM single pass vs greedy autoregressive (constrained + unconstrained), N = 50
+#                   + the real score matrices of the ONNX export on MODEL_SLATES real slates (N = 10, 50)
+#   stages.json     per-stage latency, PyTorch and ONNX Runtime, N = 10, 25, 50 (batch 1) + batch 2 at N = 50
+#   versus_ar.json  hLLM single pass (PyTorch) vs greedy autoregressive (constrained + unconstrained), N = 50
 #   stages.png      chart of the two (needs matplotlib: pip install 'hllm[bench]')
-# About 6 minutes on a quiet 2-core machine (much longer when the cores are shared).
+# About 5 minutes on a quiet 2-core machine; 25-30 minutes when its cores are shared with other work.
+# The defaults are the configuration of the committed figures; raise RUNS / AR_SLATES for tighter ones.
 #
 # Inputs (environment variables, defaults in brackets):
 #   CKPT [work/demo/merged]  hLLM checkpoint (PyTorch engine)     EXPORT [work/demo/export]  its ONNX export
 #   AR [work/smollm2]        the same backbone as a causal LM     SLATES [examples/beauty-eval-sample.jsonl.gz]
 #   OUT [results/bench]      output folder                        THREADS []  intra-op threads (default: engine's)
 #   MACHINE [--quiet-machine] or --shared: recorded in the JSON   NOTE []  free text recorded in the JSON
-#   RUNS [3]  measured calls per configuration   AR_SLATES [3]  measured slates of the AR comparison
+#   RUNS [2]  measured calls per configuration   AR_SLATES [2]  measured slates of the AR comparison
+#   LARGE_BATCH [2]  the batch size > 1 measured at N = 50     MODEL_SLATES [4]  real slates for solver timing
+#   LAPJV_EXTRA_PATH []  PYTHONPATH holding extra solvers to compare (e.g. src-d `lapjv` built from sdist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +26,10 @@ AR=${AR:-work/smollm2}
 SLATES=${SLATES:-examples/beauty-eval-sample.jsonl.gz}
 OUT=${OUT:-results/bench}
 MACHINE=${MACHINE:---quiet-machine}
-RUNS=${RUNS:-3}
-AR_SLATES=${AR_SLATES:-3}
+RUNS=${RUNS:-2}
+AR_SLATES=${AR_SLATES:-2}
+LARGE_BATCH=${LARGE_BATCH:-2}
+MODEL_SLATES=${MODEL_SLATES:-4}
 THREADS_OPT=()
 [ -n "${THREADS:-}" ] && THREADS_OPT=(--threads "$THREADS")
 NOTE_OPT=()
@@ -36,15 +42,15 @@ mkdir -p "$OUT"
 hllm() { "$PY" -m hllm "$@"; }
 
 echo "== LAP solvers" >&2
-hllm bench lapjv -n 10,50,150 --families gaussian,planted,rank1 --matrices 200 \
-  -o "$OUT/lapjv.json" "$MACHINE" "${NOTE_OPT[@]}"
+PYTHONPATH=${LAPJV_EXTRA_PATH:-} hllm bench lapjv -n 10,50,150 --families gaussian,planted,rank1 --matrices 200 \
+  --model "$EXPORT" --model-slates "$MODEL_SLATES" -s "$SLATES" -o "$OUT/lapjv.json" "$MACHINE" "${NOTE_OPT[@]}"
 
 echo "== per-stage latency (PyTorch + ONNX Runtime, interleaved)" >&2
-hllm bench stages "$CKPT" "$EXPORT" -s "$SLATES" -n 10,25,50 -b 1 --large-batch 4 \
+hllm bench stages "$CKPT" "$EXPORT" -s "$SLATES" -n 10,25,50 -b 1 --large-batch "$LARGE_BATCH" \
   --runs "$RUNS" --warmup 1 "${THREADS_OPT[@]}" -o "$OUT/stages.json" "$MACHINE" "${NOTE_OPT[@]}"
 
 echo "== single pass vs autoregressive (interleaved per slate)" >&2
-hllm bench versus-ar "$CKPT" "$EXPORT" --ar "$AR" -s "$SLATES" -n 50 --count "$AR_SLATES" \
+hllm bench versus-ar "$CKPT" --ar "$AR" -s "$SLATES" -n 50 --count "$AR_SLATES" \
   "${THREADS_OPT[@]}" -o "$OUT/versus_ar.json" "$MACHINE" "${NOTE_OPT[@]}"
 
 if "$PY" -c "import matplotlib" 2>/dev/null; then

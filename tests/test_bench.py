@@ -241,6 +241,10 @@ def test_cli_lapjv_and_chart(tmp_path, merged_checkpoint):
     doc = json.loads(out.read_text())
     assert doc["kind"] == "lapjv" and doc["shared"] is True and len(doc["records"]) == 2
     assert all(rec["correct"] and set(rec["machine"]) == MACHINE_KEYS for rec in doc["records"])
+    r = runner.invoke(app, ["bench", "markdown", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [ln for ln in r.output.splitlines() if ln.startswith("| 5 | gaussian |") or ln.startswith("| 9 | gaussian |")]
+    assert len(rows) == 2 and all(ln.rstrip().endswith("| yes |") for ln in rows)
     r = runner.invoke(app, ["bench", "lapjv", "--families", "cauchy", "-o", str(out)])
     assert r.exit_code != 0
 
@@ -248,6 +252,22 @@ def test_cli_lapjv_and_chart(tmp_path, merged_checkpoint):
     r = runner.invoke(app, ["bench", "stages", str(merged_checkpoint), "-n", "4", "--runs", "1", "--warmup", "0",
                             "--peak-size", "64", "-o", str(st), "-s", str(tmp_path / "missing.jsonl")])
     assert r.exit_code != 0 and not st.exists()  # missing slates: error, no file
+
+
+def test_markdown_tables_render_the_json_figures():
+    from hllm.bench.markdown import stages_table, versus_table
+
+    rec = {"backend": "torch", "n_items": 50, "batch_size": 1, "runs": 3, "lapjv_us": {"median": 41.0},
+           "stage_ms": {"prompt": 4.25, "engine": 3210.4, "decode_output": 0.31, "total": 3215.0},
+           "overhead_fraction": 0.00142, "prompt_tokens_mean": 1301.0, "tokens_per_s": 405.2, "gflops": 90.4,
+           "peak_fraction": 0.63}
+    t = stages_table({"records": [rec], "matmul_peak": {"peak_gflops": 144.0, "n": 2048, "runs": 3}})
+    assert "| torch | 50 | 1 | 3 | 4.25 | 3,210 | 41 | 0.31 | 3,215 | 0.14% | 1301 | 405 | 90 (63%) |" in t
+    assert "144.0 GFLOP/s" in t
+    vs = {"n_items": 50, "slates": 2, "hllm_ms": 3300.0, "ar_ms": 21000.0, "ar_decode_passes": 149.0, "speedup": 6.36,
+          "ar_unconstrained_ms": 5200.0, "ar_unconstrained_decode_passes": 16.0, "ar_unconstrained_invalid_rate": 1.0,
+          "hllm_prompt_tokens": 1301.0, "ar_prefill_tokens": 1437.0}
+    assert "| 50 | 2 | 3,300 | 21,000 | 149 | **6.4×** | 5,200 | 16 | 100% | 1301 / 1437 |" in versus_table({"records": [vs]})
 
 
 def test_chart_png(tmp_path):

@@ -305,3 +305,14 @@ def test_modelopt_int8_qdq_runs_in_onnxruntime(export_dir, calib, eval_slates, r
     assert quantized and not quantized & head
     rep = run_gate(ref_scores, tmp_path / "m", eval_slates, GateThresholds(min_top1=0.0, max_recall10_delta=1.0))
     assert rep.to_dict()["nonfinite"] == 0
+
+
+@pytest.mark.skipif(not modelopt_available(), reason="nvidia-modelopt[onnx] is not installed (hllm[modelopt] extra)")
+def test_modelopt_fp8_qdq_for_hopper_runs_in_onnxruntime_cpu(export_dir, calib, eval_slates, ref_scores, tmp_path):
+    quantize_export(export_dir, tmp_path / "f", QuantOptions(backend="modelopt", precision="fp8", target="h100"), calib)
+    q = onnx.load(str(tmp_path / "f" / "model.onnx"), load_external_data=False)
+    fp8 = onnx.TensorProto.FLOAT8E4M3FN
+    assert any(i.data_type == fp8 for i in q.graph.initializer) or any(
+        a.name == "to" and a.i == fp8 for n in q.graph.node for a in n.attribute)
+    rep = run_gate(ref_scores, tmp_path / "f", eval_slates, GateThresholds(min_top1=0.0, max_recall10_delta=1.0))
+    assert rep.to_dict()["precision"] == "fp8" and rep.to_dict()["nonfinite"] == 0

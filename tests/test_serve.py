@@ -18,18 +18,22 @@ import sys
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 
-from hllm.engines.base import Engine
-from hllm.errors import EngineError
-from hllm.runtime import Ranker
-from hllm.runtime.prompt import PromptBuilder
-from hllm.serve.app import ServeOptions, create_app
-from hllm.serve.batching import BatchOptions
-from hllm.serve.server import BackgroundServer, wait_ready
-from hllm.testing import tiny_slates
+for _mod in ("fastapi", "uvicorn", "httpx", "prometheus_client"):
+    pytest.importorskip(_mod, reason="the serve extra is not installed (pip install -e .[serve])")
+
+import httpx  # noqa: E402
+
+from hllm.engines.base import Engine  # noqa: E402
+from hllm.errors import EngineError  # noqa: E402
+from hllm.runtime import Ranker  # noqa: E402
+from hllm.runtime.prompt import PromptBuilder  # noqa: E402
+from hllm.serve.app import ServeOptions, create_app  # noqa: E402
+from hllm.serve.batching import BatchOptions  # noqa: E402
+from hllm.serve.server import BackgroundServer, wait_ready  # noqa: E402
+from hllm.testing import tiny_slates  # noqa: E402
 
 K = 8  # the tiny export's head
 
@@ -121,6 +125,11 @@ def test_jsonl_body_and_single_slate_object(served, reference):
     r = httpx.post(f"{srv.url}/v1/rank", content=body, headers={"content-type": "application/x-ndjson"}, timeout=60)
     assert r.status_code == 200, r.text
     assert [x["order"] for x in r.json()["rankings"]] == [x.order for x in reference.rank(ss)]
+    bad = body + "{oops\n"
+    r = httpx.post(f"{srv.url}/v1/rank", content=bad, headers={"content-type": "application/x-ndjson"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("line 4: malformed JSON")
+    r = httpx.post(f"{srv.url}/v1/rank", content=body + '{"candidates": []}\n', headers={"content-type": "application/x-ndjson"})
+    assert r.status_code == 422 and "JSONL slate 4: empty slate" in r.json()["error"]["message"]
     r1 = _post(srv.url, ss[1])  # a bare slate object
     assert r1.status_code == 200 and r1.json()["rankings"][0]["slate_id"] == ss[1]["slate_id"]
 

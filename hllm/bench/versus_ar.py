@@ -7,7 +7,7 @@
     where the model stops; the output is parsed and counted invalid if it is not a full permutation).
 
 Per slate the three (or more, with several hLLM models) are run interleaved with a rotating order,
-after one warm-up call each on a separate slate, so the speed-up is a ratio measured side by side.
+after one warm-up call each on a separate, shorter slate (:data:`WARMUP_ITEMS` candidates), so the speed-up is a ratio measured side by side.
 Wall times include prompt building and tokenization on both sides.
 """
 
@@ -22,6 +22,9 @@ import numpy as np
 from hllm.bench import SCHEMA_VERSION
 from hllm.bench.slates import subslate
 from hllm.bench.stats import summarize
+
+#: Candidates of the warm-up slate (a short one: the warm-up loads kernels, it is not measured).
+WARMUP_ITEMS = 10
 
 
 def bench_versus_ar(
@@ -38,7 +41,8 @@ def bench_versus_ar(
     Args:
         hllm_models: hLLM artefacts (checkpoint / export); the first is the one ``speedup`` uses.
         ar_model: Hugging Face causal LM directory of the same backbone (e.g. ``work/smollm2``).
-        slates: real slates; ``slates[0]`` is used for warm-up only, the rest are measured.
+        slates: real slates; ``slates[0]`` (cut to :data:`WARMUP_ITEMS`) is used for warm-up only, the
+            rest are measured.
         threads: intra-op threads for every engine and for torch.
         unconstrained: also run unconstrained greedy decoding (invalid-output rate).
     Returns:
@@ -82,8 +86,9 @@ def bench_versus_ar(
         calls["ar_unconstrained"] = lambda s: run_ar(False, s)
 
     try:
-        for name, fn in calls.items():  # warm-up on slate 0 (discarded)
-            fn(subs[0])
+        warm = subslate(slates[0], min(n_items, WARMUP_ITEMS))
+        for name, fn in calls.items():  # warm-up on slate 0, cut short (discarded)
+            fn(warm)
             if on_call:
                 on_call(f"warm-up {name}")
         per_slate = []
@@ -110,6 +115,7 @@ def bench_versus_ar(
         "n_items": n_items,
         "slates": len(per_slate),
         "warmup": 1,
+        "warmup_items": min(n_items, WARMUP_ITEMS),
         "hllm_model": str(hllm_models[0]),
         "ar_model": str(ar_model),
         "hllm_backends": {name: summarize([row[name]["ms"] for row in per_slate], 1) for name, _ in rankers},

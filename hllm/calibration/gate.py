@@ -94,7 +94,7 @@ def reference_scores(reference, slates: Sequence[dict], batch_size: int = 1, on_
     """Scores of the FP32 reference (path or Ranker), computed once per gate run."""
     from hllm.runtime.ranker import Ranker
 
-    ref = reference if isinstance(reference, Ranker) else Ranker.from_path(reference)
+    ref = reference if isinstance(reference, Ranker) else open_ranker(reference)
     return run_scores(ref, slates, batch_size, on_batch)
 
 
@@ -228,6 +228,28 @@ def gate_scores(
     return GateReport(parity, thresholds or GateThresholds(), ref_m, test_m)
 
 
+def open_ranker(path, providers: list[str] | None = None, threads: int | None = None):
+    """A :class:`hllm.runtime.Ranker` for an export, ONNX Runtime on ``providers`` (default CPU only).
+
+    FP8 Q/DQ graphs run in ONNX Runtime's CPU provider only with basic graph optimizations (the
+    extended fusions have no FP8 kernels: ``shared/notes/facts.md``), so those sessions use ``basic``.
+    """
+    from hllm.engines.onnxruntime import OnnxRuntimeEngine
+    from hllm.runtime.artifact import resolve
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+    from hllm.runtime.ranker import Ranker
+
+    art = resolve(path)
+    if art.kind != "onnx":
+        return Ranker.from_path(path, threads=threads)
+    level = "basic" if art.meta.get("precision") == "fp8" else "all"
+    eng = OnnxRuntimeEngine(art.path, art.num_positions, providers=providers or ["CPUExecutionProvider"],
+                            intra_op_threads=threads or 0, graph_optimization=level)
+    eng.sidecar = art.meta
+    builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
+    return Ranker(eng, builder)
+
+
 def run_gate(
     ref_scores: Sequence[np.ndarray],
     test,
@@ -240,6 +262,8 @@ def run_gate(
 ) -> GateReport:
     """Run the quantized artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it.
 
+    ``engine_options``: ``providers`` (default CPU only), ``threads`` (see :func:`open_ranker`).
+
     Raises:
         SlateError: an evaluation slate was used for calibration (see
             :func:`hllm.calibration.data.check_disjoint`).
@@ -249,7 +273,7 @@ def run_gate(
     from hllm.runtime.ranker import Ranker
 
     check_disjoint(calibration_ids, slates)
-    r = test if isinstance(test, Ranker) else Ranker.from_path(test, **engine_options)
+    r = test if isinstance(test, Ranker) else open_ranker(test, **engine_options)
     t_scores = run_scores(r, slates, batch_size, on_batch)
     meta = getattr(r.engine, "sidecar", None) or {}
     if not meta and not isinstance(test, Ranker):

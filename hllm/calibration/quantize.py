@@ -284,7 +284,8 @@ def qdq_summary(model) -> dict:
 # -- ONNX Runtime --------------------------------------------------------------------------------
 
 def calibration_reader(calib):
-    """An ``onnxruntime.quantization.CalibrationDataReader`` over a CalibrationSet's batches."""
+    """An ``onnxruntime.quantization.CalibrationDataReader`` over a CalibrationSet's batches (one batch per
+    ``get_next``; also ``rewind``, ``set_range`` for ORT and ``get_first`` for ModelOpt)."""
     from onnxruntime.quantization import CalibrationDataReader
 
     class _Reader(CalibrationDataReader):
@@ -299,6 +300,9 @@ def calibration_reader(calib):
             b = self.batches[self.start + self.i]
             self.i += 1
             return dict(b)
+
+        def get_first(self):  # ModelOpt runs one test batch with it (modelopt.onnx graph_utils)
+            return dict(self.batches[self.start])
 
         def rewind(self):
             self.i = 0
@@ -405,7 +409,10 @@ def quantize_modelopt(src: Path, dst: Path, options: QuantOptions, calib, exclud
     for p in src.parent.iterdir():
         if p.is_file() and p.name.startswith(src.name):
             shutil.copy2(p, work / p.name)
-    method = {"minmax": "max", "max": "max", "entropy": "entropy", "percentile": "max"}[options.calibrate_method]
+    methods = {"minmax": "max", "max": "max", "entropy": "entropy"}
+    if options.calibrate_method not in methods:
+        raise EngineError(f"ModelOpt calibrate_method must be one of {list(methods)}, got {options.calibrate_method!r}")
+    method = methods[options.calibrate_method]
     try:
         mo_quantize(
             onnx_path=str(work / src.name),

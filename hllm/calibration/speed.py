@@ -31,12 +31,13 @@ def compare_speed(
         "rounds", "warmup", "slates", "threads", "items"}``.
     Raises: ValueError if ``baseline`` is not among the artefacts.
     """
+    from hllm.bench.machine import library_versions
     from hllm.bench.stats import summarize, time_interleaved
-    from hllm.runtime.ranker import Ranker
+    from hllm.calibration.gate import open_ranker
 
     if baseline not in artefacts:
         raise ValueError(f"baseline {baseline!r} not in {list(artefacts)}")
-    rankers = {k: Ranker.from_path(p, threads=threads) for k, p in artefacts.items()}
+    rankers = {k: open_ranker(p, threads=threads) for k, p in artefacts.items()}
     builder = rankers[baseline].builder
     batches = [builder.encode([s]) for s in slates]
     for r in rankers.values():
@@ -58,4 +59,5 @@ def compare_speed(
         "threads": threads,
         "items": sorted({int(b.n_items[0]) for b in batches}),
         "seq_lens": [int(b.lengths[0]) for b in batches],
+        "libraries": library_versions(),
     }

@@ -238,3 +238,24 @@ def chart_cmd(
         vs = recs[0] if recs else None
     write_chart(st["records"], out_path, vs, n_items=n_items)
     out.print(f"chart → {out_path}")
+
+
+@bench_app.command("markdown")
+def markdown_cmd(
+    files: List[Path] = typer.Argument(..., help="Benchmark JSON files (stages, versus_ar, lapjv)."),
+) -> None:
+    """Print the Markdown tables of benchmark JSON files (the figures docs/benchmarks.md shows)."""
+    from hllm.bench.markdown import lapjv_table, stages_table, versus_table
+    from hllm.errors import HllmError
+
+    render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table}
+    for f in files:
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise HllmError(f"cannot read {f}: {e}") from None
+        if doc.get("kind") not in render:
+            raise HllmError(f"{f} is not a benchmark JSON (kind {doc.get('kind')!r})")
+        print(f"<!-- from {f} ({doc['created_utc']}, shared machine: {doc.get('shared')}) -->")
+        print(render[doc["kind"]](doc))
+        print()

@@ -50,6 +50,7 @@ def calibrate_cmd(
     activation_type: str = typer.Option("uint8", help="ORT static activation type: uint8 or int8."),
     calibrate_method: str = typer.Option("minmax", help="minmax, entropy or percentile."),
     weight_matmuls_only: bool = typer.Option(True, help="Keep activation×activation MatMuls (attention) in float."),
+    op_type: List[str] = typer.Option(["MatMul", "Gemm"], "--op-type", help="Op types to quantize. Repeatable."),
     min_top1: float = typer.Option(0.97, help="Gate: min top-1 agreement with FP32."),
     max_recall10_delta: float = typer.Option(0.01, help="Gate: max |ΔRecall@10| (slates with labels)."),
     min_tau: Optional[float] = typer.Option(None, help="Gate: min mean Kendall tau (off by default)."),
@@ -63,7 +64,9 @@ def calibrate_cmd(
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     from hllm.calibration.data import build_calibration_set, check_disjoint, load_calibration_set
-    from hllm.calibration.gate import GateThresholds, load_reference, reference_scores, run_gate, save_reference
+    from hllm.calibration.gate import (
+        GateThresholds, load_reference, open_ranker, reference_scores, run_gate, save_reference,
+    )
     from hllm.calibration.quantize import (
         NothingToQuantize, QuantOptions, auto_exclude, calibration_ranges, quantize_export, sensitivity_ladder,
     )
@@ -77,7 +80,7 @@ def calibrate_cmd(
     opts = QuantOptions(backend=backend, precision=precision, target=target, per_channel=per_channel,
                         reduce_range=reduce_range, activation_type=activation_type, exclude=tuple(exclude),
                         exclude_nodes=tuple(exclude_node), calibrate_method=calibrate_method,
-                        weight_matmuls_only=weight_matmuls_only)
+                        weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type))
     opts.validate()  # refuses fp8 for an A100 before any work
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists (pass --overwrite to replace it)")
@@ -107,8 +110,7 @@ def calibrate_cmd(
     check_disjoint(cal_ids, evals)
 
     th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau)
-    engine_opts = {"threads": threads} if threads else {}
-    from hllm.runtime.ranker import Ranker
+    engine_opts = {"threads": threads}
 
     t0 = time.perf_counter()
     if reference_scores_path is not None and reference_scores_path.is_file():
@@ -117,7 +119,7 @@ def calibrate_cmd(
     else:
         with progress() as bar:
             task = bar.add_task("FP32 reference on eval slates", total=len(evals))
-            ref = reference_scores(Ranker.from_path(export_dir, **engine_opts), evals,
+            ref = reference_scores(open_ranker(export_dir, threads=threads), evals,
                                    on_batch=lambda n: bar.advance(task, n))
         if reference_scores_path is not None:
             save_reference(reference_scores_path, ref, evals, art.meta.get("onnx_sha256"))
@@ -198,7 +200,7 @@ def calibrate_cmd(
         if auto:
             result["auto"] = {"ladder": ladder, "tries": tries}
 
-        if bench_rounds > 0 and passed:
+        if bench_rounds > 0:
             from hllm.bench.machine import describe_machine
             from hllm.calibration.speed import compare_speed
 

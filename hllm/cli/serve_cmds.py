@@ -123,16 +123,23 @@ def loadtest_cmd(
 def _print_table(report: dict) -> None:
     from rich.table import Table
 
-    t = Table(title="load test")
-    for c in ("mode", "ok/sent", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "batches"):
+    t = Table(title="load test (client-side latency)")
+    for c in ("mode", "ok/sent", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms"):
         t.add_column(c, no_wrap=True)
+    sizes = []
     for name, m in report["modes"].items():
         if not isinstance(m, dict) or "latency_ms" not in m:
             continue
         lat = m["latency_ms"]
         t.add_row(name, f"{m['ok']}/{m['requests']}", str(m["errors"]), str(m["throughput_rps"]),
-                  str(lat["p50"]), str(lat["p90"]), str(lat["p99"]), json.dumps(m["batch_slates_seen"]))
+                  str(lat["p50"]), str(lat["p90"]), str(lat["p99"]))
+        sizes.append(f"{name}: requests by engine-batch size {json.dumps(m['batch_slates_seen'])}")
     out.print(t)
+    for line in sizes:
+        out.print(line)
+    agree = report["modes"].get("rankings_identical_across_modes")
+    if agree:
+        out.print(f"rankings identical across modes: {agree['identical']}/{agree['compared']}")
 
 
 @app.command("triton-repo")

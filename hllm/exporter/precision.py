@@ -432,3 +432,27 @@ def fp32_islands_check(model) -> list[str]:
         if vo.type.tensor_type.elem_type != FLOAT:
             bad.append(f"output {vo.name} is not float32")
     return bad
+
+
+def island_precision(original, converted) -> dict:
+    """Per island, how many of its (non-Cast) nodes run in float32 vs float16 in ``converted``.
+
+    Nodes are matched by name to ``original`` (the float32 export, which carries the module metadata);
+    works for graphs converted by other tools (e.g. ModelOpt AutoCast, which drops node metadata).
+    Returns ``{island: {"fp32": n, "fp16": n}}`` plus ``"other"`` for nodes outside every island.
+    """
+    isl = {n.name: island_of(n) for n in original.graph.node}
+    g = converted.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
+    types.update({i.name: i.data_type for i in g.initializer})
+    out: dict = {}
+    for n in g.node:
+        if n.op_type == "Cast" or n.name not in isl:
+            continue
+        fl = [types[x] for x in list(n.input) + list(n.output) if types.get(x) in (FLOAT, FLOAT16)]
+        if not fl:
+            continue
+        key = isl[n.name] or "other"
+        prec = "fp16" if FLOAT16 in fl else "fp32"
+        out.setdefault(key, {"fp32": 0, "fp16": 0})[prec] += 1
+    return out

@@ -7,10 +7,14 @@ algorithm from the ``lap`` package (``lap.lapjv``, https://github.com/gatagat/la
 ``-M``.
 
 Solver choice (measured by ``hllm bench lapjv``, ``results/bench/lapjv.json``, see
-``docs/benchmarks.md``): ``lap.lapjv`` on float64 was the fastest of the solvers a lean runtime can
-depend on at N=50 on dense score matrices; float32 input is converted by ``lap`` anyway, so the
-conversion is done here once, fused with the negation. The call path is kept to one copy
-(negate-and-convert), one reduction (finiteness), the solve and an O(N) permutation check.
+``docs/benchmarks.md``): ``lap.lapjv`` on float64 costs was the fastest at N = 50 and 150 on dense
+unstructured and "planted" score matrices and on the real (untrained demo) model's, ties with
+scipy at N = 10, and is already the runtime's dependency (scipy is not). Its known weak case is a
+near-degenerate, rank-1-like matrix (item quality × position weight), where
+``scipy.optimize.linear_sum_assignment`` was 2-12× faster: re-run the benchmark on a trained
+model's scores (``hllm bench lapjv --model``) before relying on the LAPJV figure. ``lap`` converts
+float32 to float64 internally, so the conversion is done here once (one allocation: convert, negate
+in place); then one reduction (finiteness), the solve and an O(N) permutation check.
 
 Behaviour that callers rely on:
 

@@ -116,7 +116,7 @@ def parse_rank_body(body: bytes, content_type: str, max_slates: int) -> tuple[li
                 items.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise ApiError(400, "bad_json", f"line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        where = "line {}"
+        where = "JSONL slate {}"
     elif ctype in JSON_TYPES:
         try:
             doc = json.loads(text)

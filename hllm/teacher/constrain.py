@@ -55,8 +55,8 @@ class OrdinalGrammar:
                 partial += ch
                 started = True
             elif ch == ",":
-                if not self._complete_ok(partial, done):
-                    return None
+                if not self._complete_ok(partial, done) or len(done) + 1 == self.n:
+                    return None  # the last ordinal is followed by end-of-sequence, not a comma
                 done = done | {int(partial)}
                 partial, sep = "", ","
             elif ch == " ":

@@ -54,6 +54,9 @@ class TrainConfig:
         target: ``clicks`` | ``teacher`` | ``clicks+teacher`` (see :mod:`hllm.training.targets`).
         teacher: teacher permutations JSONL (for the teacher targets).
         max_slates: use the first this many slates of ``slates`` (None = all).
+        sample_items: train on sub-slates of this many candidates: every clicked item plus seeded
+            random unclicked ones, shuffled (cheaper prompts; N < K is handled by masking). None =
+            whole slates. Applied before targets are built; teacher orders are restricted to it.
         head_kind / num_positions / head_kwargs: the head (HeadSpec sizes).
         lora_rank: LoRA rank r (0 = frozen backbone, Track 2); lora_alpha = r.
         lora_layers: LoRA on the last this many layers only (None = all layers).
@@ -72,6 +75,7 @@ class TrainConfig:
     target: str = "clicks"
     teacher: str | None = None
     max_slates: int | None = None
+    sample_items: int | None = None
     head_kind: str = "self_attention"
     num_positions: int = 50
     head_kwargs: dict = field(default_factory=dict)
@@ -193,6 +197,8 @@ def _load_items(cfg: TrainConfig) -> tuple[list[dict], list[np.ndarray]]:
     teacher = read_teacher(cfg.teacher) if cfg.teacher else None
     if cfg.target != "clicks" and teacher is None:
         raise HllmError(f"target {cfg.target!r} needs --teacher (a teacher permutations JSONL)")
+    if cfg.sample_items:
+        slates = [_subslate(s, cfg.sample_items, cfg.seed * 7919 + i, teacher) for i, s in enumerate(slates)]
     keep, targets = [], []
     for s in slates:
         t = build_target(cfg.target, s, teacher)
@@ -204,6 +210,28 @@ def _load_items(cfg: TrainConfig) -> tuple[list[dict], list[np.ndarray]]:
     if not keep:
         raise HllmError(f"no training slate has a usable {cfg.target} target in {cfg.slates}")
     return keep, targets
+
+
+def _subslate(slate: dict, n: int, seed: int, teacher: dict | None) -> dict:
+    """``slate`` restricted to ``n`` candidates: all clicked + random unclicked (seeded), shuffled.
+    A teacher order for the slate is restricted to the kept candidates (stored under the same id)."""
+    cands = slate["candidates"]
+    if len(cands) <= n:
+        return slate
+    rng = np.random.default_rng(seed)
+    labels = slate.get("labels") or [0] * len(cands)
+    pos = [i for i, y in enumerate(labels) if y]
+    neg = [i for i, y in enumerate(labels) if not y]
+    keep = pos[:n] + [int(i) for i in rng.choice(neg, size=max(0, n - len(pos[:n])), replace=False)]
+    keep = [keep[i] for i in rng.permutation(len(keep))]
+    out = dict(slate, candidates=[cands[i] for i in keep])
+    if slate.get("labels") is not None:
+        out["labels"] = [labels[i] for i in keep]
+    sid = str(slate.get("slate_id", "?"))
+    if teacher is not None and sid in teacher:
+        where = {c: j for j, c in enumerate(keep)}
+        teacher[sid] = [where[i] for i in teacher[sid] if i in where]
+    return out
 
 
 def _data_order(n: int, seed: int, count: int, start: int = 0) -> list[int]:

@@ -1,0 +1,220 @@
+"""Commands of the paper's method: ``train`` (Sinkhorn distillation), ``teacher`` (autoregressive
+listwise ranker), ``eval`` (AUC, Recall@1/10, NDCG@1/10 of several rankers side by side)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
+
+
+@app.command("train")
+def train_cmd(
+    backbone: Path = typer.Argument(..., help="Hugging Face model directory (Qwen3, Qwen2 or Llama) with tokenizer.json."),
+    slates: Path = typer.Argument(..., help="Training slates (JSONL[.gz]) with labels and/or ids in --teacher."),
+    out_dir: Path = typer.Argument(..., help="Checkpoint directory to write (hllm.json format)."),
+    target: str = typer.Option("clicks", help="clicks | teacher | clicks+teacher (see docs/training.md)."),
+    teacher: Optional[Path] = typer.Option(None, help="Teacher permutations JSONL (hllm teacher output)."),
+    max_slates: Optional[int] = typer.Option(None, help="Use only the first this many training slates."),
+    sample_items: Optional[int] = typer.Option(None, help="Train on sub-slates of this many candidates (clicked + random others)."),
+    head: str = typer.Option("self_attention", help="Head kind: linear, self_attention or slot_query."),
+    positions: int = typer.Option(50, "--positions", "-k", help="K: rank positions (largest slate)."),
+    head_dim: int = typer.Option(512, help="Head width d_model (paper 512)."),
+    head_heads: int = typer.Option(8, help="Head attention heads."),
+    head_ff: int = typer.Option(1024, help="Head feed-forward width."),
+    lora_rank: int = typer.Option(8, help="LoRA rank on all linear projections (paper 64); 0 = frozen backbone (Track 2)."),
+    lora_layers: Optional[int] = typer.Option(None, help="LoRA on the last this many layers only; lower layers are cached once."),
+    steps: int = typer.Option(100, help="Optimizer steps."),
+    batch_size: int = typer.Option(1, help="Slates per forward pass."),
+    accum: int = typer.Option(8, help="Gradient accumulation: forwards per optimizer step."),
+    lr: float = typer.Option(1e-4, help="AdamW learning rate (constant)."),
+    tau: float = typer.Option(1.0, help="Sinkhorn temperature τ."),
+    sinkhorn_iters: int = typer.Option(20, help="Sinkhorn iterations L."),
+    seed: int = typer.Option(0, help="Seed of init and data order."),
+    save_every: int = typer.Option(50, help="Write the checkpoint every this many steps."),
+    candidate_tokens: int = typer.Option(32, help="Per-candidate token budget of the prompt."),
+    history_tokens: int = typer.Option(320, help="User-context token budget of the prompt."),
+    max_history: int = typer.Option(10, help="Most recent history items used."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+    resume: bool = typer.Option(False, help="Continue from OUT_DIR/training_state.pt."),
+) -> None:
+    """Train a checkpoint with the Sinkhorn loss (paper §3.3): LoRA or frozen backbone + any head.
+
+    CPU defaults are small on purpose; on a GPU raise --steps, --lora-rank 64, drop --lora-layers.
+    """
+    from hllm.runtime.prompt import PromptSpec
+    from hllm.training.trainer import TrainConfig, train
+
+    quiet_libraries()
+    if out_dir.exists() and not resume and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} already exists (pass --resume to continue it)")
+    spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
+    cfg = TrainConfig(
+        backbone=str(backbone.resolve()), slates=str(slates), out_dir=str(out_dir), target=target,
+        teacher=str(teacher) if teacher else None, max_slates=max_slates, sample_items=sample_items,
+        head_kind=head, num_positions=positions, head_kwargs=dict(d_model=head_dim, num_heads=head_heads, ff_dim=head_ff),
+        lora_rank=lora_rank, lora_layers=lora_layers, steps=steps, batch_size=batch_size, accum=accum, lr=lr,
+        tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
+    )
+    with progress() as bar:
+        cache_task = bar.add_task("caching frozen layers", total=None, visible=False)
+        task = bar.add_task("training", total=steps)
+
+        plain = not console.is_terminal  # a log file: one line now and then instead of a bar
+
+        def on_cache(done: int, total: int) -> None:
+            bar.update(cache_task, completed=done, total=total, visible=True)
+            if plain and (done % 25 == 0 or done == total):
+                console.print(f"cached {done}/{total} slates")
+
+        def on_step(step: int, loss: float) -> None:
+            bar.update(task, completed=step, description=f"training loss {loss:.4f}")
+            if plain and (step % 5 == 0 or step == steps):
+                console.print(f"step {step}/{steps} loss {loss:.4f}")
+
+        res = train(cfg, resume=resume, on_step=on_step, on_cache=on_cache)
+    tail = res.losses[-10:]
+    out.print(
+        f"trained → {res.out_dir}: {res.steps} steps on {res.train_slates} slates; "
+        f"loss {res.losses[0]:.4f} → {sum(tail) / max(1, len(tail)):.4f} (mean of last {len(tail)}); "
+        f"cache {res.cache_s:.0f} s, train {res.train_s:.0f} s"
+    )
+
+
+@app.command("teacher")
+def teacher_cmd(
+    model_dir: Path = typer.Argument(..., help="Hugging Face causal LM directory (e.g. work/smollm2)."),
+    slates: Path = typer.Argument(..., help="Slates to rank (JSONL[.gz])."),
+    out_file: Path = typer.Argument(..., help="Teacher permutations JSONL to write (input of hllm train / hllm eval)."),
+    constrained: bool = typer.Option(True, "--constrained/--free", help="Constrained ordinal decoding, or plain greedy."),
+    limit: Optional[int] = typer.Option(None, help="Rank only the first this many slates."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="Generation cap (default: enough for all N ordinals)."),
+    candidate_tokens: int = typer.Option(24, help="Per-candidate token budget of the teacher prompt."),
+    history_tokens: int = typer.Option(256, help="User-context token budget of the teacher prompt."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+    summary: Optional[Path] = typer.Option(None, help="Also write the summary statistics JSON here."),
+) -> None:
+    """Rank slates with an autoregressive listwise LM (paper §4.3 Phase 1): greedy decoding with KV
+    cache, parse + repair; per slate: invalid/repeated/missing ordinals, decode passes, wall time.
+
+    OUT_FILE is rewritten atomically after every slate, so a stopped run keeps what it finished.
+    """
+    from hllm.files import atomic_write_json
+    from hllm.runtime.slates import read_slates, write_jsonl
+    from hllm.teacher import ArRanker, summarize
+
+    quiet_libraries()
+    rows = read_slates(slates, limit=limit)
+    ranker = ArRanker(model_dir, max_new_tokens=max_new_tokens, threads=threads,
+                      candidate_token_budget=candidate_tokens, history_token_budget=history_tokens)
+    results = []
+    plain = not console.is_terminal
+
+    def stats() -> dict:
+        d = summarize(results)
+        d.update(model=str(model_dir), slates_file=str(slates), constrained=constrained,
+                 prompt=ranker.spec.to_dict(), threads=threads)
+        return d
+
+    with progress() as bar:
+        task = bar.add_task(f"teacher ({'constrained' if constrained else 'free'})", total=len(rows))
+        for i, s in enumerate(rows, 1):
+            results.append(ranker.rank(s, constrained))
+            write_jsonl(out_file, [r.to_dict() for r in results])
+            if summary:
+                atomic_write_json(summary, stats())
+            bar.update(task, advance=1)
+            if plain:
+                r = results[-1]
+                console.print(f"slate {i}/{len(rows)} valid={r.valid} passes={r.decode_passes} {r.wall_s:.1f} s")
+    stats = stats()
+    out.print(
+        f"teacher → {out_file}: {stats['slates']} slates, valid {stats['valid_rate']:.0%}, "
+        f"missing {stats['missing_mean']:.1f}, repeated {stats['repeated_mean']:.1f}, invalid {stats['invalid_mean']:.1f} per slate; "
+        f"{stats['decode_passes_mean']:.0f} decode passes, {stats['wall_s_mean']:.1f} s per slate"
+    )
+
+
+def _ranker_orders(spec: str, slates: list[dict], seed: int, batch_size: int) -> tuple[str, str, list[list[int]]]:
+    """(name, kind, orders) of one ranker spec: ``random``, a checkpoint/export path or a teacher JSONL;
+    ``NAME=SPEC`` sets the table name."""
+    import numpy as np
+
+    from hllm.errors import SlateError
+    from hllm.training.targets import read_teacher
+
+    name, _, src = spec.partition("=") if "=" in spec else (spec, "", spec)
+    if src == "random":
+        rng = np.random.default_rng(seed)
+        return name, "random", [rng.permutation(len(s["candidates"])).tolist() for s in slates]
+    p = Path(src)
+    if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz")):
+        teacher = read_teacher(p)
+        missing = [str(s.get("slate_id")) for s in slates if str(s.get("slate_id")) not in teacher]
+        if missing:
+            raise SlateError(f"{p} has no ranking for {len(missing)} of the {len(slates)} slates (first: {missing[0]}); "
+                             "rank the same slates or lower --limit")
+        return name, "jsonl", [teacher[str(s.get("slate_id"))] for s in slates]
+    from hllm.runtime.artifact import resolve
+    from hllm.runtime.ranker import Ranker
+
+    kind = resolve(p).kind
+    ranker = Ranker.from_path(p, batch_size=batch_size)
+    orders: list[list[int]] = []
+    with ranker, progress() as bar:
+        task = bar.add_task(f"ranking with {name}", total=len(slates))
+        for i in range(0, len(slates), batch_size):
+            orders.extend(r.order for r in ranker.rank_batch(slates[i:i + batch_size])[0])
+            bar.update(task, completed=len(orders))
+    return name, kind, orders
+
+
+@app.command("eval")
+def eval_cmd(
+    rankers: List[str] = typer.Argument(..., help="Rankers: 'random', checkpoint dir, export dir / .onnx, or teacher JSONL; NAME=SPEC names a row."),
+    slates: Path = typer.Option(DEFAULT_SLATES, help="Labelled slates (JSONL[.gz])."),
+    limit: Optional[int] = typer.Option(None, help="Evaluate the first this many slates (the same for every ranker)."),
+    seed: int = typer.Option(0, help="Seed of the random ranker."),
+    batch_size: int = typer.Option(1, help="Slates per engine call."),
+    out_json: Optional[Path] = typer.Option(None, "--out", help="Write the metrics JSON here."),
+) -> None:
+    """AUC, Recall@1/10 and NDCG@1/10 of several rankers side by side on the same labelled slates."""
+    import hashlib
+
+    from rich.table import Table
+
+    from hllm.errors import SlateError
+    from hllm.files import atomic_write_json
+    from hllm.metrics import METRIC_KEYS, evaluate
+    from hllm.runtime.slates import read_slates
+
+    quiet_libraries()
+    rows = read_slates(slates, limit=limit)
+    if any(s.get("labels") is None for s in rows):
+        raise SlateError(f"{slates}: every slate needs labels for eval")
+    ids = [str(s.get("slate_id")) for s in rows]
+    result = {
+        "slates_file": str(slates),
+        "subset": {"first": len(rows), "slate_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
+                   "first_id": ids[0], "last_id": ids[-1]},
+        "random_seed": seed,
+        "rankers": {},
+    }
+    table = Table(title=f"ranking quality on the first {len(rows)} slates of {slates.name}")
+    table.add_column("ranker")
+    for k in METRIC_KEYS:
+        table.add_column(k.upper() if k == "auc" else k.replace("recall", "R").replace("ndcg", "NDCG"), justify="right")
+    table.add_column("slates", justify="right")
+    for spec in rankers:
+        name, kind, orders = _ranker_orders(spec, rows, seed, batch_size)
+        rep = evaluate(orders, [s["labels"] for s in rows]).to_dict()
+        rep.update(kind=kind, source=spec.partition("=")[2] if "=" in spec else spec)
+        result["rankers"][name] = rep
+        table.add_row(name, *(f"{rep[k]:.4f}" if rep[k] is not None else "–" for k in METRIC_KEYS), str(rep["slates"]))
+        if out_json:
+            atomic_write_json(out_json, result)
+    out.print(table)

@@ -1,0 +1,91 @@
+"""Ranking quality on labelled slates (paper §4, Table 1 metrics), torch-free.
+
+For one slate with 0/1 labels and a ranking ``order`` (0-based candidate indices, best first):
+
+* AUC: the fraction of (positive, negative) pairs in which the positive is ranked above the
+  negative (probability that a positive is ranked above a negative).
+* Recall@k: positives in the top k / all positives.
+* NDCG@k: DCG@k / IDCG@k with binary gains, ``DCG@k = Σ_{p<k} rel_p / log2(p + 2)`` (p 0-based).
+
+Reported values are means over slates that have at least one positive and one negative (the
+others are counted in ``skipped``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from hllm.errors import SlateError
+
+METRIC_KEYS = ("auc", "recall@1", "recall@10", "ndcg@1", "ndcg@10")
+
+
+def _check(order: Sequence[int], labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    o = np.asarray(order, dtype=np.int64)
+    y = np.asarray(labels, dtype=np.float64)
+    if o.ndim != 1 or y.ndim != 1 or sorted(o.tolist()) != list(range(y.size)):
+        raise SlateError(f"ranking is not a permutation of the {y.size} labelled candidates")
+    return o, y
+
+
+def slate_metrics(order: Sequence[int], labels: Sequence[int]) -> dict[str, float] | None:
+    """AUC, Recall@1/10 and NDCG@1/10 of one ranking; None if the slate has no positive or no negative.
+
+    Args:
+        order: permutation of ``range(n)``, best first.
+        labels: n values, 1 = positive (clicked/bought), 0 = negative.
+    Raises: SlateError if ``order`` is not a permutation of the candidates.
+    """
+    o, y = _check(order, labels)
+    rel = y[o] > 0  # relevance by rank position
+    n_pos = int(rel.sum())
+    n_neg = rel.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    negs_below = np.cumsum(~rel[::-1])[::-1]  # negatives at this position or lower
+    auc = float(negs_below[rel].sum()) / (n_pos * n_neg)
+    out = {"auc": auc}
+    discounts = 1.0 / np.log2(np.arange(rel.size) + 2.0)
+    for k in (1, 10):
+        out[f"recall@{k}"] = float(rel[:k].sum()) / n_pos
+        idcg = float(discounts[: min(k, n_pos)].sum())
+        out[f"ndcg@{k}"] = float((rel[:k] * discounts[:k]).sum()) / idcg
+    return {k: out[k] for k in METRIC_KEYS}
+
+
+@dataclass
+class QualityReport:
+    """Mean metrics over slates. ``slates`` = slates scored; ``skipped`` = without positive/negative."""
+
+    values: dict[str, float]
+    slates: int
+    skipped: int
+
+    def to_dict(self) -> dict:
+        d = {k: round(self.values[k], 6) if not math.isnan(self.values[k]) else None for k in METRIC_KEYS}
+        d["slates"] = self.slates
+        d["skipped"] = self.skipped
+        return d
+
+
+def evaluate(orders: Iterable[Sequence[int]], labels: Iterable[Sequence[int]]) -> QualityReport:
+    """Mean of :func:`slate_metrics` over paired rankings and label lists (NaN when no slate counts)."""
+    rows, skipped = [], 0
+    for o, y in zip(orders, labels, strict=True):
+        m = slate_metrics(o, y)
+        if m is None:
+            skipped += 1
+        else:
+            rows.append(m)
+    values = {k: float(np.mean([r[k] for r in rows])) if rows else float("nan") for k in METRIC_KEYS}
+    return QualityReport(values, len(rows), skipped)
+
+
+def order_from_scores(scores: Sequence[float]) -> list[int]:
+    """Best-first order of per-candidate scores; ties keep the original candidate order (stable)."""
+    s = np.asarray(scores, dtype=np.float64)
+    return np.argsort(-s, kind="stable").tolist()

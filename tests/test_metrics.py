@@ -1,0 +1,62 @@
+"""Ranking metrics against values computed by hand on tiny slates."""
+
+import math
+
+import pytest
+
+from hllm.errors import SlateError
+from hllm.metrics import evaluate, order_from_scores, slate_metrics
+
+
+def test_perfect_ranking():
+    m = slate_metrics([2, 0, 1, 3], [0, 0, 1, 0])
+    assert m == {"auc": 1.0, "recall@1": 1.0, "recall@10": 1.0, "ndcg@1": 1.0, "ndcg@10": 1.0}
+
+
+def test_worst_ranking():
+    m = slate_metrics([0, 1, 3, 2], [0, 0, 1, 0])
+    assert m["auc"] == 0.0 and m["recall@1"] == 0.0 and m["ndcg@1"] == 0.0
+    assert m["recall@10"] == 1.0  # 4 candidates: all in the top 10
+    assert m["ndcg@10"] == pytest.approx(1 / math.log2(5))  # positive at 0-based position 3
+
+
+def test_hand_computed_two_positives():
+    # labels: items 1 and 3 positive; order puts item 1 first, item 3 fourth (of 5).
+    order, labels = [1, 0, 2, 3, 4], [0, 1, 0, 1, 0]
+    m = slate_metrics(order, labels)
+    # pairs (pos, neg): item1 above all 3 negatives; item3 above only item4 → 4/6
+    assert m["auc"] == pytest.approx(4 / 6)
+    assert m["recall@1"] == pytest.approx(0.5)
+    assert m["ndcg@1"] == pytest.approx(1.0)
+    dcg = 1 / math.log2(2) + 1 / math.log2(5)
+    idcg = 1 / math.log2(2) + 1 / math.log2(3)
+    assert m["ndcg@10"] == pytest.approx(dcg / idcg)
+
+
+def test_tied_scores_keep_original_order():
+    order = order_from_scores([0.5, 0.5, 0.5, 0.5])
+    assert order == [0, 1, 2, 3]
+    m = slate_metrics(order, [0, 0, 1, 0])  # positive third: above one of three negatives
+    assert m["auc"] == pytest.approx(1 / 3)
+    assert m["ndcg@10"] == pytest.approx(1 / math.log2(4))
+    assert order_from_scores([0.1, 0.9, 0.9, 0.2]) == [1, 2, 3, 0]
+
+
+def test_recall_at_10_cuts_long_slates():
+    labels = [0] * 20
+    labels[15] = 1
+    m = slate_metrics(list(range(20)), labels)
+    assert m["recall@10"] == 0.0 and m["ndcg@10"] == 0.0
+    assert m["auc"] == pytest.approx(4 / 19)
+
+
+def test_evaluate_means_and_skips():
+    rep = evaluate([[0, 1], [1, 0], [0, 1]], [[1, 0], [1, 0], [0, 0]])
+    assert rep.slates == 2 and rep.skipped == 1
+    assert rep.values["auc"] == pytest.approx(0.5)
+    assert rep.to_dict()["recall@1"] == pytest.approx(0.5)
+
+
+def test_bad_ranking_is_named():
+    with pytest.raises(SlateError, match="permutation"):
+        slate_metrics([0, 0, 1], [1, 0, 0])

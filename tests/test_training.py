@@ -1,0 +1,162 @@
+"""The training loop on a tiny random backbone: which parameters learn, the cached top-layer path,
+resumption, and the written checkpoint."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hllm.runtime.slates import write_jsonl
+from hllm.testing import tiny_slates
+from hllm.training.trainer import STATE_FILE, TrainConfig, build_model, train
+
+TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("train") / "train.jsonl"
+    write_jsonl(p, tiny_slates(6, (2, 8), seed=5))
+    return p
+
+
+def _cfg(backbone, slates, out, **kw):
+    base = dict(backbone=str(backbone), slates=str(slates), out_dir=str(out), num_positions=8, head_kwargs=TINY_HEAD,
+                lora_rank=4, steps=4, batch_size=2, accum=1, lr=1e-2, save_every=2, sinkhorn_iters=5, threads=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_gradients_reach_only_lora_and_head(backbones, train_file, tmp_path):
+    model, _, _ = build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "x"))
+    ids = torch.randint(1, 100, (2, 12))
+    items = model.full(ids)[:, [3, 7, 11]]
+    model.head(items, torch.ones(2, 3, dtype=torch.bool)).pow(2).sum().backward()
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert with_grad, "nothing learned"
+    assert all(("lora_" in n) or n.startswith("head.") for n in with_grad), with_grad
+    assert any("lora_B" in n for n in with_grad) and any(n.startswith("head.") for n in with_grad)
+    frozen = [n for n, p in model.named_parameters() if "lora_" not in n and not n.startswith("head.")]
+    assert frozen and all(not dict(model.named_parameters())[n].requires_grad for n in frozen)
+
+
+def test_frozen_backbone_trains_only_the_head(backbones, train_file, tmp_path):
+    model, _, _ = build_model(_cfg(backbones["llama"], train_file, tmp_path / "x", lora_rank=0))
+    assert {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad} == {"head"}
+
+
+def test_top_layer_split_equals_full_forward(backbones, train_file, tmp_path):
+    model, _, _ = build_model(_cfg(backbones["llama"], train_file, tmp_path / "x", lora_layers=1))
+    assert model.start_layer == 1
+    lora_layers = {n.split("layers.")[1].split(".")[0] for n, _ in model.named_parameters() if "lora_A" in n}
+    assert lora_layers == {"1"}  # LoRA only on the top layer
+    ids = torch.randint(1, 100, (2, 10))
+    with torch.no_grad():
+        for n, p in model.named_parameters():  # non-zero LoRA, so the top layer really differs
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+        assert torch.allclose(model.upper(model.lower(ids)), model.full(ids), atol=1e-5)
+
+
+@pytest.mark.parametrize("lora_layers", [None, 1])
+def test_resume_reaches_the_same_weights(backbones, train_file, tmp_path, lora_layers):
+    bb = backbones["llama"]
+    full = train(_cfg(bb, train_file, tmp_path / "a", steps=4, lora_layers=lora_layers))
+    train(_cfg(bb, train_file, tmp_path / "b", steps=2, lora_layers=lora_layers))
+    resumed = train(_cfg(bb, train_file, tmp_path / "b", steps=4, lora_layers=lora_layers), resume=True)
+    assert resumed.losses == pytest.approx(full.losses, abs=1e-6) and len(resumed.losses) == 4
+    for f in ("head.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(tmp_path / "a" / f)), load_file(str(tmp_path / "b" / f))
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.allclose(a[k], b[k], atol=1e-6), (f, k)
+    other = train(_cfg(bb, train_file, tmp_path / "c", steps=4, lora_layers=lora_layers, seed=1))
+    assert other.losses != pytest.approx(full.losses, abs=1e-6)  # the seed matters
+
+
+def test_checkpoint_loads_and_scores_like_the_trained_model(backbones, train_file, tmp_path):
+    from hllm.checkpoint import load_manifest
+    from hllm.model.hllm import load_model
+
+    out = tmp_path / "ck"
+    res = train(_cfg(backbones["qwen3"], train_file, out, steps=3, save_every=10))
+    m = load_manifest(out)
+    assert m.adapter_path is not None and m.extra["provenance"]["trained"] is True
+    assert m.extra["provenance"]["step"] == 3 and (out / STATE_FILE).is_file()
+    assert len(res.losses) == 3 and all(l == l for l in res.losses)
+    model = load_model(out)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # trained away from peft's zero init
+
+
+def test_resume_refuses_changed_options(backbones, train_file, tmp_path):
+    from hllm.errors import CheckpointError
+
+    train(_cfg(backbones["llama"], train_file, tmp_path / "d", steps=1))
+    with pytest.raises(CheckpointError, match="lr"):
+        train(_cfg(backbones["llama"], train_file, tmp_path / "d", steps=2, lr=0.5), resume=True)
+    with pytest.raises(CheckpointError, match="not found"):
+        train(_cfg(backbones["llama"], train_file, tmp_path / "e", steps=2), resume=True)
+
+
+def test_teacher_target_needs_teacher(backbones, train_file, tmp_path):
+    from hllm.errors import HllmError
+
+    with pytest.raises(HllmError, match="teacher"):
+        train(_cfg(backbones["llama"], train_file, tmp_path / "f", target="teacher"))
+
+
+def test_teacher_target_trains(backbones, train_file, tmp_path):
+    from hllm.runtime.slates import read_slates
+
+    teacher = tmp_path / "teacher.jsonl"
+    write_jsonl(teacher, [{"slate_id": s["slate_id"], "order": list(range(len(s["candidates"])))[::-1]}
+                          for s in read_slates(train_file)])
+    res = train(_cfg(backbones["llama"], train_file, tmp_path / "g", target="clicks+teacher", teacher=str(teacher),
+                     lora_rank=0, steps=2))
+    assert res.steps == 2 and json.loads((tmp_path / "g" / "hllm.json").read_text())["adapter"] is None
+
+
+def _run(argv, capsys):
+    from hllm.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    cap = capsys.readouterr()
+    return e.value.code, cap.out, cap.err
+
+
+def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
+    from hllm.metrics import evaluate
+    from hllm.runtime.slates import read_slates
+
+    bb = str(backbones["llama"])
+    teacher = tmp_path / "t.jsonl"
+    code, out, err = _run(["teacher", bb, str(train_file), str(teacher), "--limit", "2", "--threads", "1",
+                           "--summary", str(tmp_path / "t.json")], capsys)
+    assert code == 0, err
+    recs = [json.loads(x) for x in teacher.read_text().splitlines()]
+    assert len(recs) == 2 and all(r["valid"] and r["decode_passes"] > 0 for r in recs)
+    assert json.loads((tmp_path / "t.json").read_text())["valid_rate"] == 1.0
+
+    ck = tmp_path / "ck"
+    code, out, err = _run(["train", bb, str(train_file), str(ck), "-k", "8", "--head-dim", "32", "--head-heads", "4",
+                           "--head-ff", "64", "--lora-rank", "2", "--steps", "2", "--accum", "1", "--threads", "1"], capsys)
+    assert code == 0, err and "trained" in out
+    code, _, err = _run(["train", bb, str(train_file), str(ck)], capsys)
+    assert code == 2 and "already exists" in err
+
+    code, out, err = _run(["eval", "random", f"teach={teacher}", str(ck), "--slates", str(train_file), "--limit", "2",
+                           "--out", str(tmp_path / "q.json")], capsys)
+    assert code == 0, err
+    q = json.loads((tmp_path / "q.json").read_text())
+    assert set(q["rankers"]) == {"random", "teach", str(ck)} and q["subset"]["first"] == 2
+    rows = read_slates(train_file, limit=2)
+    want = evaluate([r["order"] for r in recs], [s["labels"] for s in rows]).to_dict()
+    for k in ("auc", "recall@1", "recall@10", "ndcg@1", "ndcg@10", "slates"):
+        assert q["rankers"]["teach"][k] == want[k]
+    assert "NDCG@10" in out
+
+    code, _, err = _run(["eval", f"teach={teacher}", "--slates", str(train_file)], capsys)  # 6 slates, teacher has 2
+    assert code == 2 and "no ranking" in err
