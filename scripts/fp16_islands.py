@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Which FP32 islands does the FP16 graph need? Ablation on real slates, CPU emulation vs PyTorch FP32.
 
-For each variant (all islands; none; all but one) the FP32 ONNX graph of ``hllm export`` is rewritten
+For each variant (default islands; none; default minus one; default plus residual; optionally a ModelOpt AutoCast graph) the FP32 ONNX graph of ``hllm export`` is rewritten
 by :func:`hllm.exporter.precision.convert_to_fp16`, emulated in float32 by
 :func:`hllm.exporter.precision.emulate_fp16` (float16 rounding and overflow after every float16 node),
 run in ONNX Runtime CPU, and compared slate by slate with the PyTorch FP32 reference
@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fp32-onnx", required=True, help="FP32 model.onnx exported from that checkpoint")
     ap.add_argument("--slates", default="examples/beauty-eval-sample.jsonl.gz")
     ap.add_argument("--limit", type=int, default=10)
-    ap.add_argument("--variants", default="all,none,-rmsnorm,-rotary,-softmax,-layernorm,-scores")
+    ap.add_argument("--variants", default="default,none,-rmsnorm,-rotary,-softmax,-layernorm,-scores,+residual",
+                    help="default = DEFAULT_ISLANDS; none; -X = default without X; +X = default plus X")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--autocast-onnx", help="also test this graph made by ModelOpt AutoCast (variant 'autocast')")
     ap.add_argument("-o", "--out", required=True)
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hllm.engines.onnxruntime import OnnxRuntimeEngine
     from hllm.exporter.onnx import library_versions
-    from hllm.exporter.precision import (ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
+    from hllm.exporter.precision import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
                                          load_onnx, save_onnx)
     from hllm.files import atomic_write_json, sha256_file
     from hllm.parity import ParityReport, Thresholds, compare_slate
@@ -58,13 +59,18 @@ def main(argv=None) -> int:
     fp32 = load_onnx(args.fp32_onnx)
     th = Thresholds(atol=float("inf"), min_perm_match=0.0, min_top1=0.99, min_tau=0.99)
     variants = []
-    names = [v.strip() for v in args.variants.split(",")] + (["autocast"] if args.autocast_onnx else [])
+    names = [v.strip() for v in args.variants.split(",") if v.strip()] + (["autocast"] if args.autocast_onnx else [])
     for v in names:
         if v == "autocast":
             islands = ()
             model16, rep = load_onnx(args.autocast_onnx), PrecisionReport(islands=["(ModelOpt AutoCast)"])
         else:
-            islands = ISLANDS if v == "all" else () if v == "none" else tuple(i for i in ISLANDS if i != v.lstrip("-"))
+            if v in ("default", "none"):
+                islands = DEFAULT_ISLANDS if v == "default" else ()
+            elif v.startswith("+"):
+                islands = DEFAULT_ISLANDS + (v[1:],)
+            else:
+                islands = tuple(i for i in DEFAULT_ISLANDS if i != v.lstrip("-"))
             model16, rep = convert_to_fp16(fp32, islands)
         node_precision = island_precision(fp32, model16)
         with tempfile.TemporaryDirectory(dir=Path(args.out).parent if Path(args.out).parent.exists() else None) as d:

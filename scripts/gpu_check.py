@@ -45,42 +45,39 @@ def cmd_tiny(args) -> int:
     return 0
 
 
-class _CudaTorchEngine:
-    """Engine interface over an HllmModel on CUDA (proxy mode only)."""
+def _cuda_engine(model, k: int, precision: str, device: str = "cuda"):
+    """An :class:`hllm.engines.base.Engine` over an HllmModel on CUDA (proxy mode only)."""
+    import torch
 
-    def __new__(cls, model, k: int, precision: str):
-        from hllm.engines.base import Engine
+    from hllm.engines.base import Engine
 
-        class _E(Engine):
-            name = f"torch-cuda-{precision}"
+    class CudaTorchEngine(Engine):
+        name = f"torch-cuda-{precision}"
 
-            def __init__(self):
-                super().__init__(k)
-                self.sidecar = {"precision": precision}
-                self.model = model
+        def __init__(self):
+            super().__init__(k)
+            self.sidecar = {"precision": precision}  # read by hllm.parity.run_parity
 
-            def _activate(self):
-                pass
+        def _activate(self):
+            pass
 
-            def _deactivate(self):
-                pass
+        def _deactivate(self):
+            pass
 
-            def _run(self, input_ids, readout_positions, item_mask):
-                import torch
+        def _run(self, input_ids, readout_positions, item_mask):
+            with torch.inference_mode():
+                t = [torch.from_numpy(x).to(device) for x in (input_ids, readout_positions, item_mask)]
+                return model(*t).float().cpu().numpy()
 
-                with torch.inference_mode():
-                    t = [torch.from_numpy(x).cuda() for x in (input_ids, readout_positions, item_mask)]
-                    return self.model(*t).float().cpu().numpy()
-
-        return _E()
+    return CudaTorchEngine()
 
 
-def _fp16_with_islands(ckpt):
+def _fp16_with_islands(ckpt, device: str = "cuda"):
     import torch
 
     from hllm.model.hllm import load_model
 
-    model = load_model(ckpt, dtype=torch.float16).cuda().eval()
+    model = load_model(ckpt, dtype=torch.float16).to(device).eval()
     out = model.head.out if hasattr(model.head, "out") else None
     if out is not None:  # `scores` island: final projection in FP32
         out.float()
@@ -99,15 +96,17 @@ def cmd_proxy(args) -> int:
     from hllm.runtime.artifact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
-    if not torch.cuda.is_available():
-        print("proxy mode needs torch with CUDA and a GPU", file=sys.stderr)
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        print("proxy mode needs torch with CUDA and a GPU (--device cpu only smoke-tests the code)", file=sys.stderr)
         return 2
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     art = resolve(args.checkpoint)
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
-    fp32 = load_model(args.checkpoint).cuda().eval()
-    fp16 = _fp16_with_islands(args.checkpoint)
-    ref = Ranker(_CudaTorchEngine(fp32, art.num_positions, "fp32"), builder)
-    tst = Ranker(_CudaTorchEngine(fp16, art.num_positions, "fp16"), builder)
+    fp32 = load_model(args.checkpoint).to(dev).eval()
+    fp16 = _fp16_with_islands(args.checkpoint, dev)
+    ref = Ranker(_cuda_engine(fp32, art.num_positions, "fp32", dev), builder)
+    tst = Ranker(_cuda_engine(fp16, art.num_positions, "fp16", dev), builder)
     slates = read_slates(args.slates, limit=args.limit)
     th = Thresholds(atol=args.atol, min_perm_match=0.0, min_top1=0.99, min_tau=0.99)
     t0 = time.perf_counter()
@@ -123,12 +122,12 @@ def cmd_proxy(args) -> int:
             s = dict(full[i % len(full)])
             s["candidates"] = s["candidates"][: args.n_items]
             b = builder.encode([s])
-            t = [torch.from_numpy(x).cuda() for x in (b.input_ids, b.readout_positions, b.item_mask)]
-            torch.cuda.synchronize()
+            t = [torch.from_numpy(x).to(dev) for x in (b.input_ids, b.readout_positions, b.item_mask)]
+            sync()
             t1 = time.perf_counter()
             with torch.inference_mode():
                 model(*t)
-            torch.cuda.synchronize()
+            sync()
             if i >= args.warmup:
                 samples.append((time.perf_counter() - t1) * 1e3)
         lat[name] = {"forward_ms": summarize(samples), "n_items": args.n_items, "batch": 1,
@@ -144,8 +143,8 @@ def cmd_proxy(args) -> int:
         lat["fp16_islands"]["ranker_stages_ms"] = {k: summarize([x[k] for x in stage]) for k in stage[0]}
     out = {
         "mode": "pytorch-cuda proxy (no TensorRT): FP16 with FP32 islands vs FP32, both on the GPU",
-        "device": torch.cuda.get_device_name(0),
-        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "device": torch.cuda.get_device_name(0) if dev == "cuda" else f"{dev} (smoke test, not a GPU figure)",
+        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if dev == "cuda" else None,
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "checkpoint": args.checkpoint, "slates_file": args.slates, "slate_subset": f"first {len(slates)}",
         "islands": "rmsnorm (HF, FP32), rotary (HF, FP32), softmax (SDPA FP32 statistics), layernorm + head "
@@ -201,6 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--atol", type=float, default=1.0)
+    p.add_argument("--device", default="cuda", help="cuda (the check) or cpu (smoke test of this code only)")
     p.add_argument("-o", "--out", required=True)
     s = sub.add_parser("summary")
     s.add_argument("files", nargs="+")

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hllm.errors import ExportError
-from hllm.exporter.precision import (FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+from hllm.exporter.precision import (DEFAULT_ISLANDS, FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
                                      island_of, load_onnx, parse_islands)
 
 
@@ -54,7 +54,8 @@ def fp16_export(tmp_path_factory, merged_checkpoint):
 
 
 def test_parse_islands():
-    assert parse_islands(None) == ISLANDS
+    assert parse_islands(None) == DEFAULT_ISLANDS and "residual" not in DEFAULT_ISLANDS
+    assert parse_islands("default,residual") == DEFAULT_ISLANDS + ("residual",)
     assert parse_islands("none") == ()
     assert parse_islands("rmsnorm, softmax") == ("rmsnorm", "softmax")
     with pytest.raises(ExportError, match="unknown FP32 island"):
@@ -72,6 +73,7 @@ def test_every_island_is_found_in_the_export(fp32_model):
     assert found["softmax"] == 2 + 2  # 2 backbone layers + 2 head blocks
     assert found["layernorm"] == 2 * 2 + 1  # head: 2 per block + final
     assert found.get("rotary", 0) > 0 and found.get("scores", 0) >= 2
+    assert found["residual"] == 2 * 2  # 2 residual Adds per decoder layer
 
 
 def test_no_fp16_reduction_inside_rmsnorm(fp16_model):
@@ -157,7 +159,7 @@ def test_emulated_fp16_export_ranks_like_fp32(fp16_export, merged_checkpoint):
     from hllm.parity import compare_slate
 
     meta = json.loads((fp16_export / "export.json").read_text())
-    assert meta["precision"] == "fp16" and meta["fp32_islands"] == list(ISLANDS)
+    assert meta["precision"] == "fp16" and meta["fp32_islands"] == list(DEFAULT_ISLANDS)
     assert meta["fp16"]["validation"]["nonfinite"] == 0
     model = load_onnx(fp16_export / "model.onnx")
     assert fp32_islands_check(model) == []
@@ -200,7 +202,7 @@ def test_rmsnorm_island_is_needed_for_large_activations(fp32_model):
     feeds = {"input_ids": b.input_ids, "readout_positions": b.readout_positions, "item_mask": b.item_mask}
     ref = _session(big).run(None, feeds)[0]
     with_island = _session(emulate_fp16(convert_to_fp16(big)[0])).run(None, feeds)[0]
-    without = _session(emulate_fp16(convert_to_fp16(big, tuple(i for i in ISLANDS if i != "rmsnorm"))[0])).run(None, feeds)[0]
+    without = _session(emulate_fp16(convert_to_fp16(big, tuple(i for i in DEFAULT_ISLANDS if i != "rmsnorm"))[0])).run(None, feeds)[0]
     mask, scale = b.item_mask, np.abs(ref).max()
     assert np.isfinite(with_island).all()
     err_with = np.abs(with_island - ref)[mask].max()

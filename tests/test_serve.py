@@ -94,7 +94,7 @@ def _post(url, body, **kw):
 
 def test_serve_package_does_not_import_torch():
     code = (
-        "import sys, hllm.serve, hllm.serve.loadtest, hllm.serve.server, hllm.triton, hllm.triton.repo, hllm.triton.decode_model;"
+        "import sys, hllm.serve, hllm.serve.loadtest, hllm.serve.server, hllm.serve.smoke, hllm.triton, hllm.triton.client, hllm.triton.repo, hllm.triton.decode_model;"
         "bad=[m for m in ('torch','transformers','peft') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -349,6 +349,17 @@ def test_loadtest_compares_both_modes(export_dir):
     assert res["batching_off"]["engine_batches"] == 16
     assert res["batching_on"]["engine_batches"] < 16  # 4 clients share batches of ≤ 4 slates
     assert res["rankings_identical_across_modes"] == {"compared": 16, "identical": 16}
+
+
+def test_run_load_against_a_running_server(served, reference):
+    from hllm.serve.loadtest import run_load
+
+    srv, _ = served
+    ss = tiny_slates(3, (2, K), seed=61)
+    res = run_load(srv.url, ss, clients=2, requests=6, max_seconds=60)
+    assert (res["requests"], res["ok"], res["errors"]) == (6, 6, 0)
+    want = [r.order for r in reference.rank(ss)]
+    assert all(res["orders"][i] == want[i % 3] for i in range(6))  # request i carried slate i % 3
 
 
 def test_loadtest_refuses_non_loopback():

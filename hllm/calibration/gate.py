@@ -112,20 +112,21 @@ def save_reference(path, scores: Sequence[np.ndarray], slates: Sequence[dict], s
 
 
 def load_reference(path, slates: Sequence[dict], source_sha256: str | None) -> list[np.ndarray]:
-    """Load scores saved by :func:`save_reference`.
+    """Load the scores saved by :func:`save_reference` for ``slates`` (any subset of the saved ones, by id).
 
-    Raises: ParityError if they were made for other slates or by another graph.
+    Raises: ParityError if a slate has no saved scores or they were made by another graph.
     """
     from hllm.errors import ParityError
 
     with np.load(path, allow_pickle=False) as z:
-        ids = [str(x) for x in z["slate_ids"]]
+        index = {str(x): i for i, x in enumerate(z["slate_ids"])}
         want = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
-        if ids != want:
-            raise ParityError(f"{path}: reference scores are for other slates than the evaluation slates")
+        missing = [w for w in want if w not in index]
+        if missing:
+            raise ParityError(f"{path}: no reference scores for {len(missing)} evaluation slate(s), e.g. {missing[:3]}")
         if source_sha256 and str(z["source_sha256"]) not in ("", source_sha256):
             raise ParityError(f"{path}: reference scores come from another graph (onnx sha256 differs)")
-        return [z[f"scores/{i}"] for i in range(len(ids))]
+        return [z[f"scores/{index[w]}"] for w in want]
 
 
 @dataclass

@@ -130,8 +130,8 @@ def export_onnx(
             float32 emulation ``model.fp16-emulated.onnx`` is written beside it for ONNX Runtime CPU.
             The emulation is validated at ranking level: no non-finite score and mean Kendall tau
             ≥ ``fp16_min_tau`` over the validation rows (|ΔM| is recorded, not enforced).
-        fp32_islands: islands kept in float32 (default: all of
-            :data:`hllm.exporter.precision.ISLANDS`).
+        fp32_islands: islands kept in float32 (default:
+            :data:`hllm.exporter.precision.DEFAULT_ISLANDS`).
     Raises:
         CheckpointError: the checkpoint has an adapter. ExportError: export or validation failed.
     """

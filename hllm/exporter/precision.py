@@ -19,6 +19,9 @@ Islands (names used by ``hllm export --fp32-islands`` and recorded in ``export.j
 ``scores``
     the head's output projection and row mask (nodes whose innermost module is ``head`` or
     ``head.out``): the score matrix M is computed and returned in float32.
+``residual`` (not in the default set)
+    the residual ``Add`` of every ``*DecoderLayer``: the residual stream stays float32 (SmolLM2 carries
+    activations of ~2·10⁴ in a few channels, where float16 spacing is 16).
 
 Nodes are assigned to islands from the module path the dynamo exporter records on each node
 (``pkg.torch.onnx.class_hierarchy`` / ``pkg.torch.onnx.name_scopes`` metadata), so the pass needs an
@@ -52,20 +55,23 @@ FLOAT = 1  # onnx.TensorProto.FLOAT
 FLOAT16 = 10  # onnx.TensorProto.FLOAT16
 FP16_MAX = 65504.0
 
-ISLANDS = ("rmsnorm", "rotary", "softmax", "layernorm", "scores")
-DEFAULT_ISLANDS = ISLANDS
+ISLANDS = ("rmsnorm", "rotary", "softmax", "layernorm", "scores", "residual")
+DEFAULT_ISLANDS = ("rmsnorm", "rotary", "softmax", "layernorm", "scores")
 # Ops whose inputs are read as they come (type-agnostic or producing non-float outputs only).
 _PASSTHROUGH_INPUT_OPS = {"Shape", "Size", "IsNaN", "IsInf", "Cast", "CastLike"}
 
 
 def parse_islands(text: str | None) -> tuple[str, ...]:
-    """``"rmsnorm,softmax"`` → ``("rmsnorm", "softmax")``; ``"none"`` or ``""`` → ``()``; None → defaults.
+    """``"rmsnorm,softmax"`` → ``("rmsnorm", "softmax")``; ``"none"`` or ``""`` → ``()``; None → defaults;
+    ``"default,residual"`` → the defaults plus ``residual``.
 
     Raises: ExportError naming an unknown island.
     """
     if text is None:
         return DEFAULT_ISLANDS
     names = tuple(s.strip() for s in text.split(",") if s.strip() and s.strip() != "none")
+    if "default" in names:
+        names = DEFAULT_ISLANDS + tuple(n for n in names if n != "default" and n not in DEFAULT_ISLANDS)
     bad = [n for n in names if n not in ISLANDS]
     if bad:
         raise ExportError(f"unknown FP32 island(s) {bad}; choose from {list(ISLANDS)} or 'none'")
@@ -101,6 +107,8 @@ def island_of(node) -> str | None:
         return "rmsnorm"
     if any(c.endswith("RotaryEmbedding") for c in classes):
         return "rotary"
+    if node.op_type == "Add" and len(classes) >= 2 and classes[-2].endswith("DecoderLayer"):
+        return "residual"
     scopes = _literal_list(md.get("pkg.torch.onnx.name_scopes"))
     # scopes = ['', 'head', 'head.out', 'linear_27']: modules are all but the last (the op itself).
     if len(scopes) >= 2 and scopes[-2] in ("head", "head.out"):

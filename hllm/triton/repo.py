@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 from hllm.engines.base import OUTPUT_NAME, graph_io_specs
 from hllm.errors import EngineError
@@ -55,7 +54,6 @@ RANK_PY = '''"""Send slates to Triton's hllm_ranker ensemble and print the ranki
 """
 
 import sys
-from pathlib import Path
 
 from hllm.triton.client import main
 
