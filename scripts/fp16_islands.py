@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fp32-onnx", required=True, help="FP32 model.onnx exported from that checkpoint")
     ap.add_argument("--slates", default="examples/beauty-eval-sample.jsonl.gz")
     ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--candidates", type=int, default=0, help="keep only the first N candidates of each slate (0 = all)")
     ap.add_argument("--variants", default="default,none,-rmsnorm,-rotary,-softmax,-layernorm,-scores,+residual",
                     help="default = DEFAULT_ISLANDS; none; -X = default without X; +X = default plus X")
     ap.add_argument("--threads", type=int, default=0)
@@ -46,6 +47,8 @@ def main(argv=None) -> int:
     from hllm.runtime import Ranker, read_slates
 
     slates = read_slates(args.slates, limit=args.limit)
+    if args.candidates:
+        slates = [{**s, "candidates": s["candidates"][: args.candidates]} for s in slates]
     ref = Ranker.from_path(args.checkpoint, threads=args.threads or None)
     t0 = time.perf_counter()
     batches, refs = [], []
@@ -100,7 +103,8 @@ def main(argv=None) -> int:
         "fp32_onnx_sha256": sha256_file(args.fp32_onnx),
         "slates_file": args.slates,
         "slates": len(slates),
-        "slate_subset": f"first {len(slates)} slates of the file",
+        "slate_subset": f"first {len(slates)} slates of the file"
+                        + (f", each cut to its first {args.candidates} candidates" if args.candidates else ""),
         "pass_criteria": {"min_top1": th.min_top1, "min_tau": th.min_tau, "max_nonfinite": 0},
         "variants": variants,
         "versions": library_versions(),

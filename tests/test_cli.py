@@ -112,3 +112,10 @@ def test_init_unknown_head(qwen3_backbone, tmp_path, capsys):
     code, _, err = run(["init", str(qwen3_backbone), str(tmp_path / "ck"), "--head", "mlp"], capsys)
     assert code == 2 and "unknown head kind" in err
     assert not (tmp_path / "ck").exists()
+
+
+def test_usage_errors_exit_2_without_traceback(capsys):
+    code, _, err = run(["rank"], capsys)
+    assert code == 2 and "Missing argument" in err and "internal error" not in err
+    code, _, err = run(["no-such-command"], capsys)
+    assert code == 2 and "No such command" in err

@@ -82,19 +82,22 @@ def step(description: str) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``hllm``)."""
-    import click
+    # typer 0.29 vendors its own click: its usage errors derive from typer.exceptions.TyperException,
+    # and `raise typer.Exit(code)` is typer.exceptions.Exit (not the click package's classes).
+    from typer.exceptions import Abort, Exit, TyperException
 
     from hllm.errors import HllmError
 
     quiet_libraries()
     try:
         rv = app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except Exit as e:
         sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
+    except TyperException as e:  # usage errors: missing argument, unknown option or command
+        show = getattr(e, "show", None)
+        show() if show else console.print(f"[red]error:[/] {e.format_message()}")
         sys.exit(2)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (Abort, KeyboardInterrupt):
         console.print("aborted")
         sys.exit(130)
     except (HllmError, FileExistsError) as e:
