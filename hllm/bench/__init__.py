@@ -4,7 +4,9 @@ single-pass hLLM vs autoregressive speed-up, each written as JSON under ``result
 Modules: :mod:`.stats` (median/p90/p99), :mod:`.machine` (machine description, library versions,
 matmul peak), :mod:`.slates` (sub-slates of N candidates), :mod:`.lapjv` (solver comparison),
 :mod:`.stages` (per-stage timing of :class:`hllm.runtime.Ranker`), :mod:`.versus_ar` (hLLM vs greedy
-autoregressive ranking, interleaved), :mod:`.chart` (PNG, needs matplotlib).
+autoregressive ranking, interleaved), :mod:`.report` (the JSON documents), :mod:`.markdown`
+(tables for the docs), :mod:`.chart` (PNG, needs matplotlib). Importing them does not import torch;
+the PyTorch engine and the AR teacher do, when used.
 
 No benchmark result is asserted by a test; the figures are printed and written to JSON with the
 machine description and run counts, so they can be checked and re-run (``scripts/bench.sh``).

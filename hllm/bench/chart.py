@@ -16,6 +16,10 @@ _STAGE_LABELS = (("prompt", "prompt + tokenize"), ("engine", "engine (prefill + 
                  ("lapjv", "LAPJV decode"), ("decode_output", "decode + output"), ("total", "total"))
 
 
+def _fmt_ms(v: float) -> str:
+    return f"{v:,.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v:.3f} ms"
+
+
 def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict | None = None,
                 n_items: int = 50, batch_size: int = 1) -> Path:
     """Write a PNG: per-stage medians (log scale) per backend at ``n_items``/``batch_size``, and,
@@ -42,17 +46,18 @@ def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict 
         vals = [max(r["stage_ms"].get(k, 0.0), 1e-4) for k, _ in _STAGE_LABELS]
         bars = ax.barh(ys, vals, height=height, label=r["backend"])
         for b, v in zip(bars, vals):
-            ax.text(v * 1.15, b.get_y() + b.get_height() / 2, f"{v:.3g} ms", va="center", fontsize=7)
+            ax.text(v * 1.15, b.get_y() + b.get_height() / 2, _fmt_ms(v), va="center", fontsize=7)
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(_STAGE_LABELS))], [lbl for _, lbl in _STAGE_LABELS])
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlim(right=max(r["stage_ms"]["total"] for r in recs) * 20)
     ax.set_xlabel("median ms per call (log scale)")
     ax.set_title(f"hLLM stages, N={n_items}, batch {batch_size}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(recs), frameon=False)
     if versus:
         ax2 = axes[0][1]
-        names = ["hLLM (1 pass)", f"AR constrained\n({versus['ar_decode_passes']:.0f} passes)"]
+        backend = next(iter(versus.get("hllm_backends") or {"hllm:?": 0})).split(":", 1)[-1]
+        names = [f"hLLM {backend}\n(1 pass)", f"AR constrained\n({versus['ar_decode_passes']:.0f} passes)"]
         vals = [versus["hllm_ms"], versus["ar_ms"]]
         if "ar_unconstrained_ms" in versus:
             names.append(f"AR unconstrained\n({versus['ar_unconstrained_decode_passes']:.0f} passes, "
@@ -67,6 +72,10 @@ def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict 
         ax2.set_title(f"single pass vs autoregressive, N={versus['n_items']}: {versus['speedup']:.1f}× faster",
                       fontsize=10)
         ax2.tick_params(axis="y", labelsize=8)
+    m = recs[0].get("machine") or {}
+    if m:
+        shared = {True: ", cores shared with other work", False: ", quiet machine"}.get(m.get("shared"), "")
+        fig.suptitle(f"{m.get('cpu', '?')}, {m.get('usable_cpus', '?')} cores{shared}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
     with atomic_path(out) as tmp:

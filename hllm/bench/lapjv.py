@@ -115,10 +115,12 @@ def available_solvers() -> list[Solver]:
 
         out.append(Solver("lap.lapjv", lambda c: lap.lapjv(c, extend_cost=False, return_cost=False),
                           lambda r, n: np.asarray(r[1], dtype=np.int64)))
-        for name in ("lapjvc", "lapjvx", "lapjvs", "lapjvsa"):  # lapx only
+        for name in ("lapjvc", "lapjvx", "lapjvs"):  # lapx only: (cost, rows, cols)
             fn = getattr(lap, name, None)
             if fn is not None:
                 out.append(Solver(f"lapx.{name}", fn, lambda r, n: _from_pairs(r[1], r[2], n)))
+        if hasattr(lap, "lapjvsa"):  # lapx only: (cost, [k, 2] pairs)
+            out.append(Solver("lapx.lapjvsa", lap.lapjvsa, lambda r, n: _from_pairs(r[1][:, 0], r[1][:, 1], n)))
     except ImportError:
         pass
     try:
@@ -166,23 +168,31 @@ def bench_solvers(
     else:
         mats = score_matrices(family, n, count + warmup, seed)
     costs = {dt: [np.ascontiguousarray(-m, dtype=dt) for m in mats] for dt in dtypes}
+    # Candidate j solves matrix (i + j·stride) mod M in round i: within a round every candidate gets
+    # a different matrix and each sees every matrix once per cycle, so no candidate profits from a
+    # branch predictor / cache just trained on the same problem by the candidate before it.
+    n_cand = len(solvers) * len(dtypes) + 4
+    stride = max(1, len(mats) // n_cand)
+    ix = lambda i, j: (i + j * stride) % len(mats)  # noqa: E731
     calls = {}
+    j = 0
     for s in solvers:
         for dt in dtypes:
-            calls[f"{s.name}/{dt}"] = (lambda i, s=s, dt=dt: s.call(costs[dt][i]))
-    calls["runtime decode()"] = lambda i: decode(mats[i], n)
-    # batched path: the same BATCH consecutive matrices per round through decode_batch, through a
-    # loop of decode(), and through a loop of the bare runtime solver (µs per slate)
+            calls[f"{s.name}/{dt}"] = (lambda i, s=s, dt=dt, j=j: s.call(costs[dt][ix(i, j)]))
+            j += 1
+    calls["runtime decode()"] = lambda i, j=j: decode(mats[ix(i, j)], n)
+    # batched path: BATCH consecutive matrices per call through decode_batch, through a loop of
+    # decode(), and through a loop of the bare runtime solver (µs per slate)
     import lap
 
     stacked = np.stack(mats)
     neg64 = np.ascontiguousarray(-stacked, dtype=np.float64)
     bsz = min(BATCH, len(mats))
-    starts = [(i * bsz) % (len(mats) - bsz + 1) for i in range(count + warmup)]
-    sl = lambda i: slice(starts[i], starts[i] + bsz)  # noqa: E731
-    calls["batch: decode_batch()"] = lambda i: decode_batch(stacked[sl(i)], [n] * bsz)
-    calls["batch: decode() loop"] = lambda i: [decode(m, n) for m in stacked[sl(i)]]
-    calls["batch: lap.lapjv loop"] = lambda i: [lap.lapjv(c, extend_cost=False, return_cost=False) for c in neg64[sl(i)]]
+    sl = lambda i, j: slice(min(ix(i, j), len(mats) - bsz), min(ix(i, j), len(mats) - bsz) + bsz)  # noqa: E731
+    calls["batch: decode_batch()"] = lambda i, j=j + 1: decode_batch(stacked[sl(i, j)], [n] * bsz)
+    calls["batch: decode() loop"] = lambda i, j=j + 2: [decode(m, n) for m in stacked[sl(i, j)]]
+    calls["batch: lap.lapjv loop"] = lambda i, j=j + 3: [
+        lap.lapjv(c, extend_cost=False, return_cost=False) for c in neg64[sl(i, j)]]
     samples = time_interleaved(calls, rounds=count, warmup=warmup, unit=1e6)
     batch_us = {k.split(": ", 1)[1]: summarize([v / bsz for v in samples.pop(k)], 2)
                 for k in [k for k in samples if k.startswith("batch: ")]}

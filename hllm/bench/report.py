@@ -28,7 +28,7 @@ def document(kind: str, records: list[dict], shared: bool | None, note: str | No
         "schema": SCHEMA_VERSION,
         "kind": kind,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join(["hllm", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("hllm") else " ".join(sys.argv),
+        "command": " ".join(["hllm", *sys.argv[1:]]),  # the CLI is the only caller that writes files
         "shared": shared,
         "note": note,
         **top,
