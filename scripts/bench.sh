@@ -16,6 +16,8 @@
 #   RUNS [2]  measured calls per configuration   AR_SLATES [2]  measured slates of the AR comparison
 #   LARGE_BATCH [2]  the batch size > 1 measured at N = 50     MODEL_SLATES [4]  real slates for solver timing
 #   LAPJV_EXTRA_PATH []  PYTHONPATH holding extra solvers to compare (e.g. src-d `lapjv` built from sdist)
+#   TRAINED []    a trained hLLM checkpoint: its real score matrices → lapjv_trained.json
+#   LAPX_PATH []  a `pip install --target DIR lapx==0.11.1` folder: lapx replaces lap → lapjv_lapx.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +46,15 @@ hllm() { "$PY" -m hllm "$@"; }
 echo "== LAP solvers" >&2
 PYTHONPATH=${LAPJV_EXTRA_PATH:-} hllm bench lapjv -n 10,50,150 --families gaussian,planted,rank1 --matrices 200 \
   --model "$EXPORT" --model-slates "$MODEL_SLATES" -s "$SLATES" -o "$OUT/lapjv.json" "$MACHINE" "${NOTE_OPT[@]}"
+
+if [ -n "${TRAINED:-}" ]; then
+  hllm bench lapjv -n 10,50 --families planted,rank1 --matrices 200 --model "$TRAINED" \
+    --model-slates "$MODEL_SLATES" -s "$SLATES" -o "$OUT/lapjv_trained.json" "$MACHINE" "${NOTE_OPT[@]}"
+fi
+if [ -n "${LAPX_PATH:-}" ]; then
+  PYTHONPATH=$LAPX_PATH hllm bench lapjv -n 10,50,150 --families gaussian,planted,rank1 --matrices 200 \
+    -o "$OUT/lapjv_lapx.json" "$MACHINE" "${NOTE_OPT[@]}"
+fi
 
 echo "== per-stage latency (PyTorch + ONNX Runtime, interleaved)" >&2
 hllm bench stages "$CKPT" "$EXPORT" -s "$SLATES" -n 10,25,50 -b 1 --large-batch "$LARGE_BATCH" \

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from hllm.calibration.data import build_calibration_set, check_disjoint, choose_slates, load_calibration_set
-from hllm.calibration.gate import GateThresholds, gate_scores, ndcg_at, recall_at, reference_scores, run_gate
+from hllm.calibration.gate import GateThresholds, gate_scores, label_metrics, reference_scores, run_gate
 from hllm.calibration.quantize import (
     QuantOptions, auto_exclude, check_target, modelopt_available, module_path, nodes_in_part, quantize_export,
     quantized_nodes, sensitivity_ladder,
@@ -186,10 +186,11 @@ def test_sensitivity_ladder_and_auto_exclude(export_dir):
 # -- the gate ---------------------------------------------------------------------------------------
 
 def test_label_metrics_by_hand():
-    assert recall_at([3, 1, 2, 0], [0, 0, 0, 1], 1) == 1.0
-    assert recall_at([1, 3, 2, 0], [0, 0, 0, 1], 1) == 0.0
-    assert recall_at([1, 3, 2, 0], [0, 0, 0, 1], 2) == 1.0
-    assert ndcg_at([1, 3, 2, 0], [0, 0, 0, 1], 10) == pytest.approx(1 / np.log2(3))
+    one = [{"labels": [0, 0, 0, 1]}]
+    assert label_metrics([[3, 1, 2, 0]], one)["recall@1"] == 1.0
+    assert label_metrics([[1, 3, 2, 0]], one)["recall@1"] == 0.0
+    assert label_metrics([[1, 3, 2, 0]], one)["ndcg@10"] == pytest.approx(1 / np.log2(3))
+    assert label_metrics([[1, 3, 2, 0]], [{"labels": [0, 0, 0, 0]}]) is None
     slates = [{"slate_id": "a", "labels": [1, 0, 0]}, {"slate_id": "b", "labels": [0, 0, 1]}]
     ref = [np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)]  # ranks item 0 first
     same = gate_scores(ref, [r.copy() for r in ref], slates)

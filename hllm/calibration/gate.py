@@ -44,36 +44,18 @@ class GateThresholds:
     max_nonfinite: int = 0
 
 
-def recall_at(order: Sequence[int], labels: Sequence[int], k: int) -> float:
-    """Fraction of the positive labels found in the first ``k`` ranked items (nan without positives)."""
-    pos = {i for i, y in enumerate(labels) if y}
-    if not pos:
-        return math.nan
-    return len(pos & set(int(i) for i in order[:k])) / len(pos)
-
-
-def ndcg_at(order: Sequence[int], labels: Sequence[int], k: int) -> float:
-    """NDCG@k with binary gains (nan without positives)."""
-    gains = [1.0 if labels[int(i)] else 0.0 for i in order[:k]]
-    dcg = sum(g / math.log2(p + 2) for p, g in enumerate(gains))
-    n_pos = sum(1 for y in labels if y)
-    if not n_pos:
-        return math.nan
-    idcg = sum(1.0 / math.log2(p + 2) for p in range(min(k, n_pos)))
-    return dcg / idcg
-
-
 def label_metrics(orders: Sequence[Sequence[int]], slates: Sequence[dict]) -> dict | None:
-    """Mean Recall@1, Recall@10, NDCG@10 of rankings against the slates' ``labels`` (None if no labels)."""
+    """Mean Recall@1, Recall@10, NDCG@10 (and AUC, NDCG@1) of rankings against the slates' ``labels``,
+    computed by :func:`hllm.metrics.evaluate`; None if no slate has a positive and a negative label."""
+    from hllm.metrics import evaluate
+
     rows = [(o, s["labels"]) for o, s in zip(orders, slates) if s.get("labels") and any(s["labels"])]
     if not rows:
         return None
-    return {
-        "recall@1": float(np.mean([recall_at(o, y, 1) for o, y in rows])),
-        "recall@10": float(np.mean([recall_at(o, y, 10) for o, y in rows])),
-        "ndcg@10": float(np.mean([ndcg_at(o, y, 10) for o, y in rows])),
-        "labelled_slates": len(rows),
-    }
+    rep = evaluate([o for o, _ in rows], [y for _, y in rows])
+    if not rep.slates:
+        return None
+    return {**rep.values, "labelled_slates": rep.slates}
 
 
 def run_scores(ranker, slates: Sequence[dict], batch_size: int = 1, on_batch=None) -> list[np.ndarray]:
