@@ -391,7 +391,14 @@ def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
         wait_ready(url, timeout_s=120)
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             fut = ex.submit(_post, url, {"slates": tiny_slates(1, 5, seed=70)})
-            time.sleep(0.5)  # the request is queued, waiting for its batch window
+            # SIGTERM only once the request is queued (waiting for its batch window): on a loaded
+            # machine a fixed sleep can fire before the request even reaches the server.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                m = httpx.get(f"{url}/metrics", timeout=5).text
+                if any(line.startswith("hllm_queue_depth ") and float(line.split()[1]) >= 1 for line in m.splitlines()):
+                    break
+                time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             r = fut.result(timeout=60)
         assert r.status_code == 200, r.text

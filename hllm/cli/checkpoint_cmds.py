@@ -96,7 +96,7 @@ def export_cmd(
     from hllm.runtime.slates import read_slates
 
     quiet_libraries()
-    sample = read_slates(slates, limit=2) if slates and str(slates) and slates.exists() else []
+    sample = read_slates(slates, limit=2) if slates and slates.is_file() else []  # "" → Path(".") → skip
     with step("exporting to ONNX and validating"):
         rep = export_onnx(checkpoint, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
                           precision=precision, fp32_islands=parse_islands(fp32_islands))
