@@ -66,18 +66,25 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the result is an ordinary directory
     try:
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        promote_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def promote_dir(staging: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Move a finished directory ``staging`` to ``dest``, replacing an existing ``dest`` only once the
+    new one is complete (old one renamed aside, new one renamed in, old one deleted)."""
+    staging, dest = Path(staging), Path(dest)
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(dest, old)
+        os.replace(staging, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, dest)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -94,6 +94,20 @@ def compare_slate(ref: np.ndarray, test: np.ndarray, slate_id: str = "") -> dict
     return rec
 
 
+def failed_checks(checks: list[tuple[str, float, float, str]]) -> list[dict]:
+    """The criteria that fail, each as ``{criterion, value, limit, op, missed_by}``.
+
+    ``checks`` holds ``(name, value, limit, op)`` with op ``"<="`` (value must not exceed limit) or
+    ``">="`` (value must reach limit); comparisons allow 1e-12 of float round-off.
+    """
+    out = []
+    for name, v, lim, op in checks:
+        ok = v <= lim + 1e-12 if op == "<=" else v >= lim - 1e-12
+        if not ok:
+            out.append({"criterion": name, "value": v, "limit": lim, "op": op, "missed_by": abs(v - lim)})
+    return out
+
+
 @dataclass
 class ParityReport:
     """Aggregate of :func:`compare_slate` records plus the verdict.
@@ -141,12 +155,7 @@ class ParityReport:
             ("kendall_tau_mean", s["kendall_tau_mean"], t.min_tau, ">="),
             ("nonfinite", s["nonfinite"], t.max_nonfinite, "<="),
         ]
-        out = []
-        for name, v, lim, op in checks:
-            ok = v <= lim if op == "<=" else v >= lim - 1e-12
-            if not ok:
-                out.append({"criterion": name, "value": v, "limit": lim, "op": op, "missed_by": abs(v - lim)})
-        return out
+        return failed_checks(checks)
 
     @property
     def passed(self) -> bool:

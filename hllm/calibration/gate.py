@@ -144,12 +144,9 @@ class GateReport:
         d = self.recall10_delta
         if d is not None:
             checks.append(("|recall@10_delta|", abs(d), t.max_recall10_delta, "<="))
-        out = []
-        for name, v, lim, op in checks:
-            ok = v <= lim + 1e-12 if op == "<=" else v >= lim - 1e-12
-            if not ok:
-                out.append({"criterion": name, "value": v, "limit": lim, "op": op, "missed_by": abs(v - lim)})
-        return out
+        from hllm.parity import failed_checks
+
+        return failed_checks(checks)
 
     @property
     def passed(self) -> bool:

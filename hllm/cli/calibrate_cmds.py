@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -12,19 +11,6 @@ import typer
 from rich.table import Table
 
 from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
-
-
-def _promote(staging: Path, dest: Path) -> None:
-    """Move a finished directory into place, replacing ``dest`` only once the new one is complete."""
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(dest, old)
-        os.replace(staging, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, dest)
 
 
 @app.command("calibrate")
@@ -71,7 +57,7 @@ def calibrate_cmd(
         NothingToQuantize, QuantOptions, auto_exclude, calibration_ranges, quantize_export, sensitivity_ladder,
     )
     from hllm.errors import SlateError
-    from hllm.files import atomic_write_json
+    from hllm.files import atomic_write_json, promote_dir
     from hllm.runtime import read_slates
     from hllm.runtime.artifact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
@@ -215,7 +201,7 @@ def calibrate_cmd(
         if calib is not None and calibration is None:
             calib.save(staging / "calibration")
         atomic_write_json(staging / "calibration_report.json", result)
-        _promote(staging, dest)
+        promote_dir(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if cache.exists():
