@@ -58,8 +58,11 @@ def parity_cmd(
     from hllm.parity import Thresholds, run_parity
     from hllm.runtime import read_slates
 
+    from hllm.runtime.artifact import resolve
+
     quiet_libraries()
     data = read_slates(slates, limit=limit)
+    resolve(reference), resolve(test)  # fail on a bad path before any progress output
     th = Thresholds(atol=atol, min_perm_match=min_perm_match, min_top1=min_top1, min_tau=min_tau)
     t0 = time.perf_counter()
     with progress() as bar:
