@@ -304,15 +304,8 @@ def convert_to_fp16(model, islands: tuple[str, ...] = DEFAULT_ISLANDS):
         vi.type.tensor_type.elem_type = t
         value_info.append(vi)
 
-    out = onnx.ModelProto()
-    out.ir_version = model.ir_version
-    out.producer_name = model.producer_name
-    out.producer_version = model.producer_version
-    out.opset_import.extend(model.opset_import)
-    new_graph = helper.make_graph(nodes, g.name, list(g.input), list(g.output), keep_inits, value_info=value_info)
-    out.graph.CopyFrom(new_graph)
-    meta = out.metadata_props.add()
-    meta.key, meta.value = "hllm.precision", "fp16"
+    out = _model_like(model, helper.make_graph(nodes, g.name, list(g.input), list(g.output), keep_inits,
+                                               value_info=value_info), "fp16")
     meta = out.metadata_props.add()
     meta.key, meta.value = "hllm.fp32_islands", ",".join(islands) or "none"
     return out, rep
@@ -375,14 +368,23 @@ def emulate_fp16(model):
         if v.type.tensor_type.elem_type == FLOAT16:
             v.type.tensor_type.elem_type = FLOAT
         outputs.append(v)
+    return _model_like(model, helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info),
+                       "fp16-emulated-fp32")
+
+
+def _model_like(model, graph, precision: str):
+    """A new ModelProto with ``model``'s IR version, producer and opsets, the given graph, and the
+    metadata property ``hllm.precision`` = ``precision``."""
+    import onnx
+
     out = onnx.ModelProto()
     out.ir_version = model.ir_version
     out.producer_name = model.producer_name
     out.producer_version = model.producer_version
     out.opset_import.extend(model.opset_import)
-    out.graph.CopyFrom(helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info))
+    out.graph.CopyFrom(graph)
     meta = out.metadata_props.add()
-    meta.key, meta.value = "hllm.precision", "fp16-emulated-fp32"
+    meta.key, meta.value = "hllm.precision", precision
     return out
 
 
