@@ -354,22 +354,24 @@ def emulate_fp16(model):
             inits.append(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
         else:
             inits.append(t)
-    value_info = []
-    for vi in g.value_info:
+    value_info = _as_float32(g.value_info)
+    outputs = _as_float32(g.output)
+    return _model_like(model, helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info),
+                       "fp16-emulated-fp32")
+
+
+def _as_float32(infos) -> list:
+    """Copies of ONNX ValueInfoProtos with float16 element types turned into float32."""
+    import onnx
+
+    out = []
+    for vi in infos:
         v = onnx.ValueInfoProto()
         v.CopyFrom(vi)
         if v.type.tensor_type.elem_type == FLOAT16:
             v.type.tensor_type.elem_type = FLOAT
-        value_info.append(v)
-    outputs = []
-    for vo in g.output:
-        v = onnx.ValueInfoProto()
-        v.CopyFrom(vo)
-        if v.type.tensor_type.elem_type == FLOAT16:
-            v.type.tensor_type.elem_type = FLOAT
-        outputs.append(v)
-    return _model_like(model, helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info),
-                       "fp16-emulated-fp32")
+        out.append(v)
+    return out
 
 
 def _model_like(model, graph, precision: str):
