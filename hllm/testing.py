@@ -94,3 +94,21 @@ def tiny_slates(n: int, n_items: int | tuple[int, int] = 5, seed: int = 0, histo
             "labels": labels,
         })
     return out
+
+
+def tiny_encoder(out_dir: Path, seed: int = 0) -> Path:
+    """Write a random tiny BERT encoder (2 layers, hidden 32) with a fast tokenizer to ``out_dir``: a
+    stand-in for a sentence-embedding model directory (the embedding teacher's input)."""
+    import torch
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tiny_tokenizer(out_dir / "tokenizer.json")
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(out_dir / "tokenizer.json"), pad_token="<|endoftext|>")
+    tok.save_pretrained(str(out_dir))
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=128, pad_token_id=tok.pad_token_id)
+    BertModel(cfg).save_pretrained(str(out_dir))
+    return out_dir

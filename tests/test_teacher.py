@@ -86,3 +86,33 @@ def test_unconstrained_decoding_is_repaired(tiny_teacher, slates):
     assert r.missing == n - len({int(t) for t in __import__("re").findall(r"\d+", r.raw_text)
                                  if not t.startswith("0") and 1 <= int(t) <= n})
     assert 1 <= r.decode_passes <= OrdinalGrammar(n).max_tokens()
+
+
+def test_embedding_teacher_ranks_by_similarity(tmp_path):
+    import numpy as np
+
+    from hllm.errors import HllmError
+    from hllm.teacher.embedding import EmbeddingRanker
+    from hllm.testing import tiny_encoder, tiny_slates
+
+    enc = tiny_encoder(tmp_path / "enc")
+    slate = tiny_slates(1, 6, seed=3)[0]
+    slate["candidates"][4]["title"] = slate["history"][1]  # an exact repeat of a history item
+    r = EmbeddingRanker(enc, agg="max", threads=1)
+    e = r.embed([slate["history"][1], "rose shimmer", slate["history"][1]])
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(e[0], e[2])
+    res = r.rank(slate)
+    assert res.order[0] == 4 and res.scores[4] == pytest.approx(1.0, abs=1e-5)  # cosine 1 with itself
+    assert sorted(res.order) == list(range(6))
+    assert all(res.scores[a] >= res.scores[b] for a, b in zip(res.order, res.order[1:]))
+    # the aggregations really differ: mean = centroid order up to scale, max differs from both
+    cands = [c["title"] for c in slate["candidates"]]
+    sim = r.embed(cands) @ r.embed(slate["history"]).T
+    np.testing.assert_allclose(r.scores(slate), sim.max(1), atol=1e-6)
+    r.agg = "mean"
+    np.testing.assert_allclose(r.scores(slate), sim.mean(1), atol=1e-6)
+    with pytest.raises(HllmError, match="needs a history"):
+        r.rank(dict(slate, history=[]))
+    with pytest.raises(HllmError, match="unknown aggregation"):
+        EmbeddingRanker(enc, agg="sum")

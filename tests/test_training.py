@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from hllm.runtime.slates import write_jsonl
 from hllm.testing import tiny_slates
+from hllm.training.features import lower_layers
 from hllm.training.trainer import STATE_FILE, TrainConfig, build_model, train
 
 TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)
@@ -56,7 +57,7 @@ def test_top_layer_split_equals_full_forward(backbones, train_file, tmp_path):
         for n, p in model.named_parameters():  # non-zero LoRA, so the top layer really differs
             if "lora_B" in n:
                 p.normal_(0, 0.1)
-        assert torch.allclose(model.upper(model.lower(ids)), model.full(ids), atol=1e-5)
+        assert torch.allclose(model.upper(lower_layers(model.backbone, ids, 0, 1)), model.full(ids), atol=1e-5)
 
 
 @pytest.mark.parametrize("lora_layers", [None, 1])

@@ -41,6 +41,7 @@ def train_cmd(
     max_history: int = typer.Option(10, help="Most recent history items used."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
     resume: bool = typer.Option(False, help="Continue from OUT_DIR/training_state.pt."),
+    features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
 ) -> None:
     """Train a checkpoint with the Sinkhorn loss (paper §3.3): LoRA or frozen backbone + any head.
 
@@ -59,6 +60,7 @@ def train_cmd(
         head_kind=head, num_positions=positions, head_kwargs=dict(d_model=head_dim, num_heads=head_heads, ff_dim=head_ff),
         lora_rank=lora_rank, lora_layers=lora_layers, steps=steps, batch_size=batch_size, accum=accum, lr=lr,
         tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
+        features=str(features) if features else None,
     )
     with progress() as bar:
         cache_task = bar.add_task("caching frozen layers", total=None, visible=False)
@@ -87,9 +89,12 @@ def train_cmd(
 
 @app.command("teacher")
 def teacher_cmd(
-    model_dir: Path = typer.Argument(..., help="Hugging Face causal LM directory (e.g. work/smollm2)."),
+    model_dir: Path = typer.Argument(..., help="--kind ar: Hugging Face causal LM directory (e.g. work/smollm2); "
+                                     "--kind embedding: sentence-embedding model directory, or 'minilm' for the packaged all-MiniLM-L6-v2."),
     slates: Path = typer.Argument(..., help="Slates to rank (JSONL[.gz])."),
     out_file: Path = typer.Argument(..., help="Teacher permutations JSONL to write (input of hllm train / hllm eval)."),
+    kind: str = typer.Option("ar", help="ar: autoregressive listwise LM; embedding: similarity of candidate and history titles."),
+    agg: str = typer.Option("max", help="--kind embedding: similarity to the history by 'max', 'mean' or 'centroid'."),
     constrained: bool = typer.Option(True, "--constrained/--free", help="Constrained ordinal decoding, or plain greedy."),
     limit: Optional[int] = typer.Option(None, help="Rank only the first this many slates."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Generation cap (default: enough for all N ordinals)."),
@@ -101,14 +106,23 @@ def teacher_cmd(
     """Rank slates with an autoregressive listwise LM (paper §4.3 Phase 1): greedy decoding with KV
     cache, parse + repair; per slate: invalid/repeated/missing ordinals, decode passes, wall time.
 
+    With --kind embedding the ranking is the cosine similarity of each candidate title to the history
+    titles (hllm.teacher.embedding); no generation, so no decode statistics.
+
     OUT_FILE is rewritten atomically after every slate, so a stopped run keeps what it finished.
     """
+    from hllm.errors import HllmError
     from hllm.files import atomic_write_json
     from hllm.runtime.slates import read_slates, write_jsonl
     from hllm.teacher import ArRanker, summarize
 
     quiet_libraries()
     rows = read_slates(slates, limit=limit)
+    if kind == "embedding":
+        _embedding_teacher(model_dir, rows, out_file, agg, threads, summary, slates)
+        return
+    if kind != "ar":
+        raise HllmError(f"unknown teacher kind {kind!r}; known: ar, embedding")
     ranker = ArRanker(model_dir, max_new_tokens=max_new_tokens, threads=threads,
                       candidate_token_budget=candidate_tokens, history_token_budget=history_tokens)
     results = []
@@ -139,9 +153,72 @@ def teacher_cmd(
     )
 
 
-def _ranker_orders(spec: str, slates: list[dict], seed: int, batch_size: int) -> tuple[str, str, list[list[int]]]:
+def _embedding_teacher(model_dir: Path, rows: list[dict], out_file: Path, agg: str, threads: Optional[int],
+                       summary: Optional[Path], slates: Path) -> None:
+    import time
+
+    from hllm.files import atomic_write_json
+    from hllm.runtime.slates import write_jsonl
+    from hllm.teacher.embedding import EmbeddingRanker
+
+    t = time.perf_counter()
+    ranker = EmbeddingRanker(None if str(model_dir) == "minilm" else model_dir, agg=agg, threads=threads)
+    results = []
+    with progress() as bar:
+        task = bar.add_task(f"embedding teacher ({agg})", total=len(rows))
+        for s in rows:
+            results.append(ranker.rank(s).to_dict())
+            bar.update(task, advance=1)
+    write_jsonl(out_file, results)
+    wall = time.perf_counter() - t
+    if summary:
+        atomic_write_json(summary, {"kind": "embedding", "model": str(ranker.model_dir), "agg": agg,
+                                    "slates_file": str(slates), "slates": len(results), "wall_s": round(wall, 1),
+                                    "threads": threads})
+    out.print(f"embedding teacher → {out_file}: {len(results)} slates ranked by {agg} similarity in {wall:.0f} s")
+
+
+@app.command("features")
+def features_cmd(
+    backbone: Path = typer.Argument(..., help="Hugging Face model directory (the checkpoints' backbone)."),
+    slates: Path = typer.Argument(..., help="Slates (JSONL[.gz]) to cache, in file order."),
+    out_dir: Path = typer.Argument(..., help="Cache directory to write (resumes an unfinished one)."),
+    layer: int = typer.Option(..., help="Cache the hidden state entering this decoder layer (L = all layers)."),
+    limit: Optional[int] = typer.Option(None, help="Cache only the first this many slates."),
+    positions: int = typer.Option(50, "--positions", "-k", help="K: largest slate allowed."),
+    candidate_tokens: int = typer.Option(32, help="Per-candidate token budget of the prompt (as in hllm train)."),
+    history_tokens: int = typer.Option(320, help="User-context token budget of the prompt."),
+    max_history: int = typer.Option(10, help="Most recent history items used."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+) -> None:
+    """Cache frozen backbone hidden states of slates once, for hllm train / hllm eval --features.
+
+    Size ≈ tokens × hidden × 4 bytes per slate (about 3 MB for a 50-candidate Beauty slate on SmolLM2).
+    """
+    from hllm.runtime.prompt import PromptSpec
+    from hllm.runtime.slates import read_slates
+    from hllm.training.features import build_cache
+
+    quiet_libraries()
+    rows = read_slates(slates, limit=limit)
+    spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
+    plain = not console.is_terminal
+    with progress() as bar:
+        task = bar.add_task("caching hidden states", total=len(rows))
+
+        def on_progress(done: int, total: int) -> None:
+            bar.update(task, completed=done)
+            if plain and (done % 25 == 0 or done == total):
+                console.print(f"cached {done}/{total} slates")
+
+        cache = build_cache(backbone, rows, out_dir, layer, spec.to_dict(), positions, threads, on_progress)
+    out.print(f"feature cache → {cache.root}: {len(cache)} slates, hidden state entering layer {cache.layer} of {cache.num_layers}")
+
+
+def _ranker_orders(spec: str, slates: list[dict], seed: int, batch_size: int,
+                   features: Optional[Path] = None) -> tuple[str, str, list[list[int]]]:
     """(name, kind, orders) of one ranker spec: ``random``, a checkpoint/export path or a teacher JSONL;
-    ``NAME=SPEC`` sets the table name."""
+    ``NAME=SPEC`` sets the table name. With ``features``, a checkpoint runs from that cache."""
     import numpy as np
 
     from hllm.errors import SlateError
@@ -163,6 +240,19 @@ def _ranker_orders(spec: str, slates: list[dict], seed: int, batch_size: int) ->
     from hllm.runtime.ranker import Ranker
 
     kind = resolve(p).kind
+    if features is not None and kind == "checkpoint":
+        from hllm.runtime.decode import decode
+        from hllm.training.features import FeatureCache, scores_from_cache
+
+        cache = FeatureCache.open(features)
+        ids = [str(s.get("slate_id")) for s in slates]
+        orders = []
+        with progress() as bar:
+            task = bar.add_task(f"ranking with {name} from {features.name}", total=len(slates))
+            for s, m in zip(slates, scores_from_cache(p, cache, ids)):
+                orders.append(decode(m, len(s["candidates"])).tolist())
+                bar.update(task, completed=len(orders))
+        return name, "checkpoint+features", orders
     ranker = Ranker.from_path(p, batch_size=batch_size)
     orders: list[list[int]] = []
     with ranker, progress() as bar:
@@ -181,6 +271,7 @@ def eval_cmd(
     seed: int = typer.Option(0, help="Seed of the random ranker."),
     batch_size: int = typer.Option(1, help="Slates per engine call."),
     out_json: Optional[Path] = typer.Option(None, "--out", help="Write the metrics JSON here."),
+    features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): checkpoint rankers run only the layers above it."),
 ) -> None:
     """AUC, Recall@1/10 and NDCG@1/10 of several rankers side by side on the same labelled slates."""
     import hashlib
@@ -202,6 +293,7 @@ def eval_cmd(
         "subset": {"first": len(rows), "slate_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
                    "first_id": ids[0], "last_id": ids[-1]},
         "random_seed": seed,
+        "features": str(features) if features else None,
         "rankers": {},
     }
     table = Table(title=f"ranking quality on the first {len(rows)} slates of {slates.name}")
@@ -210,7 +302,7 @@ def eval_cmd(
         table.add_column(k.upper() if k == "auc" else k.replace("recall", "R").replace("ndcg", "NDCG"), justify="right")
     table.add_column("slates", justify="right")
     for spec in rankers:
-        name, kind, orders = _ranker_orders(spec, rows, seed, batch_size)
+        name, kind, orders = _ranker_orders(spec, rows, seed, batch_size, features)
         rep = evaluate(orders, [s["labels"] for s in rows]).to_dict()
         rep.update(kind=kind, source=spec.partition("=")[2] if "=" in spec else spec)
         result["rankers"][name] = rep

@@ -67,6 +67,8 @@ class TrainConfig:
         save_every: write the checkpoint every this many steps (and at the end).
         prompt: PromptSpec dict.
         threads: torch intra-op threads (None = default).
+        features: a :mod:`hllm.training.features` cache of these slates (same prompt, same order,
+            layer ≤ the first trained layer): the frozen layers below it are not run again.
     """
 
     backbone: str
@@ -92,6 +94,7 @@ class TrainConfig:
     save_every: int = 50
     prompt: dict = field(default_factory=lambda: PromptSpec().to_dict())
     threads: int | None = None
+    features: str | None = None
 
     def validate(self) -> None:
         """Raise HllmError for out-of-range options, naming them."""
@@ -102,6 +105,10 @@ class TrainConfig:
             raise HllmError("lora_rank must be ≥ 0 and lora_layers ≥ 1 (or unset)")
         if self.tau <= 0 or self.lr <= 0:
             raise HllmError("tau and lr must be > 0")
+        if self.features and self.sample_items:
+            raise HllmError("--features caches whole slates; it cannot be combined with --sample-items")
+        if self.features and self.lora_rank and self.lora_layers is None:
+            raise HllmError("--features needs a frozen lower part: --lora-layers t or --lora-rank 0")
 
 
 @dataclass
@@ -131,24 +138,11 @@ class _Model(torch.nn.Module):
             m = m.get_base_model()
         return m
 
-    def lower(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Hidden state entering layer ``start_layer`` ``[B, S, D]`` (frozen part; no grad)."""
-        base = self.base()
-        h = base.embed_tokens(input_ids)
-        pos = torch.arange(input_ids.shape[1])[None]
-        pe = base.rotary_emb(h, position_ids=pos)
-        for layer in base.layers[: self.start_layer]:
-            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-        return h
-
     def upper(self, h: torch.Tensor) -> torch.Tensor:
         """Layers ``start_layer..L-1`` + final norm on ``h [B, S, D]`` → last hidden ``[B, S, D]``."""
-        base = self.base()
-        pos = torch.arange(h.shape[1])[None]
-        pe = base.rotary_emb(h, position_ids=pos)
-        for layer in base.layers[self.start_layer:]:
-            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-        return base.norm(h)
+        from hllm.training.features import lower_layers
+
+        return self.base().norm(lower_layers(self.backbone, h, self.start_layer, len(self.base().layers)))
 
     def full(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
@@ -231,6 +225,42 @@ def _subslate(slate: dict, n: int, seed: int, teacher: dict | None) -> dict:
     if teacher is not None and sid in teacher:
         where = {c: j for j, c in enumerate(keep)}
         teacher[sid] = [where[i] for i in teacher[sid] if i in where]
+    return out
+
+
+def _frozen_part(model: _Model, slates: list[dict], builder: PromptBuilder, n_layers: int, cfg: TrainConfig,
+                 on_cache: Callable[[int, int], None] | None) -> list:
+    """Per slate, what the trainable part starts from: readout features ``[N, D]`` (frozen backbone)
+    or (hidden state entering ``start_layer`` ``[S, D]``, readout positions ``[N]``). Computed from the
+    prompt, or from a :class:`~hllm.training.features.FeatureCache` by running only layers
+    ``cache.layer..start_layer-1``."""
+    from hllm.training.features import FeatureCache, lower_layers
+
+    cache = None
+    if cfg.features:
+        cache = FeatureCache.open(cfg.features)
+        cache.check(cfg.backbone, cfg.prompt, [str(s.get("slate_id", i)) for i, s in enumerate(slates)])
+        if cache.layer > model.start_layer:
+            raise HllmError(f"feature cache {cfg.features} holds layer {cache.layer}, but training starts at "
+                            f"layer {model.start_layer}: cache a lower layer or train fewer --lora-layers")
+    out = []
+    model.eval()
+    with torch.inference_mode():
+        for i, s in enumerate(slates):
+            if cache is not None:
+                h_np, pos_np = cache.get(i)
+                h = lower_layers(model.backbone, torch.from_numpy(h_np)[None], cache.layer, model.start_layer)
+                pos = torch.from_numpy(pos_np)
+            else:
+                b = builder.encode([s])
+                h = lower_layers(model.backbone, torch.from_numpy(b.input_ids), 0, model.start_layer)
+                pos = torch.from_numpy(b.readout_positions[0])
+            if model.start_layer >= n_layers:
+                out.append(gather_readout(model.base().norm(h), pos[None])[0].clone())
+            else:
+                out.append((h[0].clone(), pos))
+            if on_cache:
+                on_cache(i + 1, len(slates))
     return out
 
 
@@ -324,19 +354,7 @@ def train(cfg: TrainConfig, resume: bool = False, on_step: Callable[[int, float]
     cached = None
     full = cfg.lora_rank and model.start_layer == 0
     if not full and step < cfg.steps:
-        cached = []
-        model.eval()
-        with torch.inference_mode():
-            for i, s in enumerate(slates):
-                b = builder.encode([s])
-                ids = torch.from_numpy(b.input_ids)
-                if model.start_layer >= n_layers:
-                    h = model.full(ids)
-                    cached.append(gather_readout(h, torch.from_numpy(b.readout_positions))[0].clone())
-                else:
-                    cached.append((model.lower(ids)[0].clone(), torch.from_numpy(b.readout_positions[0])))
-                if on_cache:
-                    on_cache(i + 1, len(slates))
+        cached = _frozen_part(model, slates, builder, n_layers, cfg, on_cache)
     cache_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()
