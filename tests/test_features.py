@@ -83,8 +83,9 @@ def test_mismatched_or_incomplete_caches_are_refused(backbones, train_file, tmp_
         train(_cfg(bb, train_file, tmp_path / "x", features=str(tmp_path / "c")))
     with pytest.raises(CheckpointError, match="prompt"):
         FeatureCache.open(tmp_path / "c").check(bb, dict(PROMPT, max_history=3), ["tiny-0"])
-    with pytest.raises(CheckpointError, match="other slates"):
-        FeatureCache.open(tmp_path / "c").check(bb, PROMPT, ["tiny-1"])
+    assert FeatureCache.open(tmp_path / "c").check(bb, PROMPT, ["tiny-3", "tiny-1"]) == [3, 1]
+    with pytest.raises(CheckpointError, match="lacks 1 of the 2 slates"):
+        FeatureCache.open(tmp_path / "c").check(bb, PROMPT, ["tiny-1", "other"])
     with pytest.raises(CheckpointError, match="another backbone"):
         FeatureCache.open(tmp_path / "c").check(backbones["qwen3"], PROMPT, ["tiny-0"])
     with pytest.raises(CheckpointError, match="different feature cache"):

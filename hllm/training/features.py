@@ -79,15 +79,19 @@ class FeatureCache:
         with np.load(self.root / f"{i:05d}.npz") as z:
             return z["hidden"], z["readout"]
 
-    def check(self, backbone: str | os.PathLike, prompt: dict, slate_ids: Sequence[str]) -> None:
-        """Raise CheckpointError unless the cache matches this backbone, prompt spec and slates."""
+    def check(self, backbone: str | os.PathLike, prompt: dict, slate_ids: Sequence[str]) -> list[int]:
+        """Indices in this cache of ``slate_ids``; raise CheckpointError unless the cache matches this
+        backbone and prompt spec and holds every one of the slates."""
         if self.fingerprint != backbone_fingerprint(backbone):
             raise CheckpointError(f"feature cache {self.root} was made from another backbone than {backbone}")
         if self.prompt != prompt:
             raise CheckpointError(f"feature cache {self.root} used prompt {self.prompt}, not {prompt}")
-        ids = [str(s) for s in slate_ids]
-        if ids != self.slate_ids[: len(ids)]:
-            raise CheckpointError(f"feature cache {self.root} holds other slates (or another order) than requested")
+        where = {sid: i for i, sid in enumerate(self.slate_ids)}
+        missing = [str(s) for s in slate_ids if str(s) not in where]
+        if missing:
+            raise CheckpointError(f"feature cache {self.root} lacks {len(missing)} of the {len(slate_ids)} slates "
+                                  f"(first: {missing[0]}): cache the slates you train or evaluate on")
+        return [where[str(s)] for s in slate_ids]
 
 
 def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: str | os.PathLike, layer: int,
@@ -184,8 +188,7 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     full forward (checked in the tests); at ``(L-c)/L`` of its cost.
 
     Args:
-        ckpt: checkpoint directory. cache: an open cache of these slates (``slate_ids``: the first
-            ``len(slate_ids)`` of the cache, in order).
+        ckpt: checkpoint directory. cache: an open cache holding the slates ``slate_ids``.
     Yields: per slate, ``[N, K]`` float32 score matrix (numpy).
     Raises: CheckpointError when the cache does not match the checkpoint's backbone or prompt, or the
         adapter changes a layer below ``cache.layer`` (those layers were cached without it).
@@ -198,7 +201,7 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     if threads:
         torch.set_num_threads(threads)
     manifest = load_manifest(ckpt)
-    cache.check(manifest.backbone_path, manifest.prompt.to_dict(), slate_ids)
+    index = cache.check(manifest.backbone_path, manifest.prompt.to_dict(), slate_ids)
     model = load_model(manifest)
     below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
     if below:
@@ -206,11 +209,11 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     base = model.backbone.get_base_model() if hasattr(model.backbone, "get_base_model") else model.backbone
     n_layers = len(base.layers)
     with torch.inference_mode():
-        for i in range(len(slate_ids)):
+        for done, i in enumerate(index, 1):
             h_np, pos_np = cache.get(i)
             h = lower_layers(model.backbone, torch.from_numpy(h_np)[None], cache.layer, n_layers)
             items = gather_readout(base.norm(h), torch.from_numpy(pos_np)[None])
             mask = torch.ones(1, items.shape[1], dtype=torch.bool)
             yield model.head(items, mask)[0].numpy()
             if on_progress:
-                on_progress(i + 1, len(slate_ids))
+                on_progress(done, len(slate_ids))

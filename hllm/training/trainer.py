@@ -67,8 +67,8 @@ class TrainConfig:
         save_every: write the checkpoint every this many steps (and at the end).
         prompt: PromptSpec dict.
         threads: torch intra-op threads (None = default).
-        features: a :mod:`hllm.training.features` cache of these slates (same prompt, same order,
-            layer ≤ the first trained layer): the frozen layers below it are not run again.
+        features: a :mod:`hllm.training.features` cache holding these slates (same backbone and
+            prompt, layer ≤ the first trained layer): the frozen layers below it are not run again.
     """
 
     backbone: str
@@ -239,7 +239,7 @@ def _frozen_part(model: _Model, slates: list[dict], builder: PromptBuilder, n_la
     cache = None
     if cfg.features:
         cache = FeatureCache.open(cfg.features)
-        cache.check(cfg.backbone, cfg.prompt, [str(s.get("slate_id", i)) for i, s in enumerate(slates)])
+        index = cache.check(cfg.backbone, cfg.prompt, [str(s.get("slate_id", i)) for i, s in enumerate(slates)])
         if cache.layer > model.start_layer:
             raise HllmError(f"feature cache {cfg.features} holds layer {cache.layer}, but training starts at "
                             f"layer {model.start_layer}: cache a lower layer or train fewer --lora-layers")
@@ -248,7 +248,7 @@ def _frozen_part(model: _Model, slates: list[dict], builder: PromptBuilder, n_la
     with torch.inference_mode():
         for i, s in enumerate(slates):
             if cache is not None:
-                h_np, pos_np = cache.get(i)
+                h_np, pos_np = cache.get(index[i])
                 h = lower_layers(model.backbone, torch.from_numpy(h_np)[None], cache.layer, model.start_layer)
                 pos = torch.from_numpy(pos_np)
             else:
