@@ -13,9 +13,9 @@ from hllm.runtime.prompt import PromptSpec
 from hllm.runtime.slates import read_slates, write_jsonl
 from hllm.testing import tiny_slates
 from hllm.training.features import FeatureCache, build_cache, scores_from_cache
-from hllm.training.trainer import TrainConfig, train
+from hllm.training.trainer import train
+from tests.test_training import _cfg as train_cfg
 
-TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)
 PROMPT = PromptSpec().to_dict()
 
 
@@ -27,11 +27,8 @@ def train_file(tmp_path_factory):
 
 
 def _cfg(backbone, slates, out, **kw):
-    base = dict(backbone=str(backbone), slates=str(slates), out_dir=str(out), num_positions=8, head_kwargs=TINY_HEAD,
-                lora_rank=4, lora_layers=1, steps=3, batch_size=2, accum=1, lr=1e-2, save_every=10,
-                sinkhorn_iters=5, threads=1)
-    base.update(kw)
-    return TrainConfig(**base)
+    """The training tests' tiny config, with LoRA on the top layer (the part a cache can skip)."""
+    return train_cfg(backbone, slates, out, **{"lora_layers": 1, "steps": 3, "save_every": 10, **kw})
 
 
 def _cache(backbone, slates_path, out, layer):

@@ -106,7 +106,7 @@ def test_embedding_teacher_ranks_by_similarity(tmp_path):
     assert res.order[0] == 4 and res.scores[4] == pytest.approx(1.0, abs=1e-5)  # cosine 1 with itself
     assert sorted(res.order) == list(range(6))
     assert all(res.scores[a] >= res.scores[b] for a, b in zip(res.order, res.order[1:]))
-    # the aggregations really differ: mean = centroid order up to scale, max differs from both
+    # each aggregation is what it says: max and mean over the candidate × history cosine matrix
     cands = [c["title"] for c in slate["candidates"]]
     sim = r.embed(cands) @ r.embed(slate["history"]).T
     np.testing.assert_allclose(r.scores(slate), sim.max(1), atol=1e-6)
