@@ -104,6 +104,7 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
         backbone: HF model directory. slates: validated slate dicts. out_dir: cache directory.
         layer: 0 ≤ layer ≤ L (L = after the last layer, before the final norm).
         prompt: PromptSpec dict. max_items: K (slates with more candidates are refused).
+        threads: torch intra-op threads. on_progress: called with (slates done, total).
     Raises: HllmError for a bad layer; CheckpointError when ``out_dir`` holds a different cache.
     """
     import torch
