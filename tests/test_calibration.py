@@ -152,6 +152,26 @@ def test_dynamic_int8_keeps_excluded_head_float(export_dir, tmp_path):
     assert len(quantized_nodes(q)) == 14  # 7 weight projections × 2 decoder blocks
 
 
+def test_weight_only_int8_matmulnbits_outside_head_and_close_to_fp32(export_dir, eval_slates, ref_scores, tmp_path):
+    res = quantize_export(export_dir, tmp_path / "w", QuantOptions(backend="ort-weight-only", exclude=("head",)))
+    src = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
+    q = onnx.load(str(tmp_path / "w" / "model.onnx"))
+    nbits = [n for n in q.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == len(quantized_nodes(q)) == res.summary["quantized_nodes"] == 14  # 7 projections × 2 blocks
+    assert all({a.name: a.i for a in n.attribute}["bits"] == 8 and {a.name: a.i for a in n.attribute}["block_size"] == 32
+               for n in nbits)
+    inits = {i.name: i for i in q.graph.initializer}
+    assert all(inits[n.input[1]].data_type == onnx.TensorProto.UINT8 for n in nbits)  # packed 8-bit weights
+    q_by_name = {n.name: n for n in q.graph.node}
+    head_mm = [n for n in nodes_in_part(src, "head") if n in q_by_name and q_by_name[n].op_type == "MatMul"]
+    assert head_mm  # the head's projections stayed float MatMuls
+    gate = run_gate(ref_scores, tmp_path / "w", eval_slates)
+    d = gate.to_dict()
+    assert 0 < d["max_abs_diff"] < 0.05 and gate.passed, d  # rounding of the weights only
+    with pytest.raises(EngineError, match="block_size"):
+        QuantOptions(backend="ort-weight-only", block_size=24).validate()
+
+
 def test_parts_resolve_and_typos_fail(export_dir):
     m = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
     last = nodes_in_part(m, "last")

@@ -8,6 +8,11 @@ Backends (sources):
   u8×s8 kernels, ORT quantization guide, "When and why do I need to try U8U8 / reduce_range").
 * ``ort-dynamic`` — :func:`onnxruntime.quantization.quantize_dynamic`: weights INT8 offline,
   activations quantized per call at run time (no calibration data).
+* ``ort-weight-only`` — ONNX Runtime ``MatMulNBits`` with 8-bit weights
+  (:class:`onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`, round-to-nearest,
+  symmetric, one scale per ``block_size`` weights along the reduction axis); activations stay float
+  (``accuracy_level`` 0/1) or are quantized to INT8 per block inside the kernel (``accuracy_level`` 4).
+  No calibration data. Halves the weight bytes; the error is the weights' rounding only.
 * ``modelopt`` — NVIDIA TensorRT Model Optimizer ONNX PTQ
   (``modelopt.onnx.quantization.quantize``, https://nvidia.github.io/TensorRT-Model-Optimizer/),
   explicit Q/DQ nodes for TensorRT, ``int8`` (compute capability ≥ 7.5, e.g. A100) or ``fp8``
@@ -41,11 +46,11 @@ import numpy as np
 
 from hllm.errors import EngineError, ExportError, HllmError
 
-BACKENDS = ("ort-static", "ort-dynamic", "modelopt")
+BACKENDS = ("ort-static", "ort-dynamic", "ort-weight-only", "modelopt")
 PRECISIONS = ("int8", "fp8")
 DEFAULT_OP_TYPES = ("MatMul", "Gemm")
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
-             "QLinearMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"}
+             "QLinearMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "MatMulNBits"}
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _NORM_OPS = {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
 
@@ -72,7 +77,7 @@ class QuantOptions:
     """What to quantize and how.
 
     Attributes:
-        backend: ``ort-static``, ``ort-dynamic`` or ``modelopt``.
+        backend: ``ort-static``, ``ort-dynamic``, ``ort-weight-only`` or ``modelopt``.
         precision: ``int8`` or ``fp8`` (fp8 only with ``modelopt``).
         target: ``cpu`` or a GPU name (``a100``, ``l4``, ``h100`` …) or a compute capability
             (``8.0``, ``sm89``); fp8 needs ≥ 8.9.
@@ -83,6 +88,10 @@ class QuantOptions:
         exclude: part names kept in float (see module docstring).
         exclude_nodes: extra node names kept in float.
         calibrate_method: ``minmax`` (ORT) / ``max`` (ModelOpt), or ``entropy``, ``percentile``.
+        block_size: ``ort-weight-only``: weights sharing one scale along the reduction axis (16 … 256,
+            a power of two).
+        accuracy_level: ``ort-weight-only``: ``MatMulNBits`` compute type, 0 (unset: float),
+            1 (fp32), 2 (fp16), 3 (bf16) or 4 (INT8 activations per block).
         weight_matmuls_only: keep activation × activation MatMuls (attention scores and values) in
             float. ORT's ``MatMulConstBOnly`` is honoured only by the QOperator format, so for QDQ
             (static, ModelOpt) these nodes are excluded by name.
@@ -99,6 +108,8 @@ class QuantOptions:
     exclude_nodes: tuple[str, ...] = ()
     calibrate_method: str = "minmax"
     weight_matmuls_only: bool = True
+    block_size: int = 32
+    accuracy_level: int = 0
 
     def validate(self) -> None:
         """Raise :class:`EngineError` naming the bad option (backend, precision, target)."""
@@ -110,6 +121,10 @@ class QuantOptions:
             raise EngineError("fp8 is a TensorRT (Q/DQ) format: use --backend modelopt (ONNX Runtime CPU has no fp8 kernels)")
         if self.activation_type not in ("uint8", "int8"):
             raise EngineError(f"activation_type must be uint8 or int8, got {self.activation_type!r}")
+        if self.backend == "ort-weight-only" and (self.block_size < 16 or self.block_size & (self.block_size - 1)):
+            raise EngineError(f"block_size must be a power of two ≥ 16, got {self.block_size}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise EngineError(f"accuracy_level must be 0-4, got {self.accuracy_level}")
         check_target(self.precision, self.target)
 
     def to_dict(self) -> dict:
@@ -328,7 +343,7 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
 
     Args:
         src, dst: FP32 and output ``.onnx`` paths.
-        options: backend ``ort-static`` (needs ``calib``) or ``ort-dynamic``.
+        options: backend ``ort-static`` (needs ``calib``), ``ort-dynamic`` or ``ort-weight-only``.
         calib: a :class:`hllm.calibration.data.CalibrationSet` (static).
         exclude: node names kept in float.
         cache_path: ORT calibration cache (JSON of tensor ranges): written on first use, reused after,
@@ -338,6 +353,9 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     ext = _external(src)
+    if options.backend == "ort-weight-only":
+        _quantize_weight_only(src, dst, options, exclude, ext)
+        return
     act = QuantType.QUInt8 if options.activation_type == "uint8" else QuantType.QInt8
     try:
         if options.backend == "ort-dynamic":
@@ -365,6 +383,28 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
         raise
     except Exception as e:
         raise EngineError(f"ONNX Runtime quantization failed: {type(e).__name__}: {e}") from None
+
+
+def _quantize_weight_only(src: Path, dst: Path, options: QuantOptions, exclude: Sequence[str], ext: bool) -> None:
+    """8-bit block-wise weights in ``MatMulNBits`` nodes (ORT ≥ 1.20 runs bits=8 on CPU)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if "MatMul" not in options.op_types:
+        raise NothingToQuantize("ort-weight-only quantizes MatMul nodes only: add --op-type MatMul")
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = log.level
+    log.setLevel(logging.WARNING)  # it logs every node at INFO
+    try:
+        q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=options.block_size, is_symmetric=True,
+                                 accuracy_level=options.accuracy_level or None, nodes_to_exclude=list(exclude),
+                                 op_types_to_quantize=("MatMul",))
+        q.process()
+        q.model.save_model_to_file(str(dst), use_external_data_format=ext)
+    finally:
+        log.setLevel(level)
 
 
 def calibration_ranges(cache_path: Path) -> dict[str, float]:

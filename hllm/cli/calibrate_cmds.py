@@ -17,7 +17,7 @@ from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libr
 def calibrate_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (from `hllm export`)."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Quantized export directory to write (only if it passes the gate)."),
-    backend: str = typer.Option("ort-static", help="ort-static (CPU, calibrated), ort-dynamic (CPU) or modelopt (TensorRT Q/DQ)."),
+    backend: str = typer.Option("ort-static", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations) or modelopt (TensorRT Q/DQ)."),
     precision: str = typer.Option("int8", help="int8, or fp8 (modelopt, Ada/Hopper targets only)."),
     target: str = typer.Option("cpu", help="cpu, a GPU name (a100, l4, h100 …) or compute capability (8.0)."),
     calib_slates: Optional[Path] = typer.Option(None, help="Slates to draw calibration data from (e.g. the train split)."),
@@ -37,6 +37,8 @@ def calibrate_cmd(
     calibrate_method: str = typer.Option("minmax", help="minmax, entropy or percentile."),
     weight_matmuls_only: bool = typer.Option(True, help="Keep activation×activation MatMuls (attention) in float."),
     op_type: List[str] = typer.Option(["MatMul", "Gemm"], "--op-type", help="Op types to quantize. Repeatable."),
+    block_size: int = typer.Option(32, help="ort-weight-only: weights per scale along the reduction axis."),
+    accuracy_level: int = typer.Option(0, help="ort-weight-only: MatMulNBits compute, 0 float … 4 INT8 activations per block."),
     min_top1: float = typer.Option(0.97, help="Gate: min top-1 agreement with FP32."),
     max_recall10_delta: float = typer.Option(0.01, help="Gate: max |ΔRecall@10| (slates with labels)."),
     min_tau: Optional[float] = typer.Option(None, help="Gate: min mean Kendall tau (off by default)."),
@@ -66,7 +68,8 @@ def calibrate_cmd(
     opts = QuantOptions(backend=backend, precision=precision, target=target, per_channel=per_channel,
                         reduce_range=reduce_range, activation_type=activation_type, exclude=tuple(exclude),
                         exclude_nodes=tuple(exclude_node), calibrate_method=calibrate_method,
-                        weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type))
+                        weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type),
+                        block_size=block_size, accuracy_level=accuracy_level)
     opts.validate()  # refuses fp8 for an A100 before any work
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists (pass --overwrite to replace it)")
@@ -89,7 +92,7 @@ def calibrate_cmd(
             calib = build_calibration_set(pool, builder, calib_count, calib_seed, calib_batch_size,
                                           exclude_ids=eval_ids, source=calib_slates, tokenizer_path=art.tokenizer_path)
         console.print(f"[green]✓[/] calibration set: {len(calib.slate_ids)} slates from {calib_slates} (seed {calib_seed})")
-    elif backend != "ort-dynamic":
+    elif backend not in ("ort-dynamic", "ort-weight-only"):
         raise SlateError(f"--backend {backend} needs calibration data: pass --calib-slates (e.g. the train split) "
                          "or --calibration")
     cal_ids = calib.slate_ids if calib is not None else []
