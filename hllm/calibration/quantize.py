@@ -88,8 +88,8 @@ class QuantOptions:
         exclude: part names kept in float (see module docstring).
         exclude_nodes: extra node names kept in float.
         calibrate_method: ``minmax`` (ORT) / ``max`` (ModelOpt), or ``entropy``, ``percentile``.
-        block_size: ``ort-weight-only``: weights sharing one scale along the reduction axis (16 … 256,
-            a power of two).
+        block_size: ``ort-weight-only``: weights sharing one scale along the reduction axis (a power
+            of two ≥ 16).
         accuracy_level: ``ort-weight-only``: ``MatMulNBits`` compute type, 0 (unset: float),
             1 (fp32), 2 (fp16), 3 (bf16) or 4 (INT8 activations per block).
         weight_matmuls_only: keep activation × activation MatMuls (attention scores and values) in
@@ -386,7 +386,7 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
 
 
 def _quantize_weight_only(src: Path, dst: Path, options: QuantOptions, exclude: Sequence[str], ext: bool) -> None:
-    """8-bit block-wise weights in ``MatMulNBits`` nodes (ORT ≥ 1.20 runs bits=8 on CPU)."""
+    """8-bit block-wise weights in ``MatMulNBits`` nodes (run on CPU by the pinned ONNX Runtime 1.32)."""
     import logging
 
     import onnx
