@@ -78,6 +78,18 @@ def test_constrained_decoding_gives_valid_permutation(tiny_teacher, slates):
         assert r.prefill_tokens > 0 and r.wall_s > 0
 
 
+def test_batched_constrained_decoding_equals_one_by_one(tiny_teacher, slates):
+    batch = sorted(slates, key=lambda x: len(x["candidates"]))[:2] + [max(slates, key=lambda x: len(x["candidates"]))]
+    assert len({len(s["candidates"]) for s in batch}) > 1  # different N, so different prompt lengths
+    together = tiny_teacher.rank_batch(batch, constrained=True)
+    for s, r in zip(batch, together):
+        one = tiny_teacher.rank(s, constrained=True)
+        assert r.valid and sorted(r.order) == list(range(len(s["candidates"])))
+        assert (r.order, r.raw_text, r.decode_passes, r.prefill_tokens) == (one.order, one.raw_text, one.decode_passes,
+                                                                           one.prefill_tokens)
+    assert [r.slate_id for r in tiny_teacher.rank_all(batch, batch_size=2)] == [s["slate_id"] for s in batch]
+
+
 def test_unconstrained_decoding_is_repaired(tiny_teacher, slates):
     s = max(slates, key=lambda x: len(x["candidates"]))
     r = tiny_teacher.rank(s, constrained=False)

@@ -134,12 +134,13 @@ def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
 
     bb = str(backbones["llama"])
     teacher = tmp_path / "t.jsonl"
-    code, out, err = _run(["teacher", bb, str(train_file), str(teacher), "--limit", "2", "--threads", "1",
-                           "--summary", str(tmp_path / "t.json")], capsys)
+    code, out, err = _run(["teacher", bb, str(train_file), str(teacher), "--limit", "3", "--threads", "1",
+                           "--batch-size", "2", "--summary", str(tmp_path / "t.json")], capsys)
     assert code == 0, err
     recs = [json.loads(x) for x in teacher.read_text().splitlines()]
-    assert len(recs) == 2 and all(r["valid"] and r["decode_passes"] > 0 for r in recs)
-    assert json.loads((tmp_path / "t.json").read_text())["valid_rate"] == 1.0
+    assert len(recs) == 3 and all(r["valid"] and r["decode_passes"] > 0 for r in recs)  # a batch of 2, then 1
+    summ = json.loads((tmp_path / "t.json").read_text())
+    assert summ["valid_rate"] == 1.0 and summ["batch_size"] == 2
 
     ck = tmp_path / "ck"
     code, out, err = _run(["train", bb, str(train_file), str(ck), "-k", "8", "--head-dim", "32", "--head-heads", "4",
@@ -154,10 +155,10 @@ def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
     q = json.loads((tmp_path / "q.json").read_text())
     assert set(q["rankers"]) == {"random", "teach", str(ck)} and q["subset"]["first"] == 2
     rows = read_slates(train_file, limit=2)
-    want = evaluate([r["order"] for r in recs], [s["labels"] for s in rows]).to_dict()
+    want = evaluate([r["order"] for r in recs[:2]], [s["labels"] for s in rows]).to_dict()
     for k in ("auc", "recall@1", "recall@10", "ndcg@1", "ndcg@10", "slates"):
         assert q["rankers"]["teach"][k] == want[k]
     assert "NDCG@10" in out
 
-    code, _, err = _run(["eval", f"teach={teacher}", "--slates", str(train_file)], capsys)  # 6 slates, teacher has 2
+    code, _, err = _run(["eval", f"teach={teacher}", "--slates", str(train_file)], capsys)  # 6 slates, teacher has 3
     assert code == 2 and "no ranking" in err

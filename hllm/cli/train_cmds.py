@@ -101,6 +101,7 @@ def teacher_cmd(
     candidate_tokens: int = typer.Option(24, help="Per-candidate token budget of the teacher prompt."),
     history_tokens: int = typer.Option(256, help="User-context token budget of the teacher prompt."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+    batch_size: int = typer.Option(1, help="--kind ar: slates decoded together (left-padded; wall time is shared)."),
     summary: Optional[Path] = typer.Option(None, help="Also write the summary statistics JSON here."),
 ) -> None:
     """Rank slates with an autoregressive listwise LM (paper §4.3 Phase 1): greedy decoding with KV
@@ -109,7 +110,7 @@ def teacher_cmd(
     With --kind embedding the ranking is the cosine similarity of each candidate title to the history
     titles (hllm.teacher.embedding); no generation, so no decode statistics.
 
-    --kind ar rewrites OUT_FILE atomically after every slate, so a stopped run keeps what it finished;
+    --kind ar rewrites OUT_FILE atomically after every batch, so a stopped run keeps what it finished;
     --kind embedding (seconds per 100 slates) writes it once at the end.
     """
     from hllm.errors import HllmError
@@ -124,6 +125,8 @@ def teacher_cmd(
         return
     if kind != "ar":
         raise HllmError(f"unknown teacher kind {kind!r}; known: ar, embedding")
+    if batch_size < 1:
+        raise HllmError(f"--batch-size must be ≥ 1, got {batch_size}")
     ranker = ArRanker(model_dir, max_new_tokens=max_new_tokens, threads=threads,
                       candidate_token_budget=candidate_tokens, history_token_budget=history_tokens)
     results = []
@@ -132,20 +135,21 @@ def teacher_cmd(
     def stats() -> dict:
         d = summarize(results)
         d.update(model=str(model_dir), slates_file=str(slates), constrained=constrained,
-                 prompt=ranker.spec.to_dict(), threads=threads)
+                 prompt=ranker.spec.to_dict(), threads=threads, batch_size=batch_size)
         return d
 
     with progress() as bar:
         task = bar.add_task(f"teacher ({'constrained' if constrained else 'free'})", total=len(rows))
-        for i, s in enumerate(rows, 1):
-            results.append(ranker.rank(s, constrained))
+        for i in range(0, len(rows), batch_size):
+            batch = ranker.rank_batch(rows[i:i + batch_size], constrained)
+            results.extend(batch)
             write_jsonl(out_file, [r.to_dict() for r in results])
             if summary:
                 atomic_write_json(summary, stats())
-            bar.update(task, advance=1)
+            bar.update(task, advance=len(batch))
             if plain:
-                r = results[-1]
-                console.print(f"slate {i}/{len(rows)} valid={r.valid} passes={r.decode_passes} {r.wall_s:.1f} s")
+                for j, r in enumerate(batch, i + 1):
+                    console.print(f"slate {j}/{len(rows)} valid={r.valid} passes={r.decode_passes} {r.wall_s:.1f} s")
     stats = stats()
     out.print(
         f"teacher → {out_file}: {stats['slates']} slates, valid {stats['valid_rate']:.0%}, "

@@ -96,31 +96,34 @@ def _token_strings(tokenizer) -> dict[int, str]:
     return out
 
 
-def make_logits_processor(grammar: OrdinalGrammar, token_strings: dict[int, str], eos_ids: list[int], prompt_len: int):
-    """A ``transformers`` logits processor enforcing ``grammar`` on the generated suffix (batch 1).
+def make_logits_processor(grammars: list[OrdinalGrammar], token_strings: dict[int, str], eos_ids: list[int],
+                          prompt_len: int):
+    """A ``transformers`` logits processor enforcing ``grammars[b]`` on row b's generated suffix.
 
-    At each step every non-allowed logit is set to -inf; allowed = tokens whose string keeps the
-    output valid, plus end-of-sequence once :meth:`OrdinalGrammar.can_end` holds. If nothing else is
-    allowed, EOS is (cannot happen for a consistent grammar; avoids an all -inf row).
+    ``prompt_len`` is the (left-padded) prompt width shared by the rows. At each step every
+    non-allowed logit of a row is set to -inf; allowed = tokens whose string keeps that row's output
+    valid, plus end-of-sequence once :meth:`OrdinalGrammar.can_end` holds. If nothing else is
+    allowed, EOS is (a finished row, or an inconsistent grammar; avoids an all -inf row).
     """
     from transformers import LogitsProcessor
 
     class OrdinalLogitsProcessor(LogitsProcessor):
         def __init__(self):
-            self.state = GrammarState()
+            self.states = [GrammarState() for _ in grammars]
             self.seen = 0
 
         def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-            gen = input_ids[0, prompt_len:].tolist()
-            for tid in gen[self.seen:]:  # advance by the token chosen at the previous step
-                nxt = grammar.advance(self.state, token_strings.get(tid, "\x00"))
-                self.state = nxt if nxt is not None else self.state
-            self.seen = len(gen)
-            allowed = [t for t, s in token_strings.items() if grammar.advance(self.state, s) is not None]
-            if grammar.can_end(self.state) or not allowed:
-                allowed = allowed + list(eos_ids)
             mask = torch.full_like(scores, float("-inf"))
-            mask[:, allowed] = 0.0
+            for b, grammar in enumerate(grammars):
+                gen = input_ids[b, prompt_len:].tolist()
+                for tid in gen[self.seen:]:  # advance by the token chosen at the previous step
+                    nxt = grammar.advance(self.states[b], token_strings.get(tid, "\x00"))
+                    self.states[b] = nxt if nxt is not None else self.states[b]
+                allowed = [t for t, s in token_strings.items() if grammar.advance(self.states[b], s) is not None]
+                if grammar.can_end(self.states[b]) or not allowed:
+                    allowed = allowed + list(eos_ids)
+                mask[b, allowed] = 0.0
+            self.seen = input_ids.shape[1] - prompt_len
             return scores + mask
 
     return OrdinalLogitsProcessor()
@@ -175,55 +178,80 @@ class ArRanker:
         suffix = suffix + "<|im_end|>\n<|im_start|>assistant\n" if self.chatml else "\n" + suffix + "\nAnswer: "
         return ids + self.tokenizer.encode(suffix, add_special_tokens=False).ids
 
-    @torch.inference_mode()
     def rank(self, slate: dict, constrained: bool = True) -> ArResult:
         """Rank one slate. Raises SlateError for a malformed slate (see PromptBuilder)."""
+        return self.rank_batch([slate], constrained)[0]
+
+    @torch.inference_mode()
+    def rank_batch(self, slates: list[dict], constrained: bool = True) -> list[ArResult]:
+        """Rank slates in one ``generate`` call: prompts left-padded to one width (attention mask 0 on
+        the padding), each row under its own grammar; a row that is done emits padding until all are.
+
+        ``decode_passes`` of a row counts its tokens up to and including its end-of-sequence;
+        ``wall_s`` is the batch's wall time divided by its slates. Raises SlateError for a malformed
+        slate (see PromptBuilder).
+        """
         t0 = time.perf_counter()
-        n = len(slate.get("candidates") or [])
-        ids = self.prompt_ids(slate)
-        grammar = OrdinalGrammar(n)
-        cap = self.max_new_tokens or grammar.max_tokens()
-        input_ids = torch.tensor([ids], dtype=torch.long)
+        if not slates:
+            return []
+        ns = [len(s.get("candidates") or []) for s in slates]
+        prompts = [self.prompt_ids(s) for s in slates]
+        grammars = [OrdinalGrammar(n) for n in ns]
+        cap = self.max_new_tokens or max(g.max_tokens() for g in grammars)
+        width = max(len(p) for p in prompts)
+        pad = self.eos_ids[0] if self.eos_ids else 0
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
         kwargs = dict(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            attention_mask=attention,
             max_new_tokens=cap,
             do_sample=False,
             use_cache=True,
             eos_token_id=self.eos_ids,
-            pad_token_id=self.eos_ids[0] if self.eos_ids else 0,
+            pad_token_id=pad,
         )
         if constrained:
             from transformers import LogitsProcessorList
 
             kwargs["logits_processor"] = LogitsProcessorList(
-                [make_logits_processor(grammar, self._token_strings, self.eos_ids, len(ids))]
+                [make_logits_processor(grammars, self._token_strings, self.eos_ids, width)]
             )
         out = self.model.generate(**kwargs)
-        gen = out[0, len(ids):].tolist()
-        passes = len(gen)
-        while gen and gen[-1] in self.eos_ids:
-            gen.pop()
-        text = self.tokenizer.decode(gen, skip_special_tokens=True)
-        parsed = parse_ordinals(text, n)
-        return ArResult(
-            slate_id=str(slate.get("slate_id", "")),
-            order=parsed.order,
-            valid=parsed.valid,
-            invalid=parsed.invalid,
-            repeated=parsed.repeated,
-            missing=parsed.missing,
-            decode_passes=passes,
-            prefill_tokens=len(ids),
-            wall_s=time.perf_counter() - t0,
-            raw_text=text,
-            constrained=constrained,
-        )
+        wall = (time.perf_counter() - t0) / len(slates)
+        results = []
+        for b, (slate, n, ids) in enumerate(zip(slates, ns, prompts)):
+            gen = out[b, width:].tolist()
+            end = next((i for i, t in enumerate(gen) if t in self.eos_ids), None)
+            passes = len(gen) if end is None else end + 1
+            gen = gen[: passes if end is None else end]
+            text = self.tokenizer.decode(gen, skip_special_tokens=True)
+            parsed = parse_ordinals(text, n)
+            results.append(ArResult(
+                slate_id=str(slate.get("slate_id", "")),
+                order=parsed.order,
+                valid=parsed.valid,
+                invalid=parsed.invalid,
+                repeated=parsed.repeated,
+                missing=parsed.missing,
+                decode_passes=passes,
+                prefill_tokens=len(ids),
+                wall_s=wall,
+                raw_text=text,
+                constrained=constrained,
+            ))
+        return results
 
-    def rank_all(self, slates: Iterable[dict], constrained: bool = True) -> Iterator[ArResult]:
-        """Rank slates one by one (lazily)."""
+    def rank_all(self, slates: Iterable[dict], constrained: bool = True, batch_size: int = 1) -> Iterator[ArResult]:
+        """Rank slates ``batch_size`` at a time (lazily)."""
+        batch: list[dict] = []
         for s in slates:
-            yield self.rank(s, constrained)
+            batch.append(s)
+            if len(batch) == batch_size:
+                yield from self.rank_batch(batch, constrained)
+                batch = []
+        if batch:
+            yield from self.rank_batch(batch, constrained)
 
 
 def summarize(results: list[ArResult]) -> dict:
