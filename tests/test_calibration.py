@@ -168,8 +168,11 @@ def test_weight_only_int8_matmulnbits_outside_head_and_close_to_fp32(export_dir,
     gate = run_gate(ref_scores, tmp_path / "w", eval_slates)
     d = gate.to_dict()
     assert 0 < d["max_abs_diff"] < 0.05 and gate.passed, d  # rounding of the weights only
-    with pytest.raises(EngineError, match="block_size"):
-        QuantOptions(backend="ort-weight-only", block_size=24).validate()
+    for bad in (24, 512):  # MatMulNBits blocks: 16 … 256, powers of two
+        with pytest.raises(EngineError, match="block_size"):
+            QuantOptions(backend="ort-weight-only", block_size=bad).validate()
+    with pytest.raises(EngineError, match="MatMul"):
+        QuantOptions(backend="ort-weight-only", op_types=("Gemm",)).validate()
 
 
 def test_parts_resolve_and_typos_fail(export_dir):
@@ -284,6 +287,14 @@ def test_cli_failed_gate_exits_1_and_writes_only_failed_name(export_dir, train_s
     assert json.loads((out / "export.json").read_text())["precision"] == "int8"
     saved = load_calibration_set(out / "calibration")
     assert len(saved.slate_ids) == 16 and not set(saved.slate_ids) & {s["slate_id"] for s in eval_slates}
+
+
+def test_cli_auto_mode_with_nothing_left_to_quantize_exits_2(export_dir, eval_slates, tmp_path, capsys):
+    ev = write_jsonl(tmp_path / "eval.jsonl", eval_slates[:4])
+    code, _, err = _run(["calibrate", str(export_dir), "-o", str(tmp_path / "n"), "--backend", "ort-dynamic",
+                         "--eval-slates", str(ev), "-x", "head", "-x", "block:0", "-x", "block:1", "--auto"], capsys)
+    assert code == 2 and "nothing to quantize" in err.lower() and "Traceback" not in err
+    assert not list(tmp_path.glob("n*")) and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_cli_auto_mode_reports_exclusions(export_dir, train_slates, eval_slates, tmp_path, capsys):

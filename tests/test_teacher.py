@@ -90,6 +90,16 @@ def test_batched_constrained_decoding_equals_one_by_one(tiny_teacher, slates):
     assert [r.slate_id for r in tiny_teacher.rank_all(batch, batch_size=2)] == [s["slate_id"] for s in batch]
 
 
+def test_batched_free_decoding_keeps_each_rows_own_cap(tiny_teacher, slates):
+    small = min(slates, key=lambda x: len(x["candidates"]))
+    big = max(slates, key=lambda x: len(x["candidates"]))
+    alone = tiny_teacher.rank(small, constrained=False)
+    together = tiny_teacher.rank_batch([small, big], constrained=False)[0]
+    assert (together.order, together.raw_text, together.decode_passes) == (alone.order, alone.raw_text,
+                                                                          alone.decode_passes)
+    assert together.decode_passes <= OrdinalGrammar(len(small["candidates"])).max_tokens()
+
+
 def test_unconstrained_decoding_is_repaired(tiny_teacher, slates):
     s = max(slates, key=lambda x: len(x["candidates"]))
     r = tiny_teacher.rank(s, constrained=False)

@@ -12,7 +12,7 @@ Backends (sources):
   (:class:`onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`, round-to-nearest,
   symmetric, one scale per ``block_size`` weights along the reduction axis); activations stay float
   (``accuracy_level`` 0/1) or are quantized to INT8 per block inside the kernel (``accuracy_level`` 4).
-  No calibration data. Halves the weight bytes; the error is the weights' rounding only.
+  No calibration data. A quarter of the FP32 weight bytes; the error is the weights' rounding only.
 * ``modelopt`` — NVIDIA TensorRT Model Optimizer ONNX PTQ
   (``modelopt.onnx.quantization.quantize``, https://nvidia.github.io/TensorRT-Model-Optimizer/),
   explicit Q/DQ nodes for TensorRT, ``int8`` (compute capability ≥ 7.5, e.g. A100) or ``fp8``
@@ -88,8 +88,8 @@ class QuantOptions:
         exclude: part names kept in float (see module docstring).
         exclude_nodes: extra node names kept in float.
         calibrate_method: ``minmax`` (ORT) / ``max`` (ModelOpt), or ``entropy``, ``percentile``.
-        block_size: ``ort-weight-only``: weights sharing one scale along the reduction axis (a power
-            of two ≥ 16).
+        block_size: ``ort-weight-only``: weights sharing one scale along the reduction axis: 16, 32,
+            64, 128 or 256 (the sizes ONNX Runtime's blockwise quantizer supports).
         accuracy_level: ``ort-weight-only``: ``MatMulNBits`` compute type, 0 (unset: float),
             1 (fp32), 2 (fp16), 3 (bf16) or 4 (INT8 activations per block).
         weight_matmuls_only: keep activation × activation MatMuls (attention scores and values) in
@@ -121,8 +121,11 @@ class QuantOptions:
             raise EngineError("fp8 is a TensorRT (Q/DQ) format: use --backend modelopt (ONNX Runtime CPU has no fp8 kernels)")
         if self.activation_type not in ("uint8", "int8"):
             raise EngineError(f"activation_type must be uint8 or int8, got {self.activation_type!r}")
-        if self.backend == "ort-weight-only" and (self.block_size < 16 or self.block_size & (self.block_size - 1)):
-            raise EngineError(f"block_size must be a power of two ≥ 16, got {self.block_size}")
+        if self.backend == "ort-weight-only":
+            if self.block_size not in (16, 32, 64, 128, 256):
+                raise EngineError(f"block_size must be 16, 32, 64, 128 or 256 (MatMulNBits), got {self.block_size}")
+            if "MatMul" not in self.op_types:
+                raise EngineError("ort-weight-only quantizes MatMul nodes only: add --op-type MatMul")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise EngineError(f"accuracy_level must be 0-4, got {self.accuracy_level}")
         check_target(self.precision, self.target)
@@ -392,8 +395,6 @@ def _quantize_weight_only(src: Path, dst: Path, options: QuantOptions, exclude: 
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    if "MatMul" not in options.op_types:
-        raise NothingToQuantize("ort-weight-only quantizes MatMul nodes only: add --op-type MatMul")
     log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = log.level
     log.setLevel(logging.WARNING)  # it logs every node at INFO
@@ -403,6 +404,8 @@ def _quantize_weight_only(src: Path, dst: Path, options: QuantOptions, exclude: 
                                  op_types_to_quantize=("MatMul",))
         q.process()
         q.model.save_model_to_file(str(dst), use_external_data_format=ext)
+    except Exception as e:
+        raise EngineError(f"ONNX Runtime weight-only quantization failed: {type(e).__name__}: {e}") from None
     finally:
         log.setLevel(level)
 

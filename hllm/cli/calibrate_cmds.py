@@ -86,6 +86,8 @@ def calibrate_cmd(
         calib = load_calibration_set(calibration)
         if calib.meta.get("prompt") != art.prompt.to_dict():
             raise SlateError(f"calibration set {calibration} was encoded with another prompt spec than {export_dir}")
+    elif calib_slates is not None and backend in ("ort-dynamic", "ort-weight-only"):
+        console.print(f"[yellow]![/] --backend {backend} uses no calibration data: --calib-slates ignored")
     elif calib_slates is not None:
         with console.status("[bold]building calibration set…"):
             pool = read_slates(calib_slates)
@@ -129,7 +131,7 @@ def calibrate_cmd(
         except NothingToQuantize as e:
             if not auto:
                 raise
-            console.print(f"[yellow]![/] excluding {', '.join(parts)} leaves nothing to quantize: stopping")
+            console.print(f"[yellow]![/] excluding {', '.join(parts) or 'nothing'} leaves nothing to quantize: stopping")
             return False, {"error": str(e), "stop": True}
         console.print(f"[green]✓[/] quantized {res.summary['quantized_nodes']} nodes, "
                       f"{len(res.excluded_nodes)} kept in float ({res.seconds:.0f} s)")
@@ -155,7 +157,7 @@ def calibrate_cmd(
             first_ok, first_rec = attempt(tuple(exclude))
             tries = [{"excluded": list(exclude), "passed": first_ok, **first_rec}]
             passed, parts = first_ok, tuple(exclude)
-            if not first_ok and max_tries > 1:
+            if not first_ok and max_tries > 1 and not first_rec.get("stop"):
                 ranges = calibration_ranges(cache) if cache.is_file() else None
                 ladder = sensitivity_ladder(m, ranges)
                 nxt = next((p for p in ladder if p not in exclude), None)
@@ -167,6 +169,8 @@ def calibrate_cmd(
         else:
             passed, _ = attempt(tuple(exclude))
             parts, tries, ladder = tuple(exclude), [], []
+        if parts not in reports:  # every try stopped before a graph existed
+            raise NothingToQuantize(tries[-1].get("error") or "no quantized graph was produced")
         final = reports[parts]
 
         result = {

@@ -150,6 +150,8 @@ def teacher_cmd(
             if plain:
                 for j, r in enumerate(batch, i + 1):
                     console.print(f"slate {j}/{len(rows)} valid={r.valid} passes={r.decode_passes} {r.wall_s:.1f} s")
+    if not results:  # nothing ranked (e.g. --limit 0): still leave the (empty) file the message names
+        write_jsonl(out_file, [])
     stats = stats()
     out.print(
         f"teacher → {out_file}: {stats['slates']} slates, valid {stats['valid_rate']:.0%}, "

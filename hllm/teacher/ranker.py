@@ -187,8 +187,9 @@ class ArRanker:
         """Rank slates in one ``generate`` call: prompts left-padded to one width (attention mask 0 on
         the padding), each row under its own grammar; a row that is done emits padding until all are.
 
-        ``decode_passes`` of a row counts its tokens up to and including its end-of-sequence;
-        ``wall_s`` is the batch's wall time divided by its slates. Raises SlateError for a malformed
+        ``decode_passes`` of a row counts its tokens up to and including its end-of-sequence, at most
+        its own cap (tokens a longer row made it generate beyond are dropped, so each row's output is
+        what ranking it alone gives); ``wall_s`` is the batch's wall time divided by its slates. Raises SlateError for a malformed
         slate (see PromptBuilder).
         """
         t0 = time.perf_counter()
@@ -197,7 +198,7 @@ class ArRanker:
         ns = [len(s.get("candidates") or []) for s in slates]
         prompts = [self.prompt_ids(s) for s in slates]
         grammars = [OrdinalGrammar(n) for n in ns]
-        cap = self.max_new_tokens or max(g.max_tokens() for g in grammars)
+        caps = [self.max_new_tokens or g.max_tokens() for g in grammars]  # per row, as when ranked alone
         width = max(len(p) for p in prompts)
         pad = self.eos_ids[0] if self.eos_ids else 0
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
@@ -205,7 +206,7 @@ class ArRanker:
         kwargs = dict(
             input_ids=input_ids,
             attention_mask=attention,
-            max_new_tokens=cap,
+            max_new_tokens=max(caps),
             do_sample=False,
             use_cache=True,
             eos_token_id=self.eos_ids,
@@ -221,7 +222,7 @@ class ArRanker:
         wall = (time.perf_counter() - t0) / len(slates)
         results = []
         for b, (slate, n, ids) in enumerate(zip(slates, ns, prompts)):
-            gen = out[b, width:].tolist()
+            gen = out[b, width:width + caps[b]].tolist()  # a row stops at its own cap, as alone
             end = next((i for i, t in enumerate(gen) if t in self.eos_ids), None)
             passes = len(gen) if end is None else end + 1
             gen = gen[: passes if end is None else end]
@@ -243,7 +244,9 @@ class ArRanker:
         return results
 
     def rank_all(self, slates: Iterable[dict], constrained: bool = True, batch_size: int = 1) -> Iterator[ArResult]:
-        """Rank slates ``batch_size`` at a time (lazily)."""
+        """Rank slates ``batch_size`` at a time (lazily). Raises ValueError if ``batch_size`` < 1."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
         batch: list[dict] = []
         for s in slates:
             batch.append(s)
