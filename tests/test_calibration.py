@@ -208,6 +208,13 @@ def test_sensitivity_ladder_and_auto_exclude(export_dir):
 
 # -- the gate ---------------------------------------------------------------------------------------
 
+def test_gate_thresholds_out_of_range_are_refused():
+    for kw in ({"min_top1": 1.5}, {"min_top1": -0.1}, {"max_recall10_delta": -0.01}, {"min_tau": 2.0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            GateThresholds(**kw)
+    assert GateThresholds(min_top1=1.0, min_tau=-1.0).min_top1 == 1.0
+
+
 def test_label_metrics_by_hand():
     one = [{"labels": [0, 0, 0, 1]}]
     assert label_metrics([[3, 1, 2, 0]], one)["recall@1"] == 1.0

@@ -36,12 +36,22 @@ class GateThresholds:
             checked when the slates have labels.
         min_tau: min mean Kendall tau (None = not checked).
         max_nonfinite: max number of non-finite scores (default 0).
+    Raises: ValueError for a limit outside its range (top-1 and ΔRecall@10 in [0, 1], tau in [-1, 1]).
     """
 
     min_top1: float = 0.97
     max_recall10_delta: float = 0.01
     min_tau: float | None = None
     max_nonfinite: int = 0
+
+    def __post_init__(self) -> None:
+        """Raise ValueError for a limit no graph could meet or that checks nothing."""
+        if not 0.0 <= self.min_top1 <= 1.0:
+            raise ValueError(f"min_top1 must be in [0, 1], got {self.min_top1}")
+        if not 0.0 <= self.max_recall10_delta <= 1.0:
+            raise ValueError(f"max_recall10_delta must be in [0, 1], got {self.max_recall10_delta}")
+        if self.min_tau is not None and not -1.0 <= self.min_tau <= 1.0:
+            raise ValueError(f"min_tau must be in [-1, 1], got {self.min_tau}")
 
 
 def label_metrics(orders: Sequence[Sequence[int]], slates: Sequence[dict]) -> dict | None:

@@ -71,6 +71,10 @@ def calibrate_cmd(
                         weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type),
                         block_size=block_size, accuracy_level=accuracy_level)
     opts.validate()  # refuses fp8 for an A100 before any work
+    try:
+        th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists (pass --overwrite to replace it)")
     art = resolve(export_dir)
@@ -100,7 +104,6 @@ def calibrate_cmd(
     cal_ids = calib.slate_ids if calib is not None else []
     check_disjoint(cal_ids, evals)
 
-    th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau)
     engine_opts = {"threads": threads}
 
     t0 = time.perf_counter()
