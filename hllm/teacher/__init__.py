@@ -2,7 +2,8 @@
 constrained ordinal grammar, output parser/repair. Imports torch/transformers (not runtime code).
 
 Public API: :class:`ArRanker` (``ArRanker(model_dir, max_new_tokens=None, threads=None).rank(slate,
-constrained) -> ArResult``, ``.rank_batch(slates, constrained) -> list[ArResult]``), :class:`ArResult`, :func:`parse_ordinals`, :class:`OrdinalGrammar`.
+constrained) -> ArResult``, ``.rank_batch(slates, constrained) -> list[ArResult]``), :class:`ArResult`,
+:func:`parse_ordinals`, :class:`OrdinalGrammar`.
 """
 
 from hllm.teacher.constrain import GrammarState, OrdinalGrammar

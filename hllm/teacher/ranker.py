@@ -189,8 +189,8 @@ class ArRanker:
 
         ``decode_passes`` of a row counts its tokens up to and including its end-of-sequence, at most
         its own cap (tokens a longer row made it generate beyond are dropped, so each row's output is
-        what ranking it alone gives); ``wall_s`` is the batch's wall time divided by its slates. Raises SlateError for a malformed
-        slate (see PromptBuilder).
+        what ranking it alone gives); ``wall_s`` is the batch's wall time divided by its slates.
+        Raises SlateError for a malformed slate (see PromptBuilder).
         """
         t0 = time.perf_counter()
         if not slates:
