@@ -36,6 +36,8 @@ PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pr
 
 
 def fake_dynamic_act(_mod, args):
+    """Forward pre-hook: the Linear's input ``[..., in]`` float32 quantized to uint8 with one
+    asymmetric scale for the whole tensor (this call's min/max, 0 kept exact) and dequantized."""
     x = args[0]
     lo, hi = torch.clamp(x.min(), max=0), torch.clamp(x.max(), min=0)
     s = (hi - lo) / 255
@@ -44,6 +46,9 @@ def fake_dynamic_act(_mod, args):
 
 
 def quant_weight(w: torch.Tensor, scheme: str) -> torch.Tensor:
+    """``w`` ``[out, in]`` float32 rounded as ``scheme`` stores it, returned dequantized (same shape):
+    ``weight-only``: int8 symmetric, one scale per 32 inputs (``in`` divisible by 32); ``dynamic``:
+    7-bit symmetric ([-64, 63]), one scale per output row."""
     if scheme == "weight-only":
         o, k = w.shape
         wb = w.reshape(o, k // 32, 32)

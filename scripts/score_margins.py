@@ -21,7 +21,8 @@ from hllm.runtime.decode import decode
 
 
 def top1_margin(m: np.ndarray) -> float:
-    """Total assigned score of the LAPJV ranking minus that of the best ranking with another top item."""
+    """``m`` ``[n, K]`` float64 (K ≥ n, n ≥ 2): total assigned score of the LAPJV ranking minus that of
+    the best ranking with another item at position 0 (≥ 0, in score units)."""
     n = m.shape[0]
     cols = np.arange(n)
     best = decode(m, n)

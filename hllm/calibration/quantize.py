@@ -389,7 +389,11 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
 
 
 def _quantize_weight_only(src: Path, dst: Path, options: QuantOptions, exclude: Sequence[str], ext: bool) -> None:
-    """8-bit block-wise weights in ``MatMulNBits`` nodes (run on CPU by the pinned ONNX Runtime 1.32)."""
+    """Rewrite every ``MatMul`` with a constant weight (not in ``exclude``) of ``src`` as ``MatMulNBits``
+    with 8-bit symmetric block-wise weights into ``dst`` (run on CPU by the pinned ONNX Runtime 1.32).
+
+    Raises: EngineError if ONNX Runtime's quantizer fails (message names the cause).
+    """
     import logging
 
     import onnx
