@@ -123,7 +123,8 @@ def matmul_peak(n: int = 2048, runs: int = 3, warmup: int = 1) -> dict:
     backend of the PyTorch engine); the peak is the best sample of either. Source of the FLOP count:
     an n×n by n×n product does n³ multiply-adds.
 
-    Returns: ``{n, runs, numpy_gflops, torch_gflops (or None), peak_gflops}`` (best of ``runs``).
+    Returns: ``{n, runs, numpy_gflops, torch_gflops (or None), peak_gflops}`` (best of ``runs``, 4 significant
+    digits).
     """
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
@@ -138,14 +139,14 @@ def matmul_peak(n: int = 2048, runs: int = 3, warmup: int = 1) -> dict:
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-        return flop / min(ts) / 1e9
+        return float(f"{flop / min(ts) / 1e9:.4g}")  # 4 significant digits: a tiny n on a busy core stays > 0
 
-    out = {"n": n, "runs": runs, "numpy_gflops": round(best(lambda: a @ b), 1), "torch_gflops": None}
+    out = {"n": n, "runs": runs, "numpy_gflops": best(lambda: a @ b), "torch_gflops": None}
     try:
         import torch
 
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        out["torch_gflops"] = round(best(lambda: torch.mm(ta, tb)), 1)
+        out["torch_gflops"] = best(lambda: torch.mm(ta, tb))
     except ImportError:
         pass
     out["peak_gflops"] = max(v for v in (out["numpy_gflops"], out["torch_gflops"]) if v is not None)
