@@ -10,6 +10,10 @@ Per slate, from the repaired permutation ``order`` (0-based candidate indices, b
 * ``tau_vs_listing``: Kendall tau between the teacher's ranking and the listing order (wrapped at
   the first ordinal: a pure "k, k+1, …, N, 1, …, k-1" count gives a high value).
 
+With ``--slates`` (labelled) it also counts where the clicked candidates sit in the listing, by
+blocks of 10 listing numbers: a teacher that counts from k ranks by listing position, so that
+histogram decides how it scores.
+
 The parts must not share a slate id; with ``--slates`` they must cover exactly that file's slates,
 in its order (else SystemExit naming the first mismatch).
 
@@ -67,8 +71,12 @@ def main() -> None:
     dup = [k for k, c in collections.Counter(ids).items() if c > 1]
     if dup:
         raise SystemExit(f"slate id {dup[0]} appears in more than one row of the parts")
+    listing_hist = None
     if a.slates:
-        want = [s["slate_id"] for s in read_jsonl(a.slates)]
+        slates = read_jsonl(a.slates)
+        want = [s["slate_id"] for s in slates]
+        clicked = [i for s in slates for i, y in enumerate(s.get("labels") or []) if y]
+        listing_hist = np.bincount(np.asarray(clicked, dtype=np.int64) // 10).tolist() if clicked else []
         if ids != want:
             i = next((i for i, (x, y) in enumerate(zip(ids, want)) if x != y), min(len(ids), len(want)))
             raise SystemExit(f"parts do not cover {a.slates} in order: {len(ids)} rows vs {len(want)} slates, "
@@ -87,6 +95,7 @@ def main() -> None:
         "slates_with_ascending_run_ge_10": int((runs >= 10).sum()),
         "slates_with_ascending_run_ge_40": int((runs >= 40).sum()),
         "tau_vs_listing_mean": round(float(taus.mean()), 4),
+        "clicked_listing_index_per_10": listing_hist,
         "first_ordinal_top5": [[k, c] for k, c in firsts.most_common(5)],
         "raw_text_examples": [{"slate_id": r.slate_id, "raw_text": r.raw_text[:200]} for r in results[: a.examples]],
     }
