@@ -32,11 +32,13 @@ import numpy as np
 
 from hllm.files import atomic_write_json
 from hllm.parity import kendall_tau
+from hllm.runtime.slates import read_slates
 from hllm.teacher.ranker import ArResult, summarize
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """Rows of a JSONL or JSONL.gz file (blank lines skipped)."""
+    """Rows of a teacher-output JSONL[.gz] file (blank lines skipped); the slates go through
+    :func:`hllm.runtime.slates.read_slates`, which validates them."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -73,7 +75,7 @@ def main() -> None:
         raise SystemExit(f"slate id {dup[0]} appears in more than one row of the parts")
     listing_hist = None
     if a.slates:
-        slates = read_jsonl(a.slates)
+        slates = read_slates(a.slates)
         want = [s["slate_id"] for s in slates]
         clicked = [i for s in slates for i, y in enumerate(s.get("labels") or []) if y]
         listing_hist = np.bincount(np.asarray(clicked, dtype=np.int64) // 10).tolist() if clicked else []
