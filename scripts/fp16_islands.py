@@ -2,10 +2,10 @@
 """Which FP32 islands does the FP16 graph need? Ablation on real slates, CPU emulation vs PyTorch FP32.
 
 For each variant (default islands; none; default minus one; default plus residual; optionally a ModelOpt AutoCast graph) the FP32 ONNX graph of ``hllm export`` is rewritten
-by :func:`hllm.exporter.precision.convert_to_fp16`, emulated in float32 by
-:func:`hllm.exporter.precision.emulate_fp16` (float16 rounding and overflow after every float16 node),
+by :func:`hllm.build.fp16.convert_to_fp16`, emulated in float32 by
+:func:`hllm.build.fp16.emulate_fp16` (float16 rounding and overflow after every float16 node),
 run in ONNX Runtime CPU, and compared slate by slate with the PyTorch FP32 reference
-(:func:`hllm.parity.compare_slate`; reference scores computed once). Writes one JSON.
+(:func:`hllm.verify.parity.compare_slate`; reference scores computed once). Writes one JSON.
 
     python scripts/fp16_islands.py --checkpoint work/demo/merged --fp32-onnx work/demo/export/model.onnx \\
         --slates /work/shared/data/amazon-beauty/eval.jsonl.gz --limit 10 -o results/fp16/islands_smollm2.json
@@ -38,12 +38,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hllm.engines.onnxruntime import OnnxRuntimeEngine
-    from hllm.exporter.onnx import library_versions
-    from hllm.exporter.precision import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
+    from hllm.engines.ort import OnnxRuntimeEngine
+    from hllm.build.onnx import library_versions
+    from hllm.build.fp16 import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
                                          load_onnx, save_onnx)
     from hllm.files import atomic_write_json, sha256_file
-    from hllm.parity import ParityReport, Thresholds, compare_slate
+    from hllm.verify.parity import ParityReport, Thresholds, compare_slate
     from hllm.runtime import Ranker, read_slates
 
     slates = read_slates(args.slates, limit=args.limit)

@@ -9,7 +9,7 @@
     the same FP32 islands (Hugging Face RMSNorm and rotary compute in FP32; CUDA SDPA keeps softmax
     statistics in FP32; the head's LayerNorms and attention run in FP32 in hllm.model.heads; the head's
     output projection is forced to FP32 here = the ``scores`` island) vs the same model in FP32 on the
-    GPU: ranking parity on real slates (:func:`hllm.parity.run_parity`) and a latency floor at N=50
+    GPU: ranking parity on real slates (:func:`hllm.verify.parity.run_parity`) and a latency floor at N=50
     (backbone+head forward, CUDA-synchronised, warm-up separated).
 ``summary JSON...``
     print one table from the JSON files the script wrote.
@@ -28,9 +28,9 @@ import numpy as np
 
 
 def cmd_tiny(args) -> int:
-    from hllm.exporter.merge import merge_checkpoint
-    from hllm.exporter.onnx import export_onnx
-    from hllm.model.init import init_checkpoint
+    from hllm.build.merge import merge_checkpoint
+    from hllm.build.onnx import export_onnx
+    from hllm.build.init import init_checkpoint
     from hllm.runtime.slates import write_jsonl
     from hllm.testing import tiny_backbone, tiny_slates
 
@@ -56,7 +56,7 @@ def _cuda_engine(model, k: int, precision: str, device: str = "cuda"):
 
         def __init__(self):
             super().__init__(k)
-            self.sidecar = {"precision": precision}  # read by hllm.parity.run_parity
+            self.sidecar = {"precision": precision}  # read by hllm.verify.parity.run_parity
 
         def _activate(self):
             pass
@@ -91,9 +91,9 @@ def cmd_proxy(args) -> int:
     from hllm.bench.stats import summarize
     from hllm.files import atomic_write_json
     from hllm.model.hllm import load_model
-    from hllm.parity import Thresholds, run_parity
+    from hllm.verify.parity import Thresholds, run_parity
     from hllm.runtime import Ranker, read_slates
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     dev = args.device

@@ -10,7 +10,7 @@ layers (the scoring head stays float, as in ``hllm calibrate -x head``):
 
 For each variant (every projection type across all blocks, every block alone, everything) it reports
 top-1 agreement, mean Kendall tau and max/mean |ΔM| against the unquantized model on held-out slates
-(``hllm.parity.compare_slate``), plus the spread of the reference scores across items (the top-1 margins of
+(``hllm.verify.parity.compare_slate``), plus the spread of the reference scores across items (the top-1 margins of
 the gate slates: scripts/score_margins.py). Figures of docs/calibration.md come from its JSON.
 
 usage: python scripts/int8_sensitivity.py CHECKPOINT SLATES --skip 34 --count 2 --out results/calibration/x.json
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hllm.files import atomic_write_json
-from hllm.parity import compare_slate
+from hllm.verify.parity import compare_slate
 from hllm.runtime.ranker import Ranker
 from hllm.runtime.slates import read_slates
 

@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     z = np.load(a.reference, allow_pickle=False)
-    mats = [z[f"scores/{i}"] for i in range(len(z["slate_ids"]))]  # layout of hllm.calibration.gate.save_reference
+    mats = [z[f"scores/{i}"] for i in range(len(z["slate_ids"]))]  # layout of hllm.verify.gate.save_reference
     margins = [top1_margin(m.astype(np.float64)) for m in mats]
     out = {
         "reference": a.reference,

@@ -31,7 +31,7 @@ import json
 import numpy as np
 
 from hllm.files import atomic_write_json
-from hllm.parity import kendall_tau
+from hllm.verify.parity import kendall_tau
 from hllm.runtime.slates import read_slates
 from hllm.teacher.ranker import ArResult, summarize
 

@@ -169,7 +169,7 @@ def test_matmul_peak_small():
 
 
 def test_prefill_flops_formula():
-    from hllm.architectures import BackboneDims
+    from hllm.formats.architectures import BackboneDims
 
     d = BackboneDims("llama", hidden_size=4, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=2,
                      intermediate_size=8, vocab_size=10, tie_word_embeddings=True)

@@ -8,16 +8,16 @@ import numpy as np
 import onnx
 import pytest
 
-from hllm.calibration.data import build_calibration_set, check_disjoint, choose_slates, load_calibration_set
-from hllm.calibration.gate import GateThresholds, gate_scores, label_metrics, reference_scores, run_gate
-from hllm.calibration.quantize import (
+from hllm.build.calibration_data import build_calibration_set, check_disjoint, choose_slates, load_calibration_set
+from hllm.verify.gate import GateThresholds, gate_scores, label_metrics, reference_scores, run_gate
+from hllm.build.quantize import (
     QuantOptions, auto_exclude, check_target, modelopt_available, module_path, nodes_in_part, quantize_export,
     quantized_nodes, sensitivity_ladder,
 )
 from hllm.cli import main
 from hllm.errors import EngineError, SlateError
 from hllm.runtime import Ranker, write_jsonl
-from hllm.runtime.artifact import resolve
+from hllm.runtime.artefact import resolve
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 from hllm.testing import tiny_slates
 
@@ -237,7 +237,7 @@ def test_label_metrics_by_hand():
 
 
 def test_reference_score_cache_by_slate_id(tmp_path):
-    from hllm.calibration.gate import load_reference, save_reference
+    from hllm.verify.gate import load_reference, save_reference
     from hllm.errors import ParityError
 
     slates = [{"slate_id": f"s{i}"} for i in range(4)]

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from hllm.checkpoint import load_manifest
+from hllm.formats.checkpoint import load_manifest
 from hllm.errors import CheckpointError
-from hllm.model.init import init_checkpoint
+from hllm.build.init import init_checkpoint
 from tests.conftest import TINY_HEAD
 
 

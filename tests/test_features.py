@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from hllm.errors import CheckpointError, HllmError
-from hllm.runtime.prompt import PromptSpec
+from hllm.formats.prompt import PromptSpec
 from hllm.runtime.slates import read_slates, write_jsonl
 from hllm.testing import tiny_slates
 from hllm.training.features import FeatureCache, build_cache, scores_from_cache

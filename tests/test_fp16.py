@@ -1,4 +1,4 @@
-"""FP16 graph with FP32 islands (hllm.exporter.precision) and its CPU emulation.
+"""FP16 graph with FP32 islands (hllm.build.fp16) and its CPU emulation.
 
 Structure: no float16 reduction inside RMSNorm, Cast placement at island borders, float32 output.
 Numerics: the explicit emulation reproduces float16 overflow that ONNX Runtime CPU's own float16
@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hllm.errors import ExportError
-from hllm.exporter.precision import (DEFAULT_ISLANDS, FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+from hllm.build.fp16 import (DEFAULT_ISLANDS, FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
                                      island_of, load_onnx, parse_islands)
 
 
@@ -46,7 +46,7 @@ def fp16_model(fp32_model):
 
 @pytest.fixture(scope="module")
 def fp16_export(tmp_path_factory, merged_checkpoint):
-    from hllm.exporter.onnx import export_onnx
+    from hllm.build.onnx import export_onnx
 
     out = tmp_path_factory.mktemp("fp16") / "export"
     export_onnx(merged_checkpoint, out, precision="fp16")
@@ -153,10 +153,10 @@ def test_emulation_reproduces_fp16_overflow_that_ort_cpu_hides():
 def test_emulated_fp16_export_ranks_like_fp32(fp16_export, merged_checkpoint):
     import torch
 
-    from hllm.engines.onnxruntime import OnnxRuntimeEngine
-    from hllm.exporter.onnx import EMULATED_NAME, validation_batches
+    from hllm.engines.ort import OnnxRuntimeEngine
+    from hllm.build.onnx import EMULATED_NAME, validation_batches
     from hllm.model.hllm import load_model
-    from hllm.parity import compare_slate
+    from hllm.verify.parity import compare_slate
 
     meta = json.loads((fp16_export / "export.json").read_text())
     assert meta["precision"] == "fp16" and meta["fp32_islands"] == list(DEFAULT_ISLANDS)
@@ -195,7 +195,7 @@ def test_rmsnorm_island_is_needed_for_large_activations(fp32_model):
     """Embeddings × 5000 (|x| ≈ 100–500, so x² > 65,504 for many elements): against the float32 run of the
     same graph, float16 with the RMSNorm island stays within 1% of the score scale; without it x² → inf,
     rsqrt → 0 and the normalised states collapse: the scores are wrong by about the score scale itself."""
-    from hllm.exporter.onnx import validation_batches
+    from hllm.build.onnx import validation_batches
 
     big = _scaled(fp32_model, 5000.0)
     _, b = validation_batches(320, 8)[1]
@@ -212,7 +212,7 @@ def test_rmsnorm_island_is_needed_for_large_activations(fp32_model):
 
 
 def test_export_rejects_unknown_precision(merged_checkpoint, tmp_path):
-    from hllm.exporter.onnx import export_onnx
+    from hllm.build.onnx import export_onnx
 
     with pytest.raises(ExportError, match="precision"):
         export_onnx(merged_checkpoint, tmp_path / "x", precision="fp8")

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from hllm.errors import SlateError
-from hllm.metrics import evaluate, order_from_scores, slate_metrics
+from hllm.verify.metrics import evaluate, order_from_scores, slate_metrics
 
 
 def test_perfect_ranking():

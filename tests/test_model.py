@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from hllm.architectures import backbone_dims, read_config
-from hllm.checkpoint import HeadSpec
+from hllm.formats.architectures import backbone_dims, read_config
+from hllm.formats.checkpoint import HeadSpec
 from hllm.model.heads import build_head
 from hllm.model.hllm import HllmModel, gather_readout, load_backbone
-from hllm.runtime.prompt import PromptBuilder, PromptSpec, load_tokenizer
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.formats.prompt import PromptSpec
 
 KINDS = ["linear", "self_attention", "slot_query"]
 

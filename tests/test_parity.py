@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hllm.parity import ParityReport, Thresholds, compare_slate, kendall_tau
+from hllm.verify.parity import ParityReport, Thresholds, compare_slate, kendall_tau
 
 
 def test_kendall_tau_values():

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from hllm.errors import CheckpointError, SlateError
-from hllm.runtime.prompt import PromptBuilder, PromptSpec, load_tokenizer
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.formats.prompt import PromptSpec
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import pytest
 
 from hllm.errors import DecodeError, EngineError, SlateError
 from hllm.runtime import Ranker
-from hllm.runtime.artifact import resolve
+from hllm.runtime.artefact import resolve
 
 
 def test_import_runtime_does_not_import_torch():
     code = (
-        "import sys, hllm.runtime, hllm.runtime.artifact, hllm.engines.onnxruntime, hllm.checkpoint;"
+        "import sys, hllm.runtime, hllm.runtime.artefact, hllm.engines.ort, hllm.formats.checkpoint;"
         "bad=[m for m in ('torch','transformers','peft') if m in sys.modules];"
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )

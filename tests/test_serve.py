@@ -94,7 +94,7 @@ def _post(url, body, **kw):
 
 def test_serve_package_does_not_import_torch():
     code = (
-        "import sys, hllm.serve, hllm.serve.loadtest, hllm.serve.server, hllm.serve.smoke, hllm.triton, hllm.triton.client, hllm.triton.repo, hllm.triton.decode_model;"
+        "import sys, hllm.serve, hllm.bench.loadtest, hllm.serve.server, scripts.serve_smoke, hllm.serve.triton, hllm.serve.triton.client, hllm.serve.triton.repo, hllm.serve.triton.decode_model;"
         "bad=[m for m in ('torch','transformers','peft') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -338,7 +338,7 @@ def test_metrics_and_openapi(served):
 
 
 def test_loadtest_compares_both_modes(export_dir):
-    from hllm.serve.loadtest import compare_batching
+    from hllm.bench.loadtest import compare_batching
 
     res = compare_batching(export_dir, tiny_slates(10, (2, K), seed=60), clients=4, requests=16, max_seconds=60, max_wait_ms=30, rounds=2, log=lambda m: None)
     for mode in ("batching_on", "batching_off"):
@@ -352,7 +352,7 @@ def test_loadtest_compares_both_modes(export_dir):
 
 
 def test_run_load_against_a_running_server(served, reference):
-    from hllm.serve.loadtest import run_load
+    from hllm.bench.loadtest import run_load
 
     srv, _ = served
     ss = tiny_slates(3, (2, K), seed=61)
@@ -364,7 +364,7 @@ def test_run_load_against_a_running_server(served, reference):
 
 def test_loadtest_refuses_non_loopback():
     from hllm.errors import HllmError
-    from hllm.serve.loadtest import run_load
+    from hllm.bench.loadtest import run_load
 
     with pytest.raises(HllmError, match="loopback only"):
         run_load("http://10.0.0.1:8000", [{"candidates": [{"title": "a"}]}], 1, 1, 1.0)

@@ -4,7 +4,7 @@ TensorRT 10 / 11 code paths, the build recipe, and artefact resolution of a plan
 The ``tensorrt`` module cannot be imported on the CPU development machines (its wheels fetch the real
 libraries from NVIDIA's index). Where it cannot be imported, the build and version-dispatch tests use
 a small stub of its API surface (``_FakeTrt`` below: Builder, network, OnnxParser, builder config,
-optimization profile, timing cache — the calls :func:`hllm.engines.tensorrt.build_plan` makes, with
+optimization profile, timing cache — the calls :func:`hllm.build.tensorrt.build_plan` makes, with
 the names of the TensorRT Python API). The stub records the calls, so the tests check the recipe:
 strongly typed flag on 10.x and none on 11.x, no FP16 builder flag, one ``set_shape`` per input per
 profile, optimization level, hardware compatibility, timing cache reuse. Where ``tensorrt`` imports,
@@ -21,9 +21,9 @@ import types
 import numpy as np
 import pytest
 
-from hllm.engines.plan_meta import (DeviceInfo, check_compatible, read_sidecar, sidecar_path, target_settings,
+from hllm.formats.plan import (DeviceInfo, check_compatible, read_sidecar, sidecar_path, target_settings,
                                     write_sidecar)
-from hllm.engines.profiles import DimRange, Profile, default_profile, select_profile, validate_profiles
+from hllm.formats.profiles import DimRange, Profile, default_profile, select_profile, validate_profiles
 from hllm.errors import EngineError
 
 A100 = DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), "12.4", "12.4")
@@ -300,7 +300,7 @@ def test_real_tensorrt_dispatch():
 
 @pytest.mark.parametrize("version, flags", [("10.13.0", 2), ("11.4.0", 0)])
 def test_build_recipe(export_dir, tmp_path, version, flags):
-    from hllm.engines.tensorrt import build_plan
+    from hllm.build.tensorrt import build_plan
 
     trt, rec = _fake_trt(version, fp16_flag=version.startswith("10"))
     cache = tmp_path / "timing.cache"
@@ -326,7 +326,7 @@ def test_build_recipe(export_dir, tmp_path, version, flags):
     assert side["timing_cache"] == {"path": str(cache), "reused": True}
 
     from hllm.runtime import Ranker
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
 
     art = resolve(plan)
     assert art.kind == "tensorrt" and art.num_positions == 8 and art.tokenizer_path.is_file()
@@ -335,7 +335,7 @@ def test_build_recipe(export_dir, tmp_path, version, flags):
 
 
 def test_build_refuses_bad_profile_before_tensorrt(export_dir, tmp_path):
-    from hllm.engines.tensorrt import build_plan
+    from hllm.build.tensorrt import build_plan
 
     trt, rec = _fake_trt("10.13.0")
     with pytest.raises(EngineError, match="exceeds the head's K=8"):
@@ -344,7 +344,7 @@ def test_build_refuses_bad_profile_before_tensorrt(export_dir, tmp_path):
 
 
 def test_build_refuses_existing_plan(export_dir, tmp_path):
-    from hllm.engines.tensorrt import build_plan
+    from hllm.build.tensorrt import build_plan
 
     trt, _ = _fake_trt("11.4.0", fp16_flag=False)
     plan = tmp_path / "x.plan"
@@ -356,7 +356,8 @@ def test_build_refuses_existing_plan(export_dir, tmp_path):
 
 @pytest.mark.skipif(_trt_importable(), reason="checks the message shown when tensorrt is missing")
 def test_engine_without_tensorrt_says_how_to_install(export_dir, tmp_path):
-    from hllm.engines.tensorrt import TensorRTEngine, build_plan
+    from hllm.build.tensorrt import build_plan
+    from hllm.engines.tensorrt import TensorRTEngine
 
     trt, _ = _fake_trt("10.13.0")
     plan = tmp_path / "m.plan"
@@ -386,9 +387,9 @@ def test_cli_build_dry_run_and_bad_profile(export_dir):
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not (_trt_importable() and _gpu_present()), reason="needs an NVIDIA GPU with tensorrt and cuda-python")
 def test_tiny_fp16_plan_matches_reference(tmp_path, merged_checkpoint, slates):
-    from hllm.exporter.onnx import export_onnx
-    from hllm.engines.tensorrt import build_plan
-    from hllm.parity import Thresholds, run_parity
+    from hllm.build.onnx import export_onnx
+    from hllm.build.tensorrt import build_plan
+    from hllm.verify.parity import Thresholds, run_parity
 
     exp = tmp_path / "export16"
     export_onnx(merged_checkpoint, exp, precision="fp16")

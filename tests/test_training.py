@@ -77,7 +77,7 @@ def test_resume_reaches_the_same_weights(backbones, train_file, tmp_path, lora_l
 
 
 def test_checkpoint_loads_and_scores_like_the_trained_model(backbones, train_file, tmp_path):
-    from hllm.checkpoint import load_manifest
+    from hllm.formats.checkpoint import load_manifest
     from hllm.model.hllm import load_model
 
     out = tmp_path / "ck"
@@ -129,7 +129,7 @@ def _run(argv, capsys):
 
 
 def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
-    from hllm.metrics import evaluate
+    from hllm.verify.metrics import evaluate
     from hllm.runtime.slates import read_slates
 
     bb = str(backbones["llama"])

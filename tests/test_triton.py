@@ -16,9 +16,9 @@ import pytest
 from hllm.errors import DecodeError
 from hllm.runtime import Ranker
 from hllm.testing import tiny_slates
-from hllm.triton import decode_model
-from hllm.triton.client import build_request, load_builder, pad_batch, parse_response
-from hllm.triton.repo import write_repository
+from hllm.serve.triton import decode_model
+from hllm.serve.triton.client import build_request, load_builder, pad_batch, parse_response
+from hllm.serve.triton.repo import write_repository
 
 ONNX_TO_TRITON = {7: "TYPE_INT64", 9: "TYPE_BOOL", 1: "TYPE_FP32", 10: "TYPE_FP16"}
 
@@ -96,7 +96,7 @@ def test_decode_and_ensemble_configs_are_consistent(repo):
 
 def test_python_backend_model_is_the_runtime_decode_not_a_copy(repo):
     src = (repo / "models/hllm_decode/1/model.py").read_text()
-    assert "from hllm.triton.decode_model import TritonPythonModel" in src and "lapjv" not in src
+    assert "from hllm.serve.triton.decode_model import TritonPythonModel" in src and "lapjv" not in src
     spec = importlib.util.spec_from_file_location("triton_decode_model_py", repo / "models/hllm_decode/1/model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -40,9 +40,9 @@ STAGES = ("prompt", "engine", "decode_output", "total")
 
 def model_dims(model: str | os.PathLike):
     """Backbone dimensions of a checkpoint, or of an export's source checkpoint; None if unknown."""
-    from hllm.checkpoint import load_manifest
+    from hllm.formats.checkpoint import load_manifest
     from hllm.errors import HllmError
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
 
     try:
         art = resolve(model)

@@ -125,7 +125,7 @@ def lapjv_cmd(
     if model is not None:
         from hllm.bench.lapjv import model_score_matrices
         from hllm.runtime import read_slates
-        from hllm.runtime.artifact import resolve
+        from hllm.runtime.artefact import resolve
 
         quiet_libraries()
         k = resolve(model).num_positions

@@ -51,17 +51,17 @@ def calibrate_cmd(
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
-    from hllm.calibration.data import build_calibration_set, check_disjoint, load_calibration_set
-    from hllm.calibration.gate import (
+    from hllm.build.calibration_data import build_calibration_set, check_disjoint, load_calibration_set
+    from hllm.verify.gate import (
         GateThresholds, load_reference, open_ranker, reference_scores, run_gate, save_reference,
     )
-    from hllm.calibration.quantize import (
+    from hllm.build.quantize import (
         NothingToQuantize, QuantOptions, auto_exclude, calibration_ranges, quantize_export, sensitivity_ladder,
     )
     from hllm.errors import SlateError
     from hllm.files import atomic_write_json, promote_dir
     from hllm.runtime import read_slates
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     quiet_libraries()
@@ -198,7 +198,7 @@ def calibrate_cmd(
 
         if bench_rounds > 0:
             from hllm.bench.machine import describe_machine
-            from hllm.calibration.speed import compare_speed
+            from hllm.bench.speed import compare_speed
 
             with console.status(f"[bold]timing {precision} vs fp32 interleaved ({bench_rounds} rounds)…"):
                 sp = compare_speed({"fp32": export_dir, precision: staging}, evals[: max(1, min(len(evals), bench_rounds))],

@@ -21,7 +21,7 @@ def convert_gguf_cmd(
 
     Cached: if OUT_DIR already holds a conversion of the same GGUF file, nothing is done.
     """
-    from hllm.exporter.gguf import convert_gguf, smollm2_gguf_path
+    from hllm.build.gguf import convert_gguf, smollm2_gguf_path
     from hllm.files import sha256_file
 
     src = gguf or smollm2_gguf_path()
@@ -49,8 +49,8 @@ def init_cmd(
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Make an untrained checkpoint (seeded head, optional non-zero LoRA) from a backbone directory."""
-    from hllm.model.init import init_checkpoint
-    from hllm.runtime.prompt import PromptSpec
+    from hllm.build.init import init_checkpoint
+    from hllm.formats.prompt import PromptSpec
 
     quiet_libraries()
     spec = PromptSpec(candidate_token_budget=candidate_tokens, max_seq_len=max_seq_len)
@@ -69,7 +69,7 @@ def merge_cmd(
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Merge the LoRA adapter into the backbone (peft merge_and_unload) and prove it: max|ΔM| ≤ tol."""
-    from hllm.exporter.merge import merge_checkpoint
+    from hllm.build.merge import merge_checkpoint
     from hllm.runtime.slates import read_slates
 
     quiet_libraries()
@@ -91,8 +91,8 @@ def export_cmd(
     fp32_islands: Optional[str] = typer.Option(None, help="With --precision fp16: comma list of FP32 islands (rmsnorm,rotary,softmax,layernorm,scores; 'none'). Default: all."),
 ) -> None:
     """Export prefill + readout + head as ONE ONNX graph and validate it in ONNX Runtime at untraced shapes."""
-    from hllm.exporter.onnx import export_onnx
-    from hllm.exporter.precision import parse_islands
+    from hllm.build.onnx import export_onnx
+    from hllm.build.fp16 import parse_islands
     from hllm.runtime.slates import read_slates
 
     quiet_libraries()

@@ -28,9 +28,9 @@ def build_cmd(
     overwrite: bool = typer.Option(False, help="Replace PLAN if it exists."),
 ) -> None:
     """Build a strongly typed TensorRT plan (TensorRT 10.x / 11.x) with optimization profiles and a metadata sidecar."""
-    from hllm.engines.plan_meta import target_settings
-    from hllm.engines.profiles import Profile, default_profile, validate_profiles
-    from hllm.runtime.artifact import resolve
+    from hllm.formats.plan import target_settings
+    from hllm.formats.profiles import Profile, default_profile, validate_profiles
+    from hllm.runtime.artefact import resolve
 
     art = resolve(model)
     k = art.num_positions
@@ -45,7 +45,7 @@ def build_cmd(
         for i, p in enumerate(profiles):
             out.print(f"  profile {i}: batch {p.batch}  seq {p.seq}  items {p.items}")
         return
-    from hllm.engines.tensorrt import build_plan
+    from hllm.build.tensorrt import build_plan
 
     with step(f"building TensorRT plan ({precision}, {len(profiles)} profile(s))"):
         meta = build_plan(art.path, plan, profiles, timing_cache=timing_cache, opt_level=opt_level,

@@ -55,10 +55,10 @@ def parity_cmd(
 ) -> None:
     """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail."""
     from hllm.files import atomic_write_json
-    from hllm.parity import Thresholds, run_parity
+    from hllm.verify.parity import Thresholds, run_parity
     from hllm.runtime import read_slates
 
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
 
     quiet_libraries()
     data = read_slates(slates, limit=limit)

@@ -77,7 +77,7 @@ def loadtest_cmd(
     """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off in one run."""
     from hllm.files import atomic_write_json
     from hllm.runtime import read_slates
-    from hllm.serve.loadtest import compare_batching, environment, run_load
+    from hllm.bench.loadtest import compare_batching, environment, run_load
 
     quiet_libraries()
     if (model is None) == (url is None):
@@ -154,7 +154,7 @@ def triton_repo_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing repository."),
 ) -> None:
     """Write a Triton model repository: engine (ONNX / TensorRT) + LAPJV decode (Python backend) + ensemble."""
-    from hllm.triton.repo import write_repository
+    from hllm.serve.triton.repo import write_repository
 
     quiet_libraries()
     res = write_repository(

@@ -47,7 +47,7 @@ def train_cmd(
 
     CPU defaults are small on purpose; on a GPU raise --steps, --lora-rank 64, drop --lora-layers.
     """
-    from hllm.runtime.prompt import PromptSpec
+    from hllm.formats.prompt import PromptSpec
     from hllm.training.trainer import TrainConfig, train
 
     quiet_libraries()
@@ -202,7 +202,7 @@ def features_cmd(
 
     Size ≈ tokens × hidden × 4 bytes per slate (about 3 MB for a 50-candidate Beauty slate on SmolLM2).
     """
-    from hllm.runtime.prompt import PromptSpec
+    from hllm.formats.prompt import PromptSpec
     from hllm.runtime.slates import read_slates
     from hllm.training.features import build_cache
 
@@ -243,7 +243,7 @@ def _ranker_orders(spec: str, slates: list[dict], seed: int, batch_size: int,
             raise SlateError(f"{p} has no ranking for {len(missing)} of the {len(slates)} slates (first: {missing[0]}); "
                              "rank the same slates or lower --limit")
         return name, "jsonl", [teacher[str(s.get("slate_id"))] for s in slates]
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
     from hllm.runtime.ranker import Ranker
 
     kind = resolve(p).kind
@@ -287,7 +287,7 @@ def eval_cmd(
 
     from hllm.errors import SlateError
     from hllm.files import atomic_write_json
-    from hllm.metrics import METRIC_KEYS, evaluate
+    from hllm.verify.metrics import METRIC_KEYS, evaluate
     from hllm.runtime.slates import read_slates
 
     quiet_libraries()

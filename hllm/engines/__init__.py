@@ -1,10 +1,11 @@
 """Backends behind one interface (:class:`hllm.engines.base.Engine`).
 
 Backend modules are imported on demand so that importing this package pulls in neither torch nor
-onnxruntime nor tensorrt: ``hllm.engines.torch``, ``hllm.engines.onnxruntime``,
+onnxruntime nor tensorrt: ``hllm.engines.reference``, ``hllm.engines.ort``,
 ``hllm.engines.tensorrt``.
 """
 
-from hllm.engines.base import Engine, TensorSpec, check_inputs
+from hllm.engines.base import Engine, check_inputs
+from hllm.formats.graph import TensorSpec
 
 __all__ = ["Engine", "TensorSpec", "check_inputs"]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hllm.checkpoint import HeadSpec
+from hllm.formats.checkpoint import HeadSpec
 
 
 class _Attention(nn.Module):

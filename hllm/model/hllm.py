@@ -16,7 +16,7 @@ import os
 import torch
 from torch import nn
 
-from hllm.checkpoint import Manifest, load_manifest
+from hllm.formats.checkpoint import Manifest, load_manifest
 from hllm.errors import CheckpointError
 from hllm.model.heads import build_head
 
@@ -89,7 +89,7 @@ def load_model(ckpt: str | os.PathLike | Manifest, merge: bool = False, dtype: t
             running it as an adapter.
         dtype: weights dtype (float32 for the reference).
     Returns: :class:`HllmModel` in eval mode on CPU.
-    Raises: CheckpointError (see :func:`hllm.checkpoint.load_manifest`).
+    Raises: CheckpointError (see :func:`hllm.formats.checkpoint.load_manifest`).
     """
     m = ckpt if isinstance(ckpt, Manifest) else load_manifest(ckpt)
     backbone = load_backbone(m.backbone_path, dtype)

@@ -7,7 +7,8 @@
 """
 
 from hllm.runtime.decode import decode, decode_batch
-from hllm.runtime.prompt import Batch, PromptBuilder, PromptSpec, load_tokenizer
+from hllm.formats.prompt import PromptSpec
+from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
 from hllm.runtime.ranker import Ranker, Ranking, StageTimes
 from hllm.runtime.slates import read_slates, write_jsonl
 

@@ -77,7 +77,7 @@ class Ranker:
     @classmethod
     def from_path(cls, path: str | os.PathLike, batch_size: int = 1, **engine_options) -> "Ranker":
         """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artifact`)."""
-        from hllm.runtime.artifact import open_engine, resolve
+        from hllm.runtime.artefact import open_engine, resolve
 
         art = resolve(path)
         builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)

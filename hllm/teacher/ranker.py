@@ -24,7 +24,8 @@ from typing import Iterable, Iterator
 import torch
 
 from hllm.errors import CheckpointError
-from hllm.runtime.prompt import PromptBuilder, PromptSpec, load_tokenizer
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.formats.prompt import PromptSpec
 from hllm.teacher.constrain import GrammarState, OrdinalGrammar
 from hllm.teacher.parse import parse_ordinals
 

@@ -109,9 +109,10 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
     """
     import torch
 
-    from hllm.architectures import backbone_dims, read_config
+    from hllm.formats.architectures import backbone_dims, read_config
     from hllm.model.hllm import load_backbone
-    from hllm.runtime.prompt import PromptBuilder, PromptSpec, load_tokenizer
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+    from hllm.formats.prompt import PromptSpec
 
     if threads:
         torch.set_num_threads(threads)
@@ -196,7 +197,7 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     """
     import torch
 
-    from hllm.checkpoint import load_manifest
+    from hllm.formats.checkpoint import load_manifest
     from hllm.model.hllm import gather_readout, load_model
 
     if threads:

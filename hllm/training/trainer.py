@@ -14,7 +14,7 @@ Modes (set by ``lora_rank`` and ``lora_layers``):
 
 Reproducible: the seed fixes head and LoRA init and the data order (one ``torch.randperm`` per
 epoch); there is no dropout. Checkpoints are written atomically in the ``hllm.json`` format of
-:mod:`hllm.checkpoint`, plus ``training_state.pt`` (trainable tensors, AdamW state, step, losses)
+:mod:`hllm.formats.checkpoint`, plus ``training_state.pt`` (trainable tensors, AdamW state, step, losses)
 from which ``resume=True`` continues to exactly the weights of an uninterrupted run.
 """
 
@@ -30,13 +30,14 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from hllm.architectures import backbone_dims, read_config
-from hllm.checkpoint import HeadSpec, manifest_dict, write_manifest
+from hllm.formats.architectures import backbone_dims, read_config
+from hllm.formats.checkpoint import HeadSpec, manifest_dict, write_manifest
 from hllm.errors import CheckpointError, HllmError
 from hllm.files import atomic_dir
 from hllm.model.heads import build_head
 from hllm.model.hllm import gather_readout, load_backbone
-from hllm.runtime.prompt import PromptBuilder, PromptSpec, load_tokenizer
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.formats.prompt import PromptSpec
 from hllm.training.sinkhorn import sinkhorn_loss
 from hllm.training.targets import build_target, read_teacher
 
@@ -166,7 +167,7 @@ def build_model(cfg: TrainConfig) -> tuple[_Model, HeadSpec, int]:
     if cfg.lora_rank:
         from peft import get_peft_model
 
-        from hllm.model.init import lora_config
+        from hllm.build.init import lora_config
 
         lc = lora_config(cfg.lora_rank)
         if cfg.lora_layers is not None and cfg.lora_layers < n_layers:

@@ -16,7 +16,7 @@ two files so a quantized build can be repeated bit for bit:
   order), every batch's shapes, the prompt spec, the tokenizer's sha256 and ``data_sha256`` (a hash of
   the arrays' bytes, independent of the zip container's timestamps).
 
-The fidelity gate (:mod:`hllm.calibration.gate`) refuses evaluation slates whose ids appear here.
+The fidelity gate (:mod:`hllm.verify.gate`) refuses evaluation slates whose ids appear here.
 This module imports numpy only (no torch, no onnxruntime).
 """
 

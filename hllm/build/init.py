@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from hllm.architectures import LINEAR_PROJECTIONS, backbone_dims, read_config
-from hllm.checkpoint import HeadSpec, manifest_dict, write_manifest
+from hllm.formats.architectures import LINEAR_PROJECTIONS, backbone_dims, read_config
+from hllm.formats.checkpoint import HeadSpec, manifest_dict, write_manifest
 from hllm.errors import CheckpointError
 from hllm.files import atomic_dir
 from hllm.model.heads import build_head
-from hllm.runtime.prompt import PromptSpec
+from hllm.formats.prompt import PromptSpec
 
 
 def lora_config(rank: int, alpha: int | None = None, dropout: float = 0.0):

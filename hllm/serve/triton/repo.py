@@ -5,7 +5,7 @@ Layout (``tritonserver --model-repository OUT/models``)::
     OUT/models/hllm_engine/config.pbtxt      ONNX Runtime (``onnxruntime_onnx``) or TensorRT (``tensorrt_plan``)
     OUT/models/hllm_engine/1/model.onnx|model.plan
     OUT/models/hllm_decode/config.pbtxt      Python backend, CPU instances
-    OUT/models/hllm_decode/1/model.py        imports hllm.triton.decode_model (the runtime's LAPJV decode)
+    OUT/models/hllm_decode/1/model.py        imports hllm.serve.triton.decode_model (the runtime's LAPJV decode)
     OUT/models/hllm_ranker/config.pbtxt      ensemble: engine → decode
     OUT/models/hllm_ranker/1/                (empty; ensembles need a version directory)
     OUT/client/{tokenizer.json, hllm_client.json, rank.py}   client side: prompt building + request
@@ -29,11 +29,11 @@ import json
 import os
 import shutil
 
-from hllm.engines.base import OUTPUT_NAME, graph_io_specs
+from hllm.formats.graph import OUTPUT_NAME, graph_io_specs
 from hllm.errors import EngineError
 from hllm.files import atomic_dir
-from hllm.runtime.artifact import resolve
-from hllm.triton.decode_model import ITEM_MASK, RANKING, SCORES
+from hllm.runtime.artefact import resolve
+from hllm.serve.triton.decode_model import ITEM_MASK, RANKING, SCORES
 
 ENGINE, DECODE, ENSEMBLE = "hllm_engine", "hllm_decode", "hllm_ranker"
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "bool": "TYPE_BOOL", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
@@ -42,10 +42,10 @@ MODEL_PY = '''"""Triton Python-backend model of hllm's LAPJV decode.
 
 Needs the hllm package (numpy + lap; no torch) in the Python backend's environment:
     pip install "hllm[runtime]"    # or: pip install lap numpy && pip install --no-deps hllm
-The decode is hllm.runtime.decode (imported via hllm.triton.decode_model), not a copy.
+The decode is hllm.runtime.decode (imported via hllm.serve.triton.decode_model), not a copy.
 """
 
-from hllm.triton.decode_model import TritonPythonModel  # noqa: F401
+from hllm.serve.triton.decode_model import TritonPythonModel  # noqa: F401
 '''
 
 RANK_PY = '''"""Send slates to Triton's hllm_ranker ensemble and print the rankings (KServe v2 HTTP/JSON).
@@ -55,7 +55,7 @@ RANK_PY = '''"""Send slates to Triton's hllm_ranker ensemble and print the ranki
 
 import sys
 
-from hllm.triton.client import main
+from hllm.serve.triton.client import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], client_dir=Path(__file__).resolve().parent))

@@ -1,6 +1,6 @@
 """End-to-end smoke check of the ``hllm serve`` CLI process on a real export (loopback only).
 
-    python -m hllm.serve.smoke work/demo/export --out results/serve/serve-smoke-smollm2-ort-cpu.json
+    python scripts/serve_smoke.py work/demo/export --out results/serve/serve-smoke-smollm2-ort-cpu.json
 
 Starts ``hllm serve`` on 127.0.0.1 and a free port, records ``/healthz`` and ``/readyz`` while the
 engine loads, ranks one full slate (JSON) and two slates (JSONL), sends two bad requests (K + 1
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hllm.files import atomic_write_json
     from hllm.runtime import read_slates
-    from hllm.runtime.artifact import resolve
+    from hllm.runtime.artefact import resolve
     from hllm.serve.server import wait_ready
 
     p = argparse.ArgumentParser(description="Smoke-check `hllm serve` on an export.")

@@ -29,10 +29,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hllm.architectures import BackboneDims, backbone_dims, read_config
+from hllm.formats.architectures import BackboneDims, backbone_dims, read_config
 from hllm.errors import CheckpointError
 from hllm.files import atomic_write_json
-from hllm.runtime.prompt import PromptSpec
+from hllm.formats.prompt import PromptSpec
 
 MANIFEST = "hllm.json"
 FORMAT_VERSION = 1

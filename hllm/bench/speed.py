@@ -33,7 +33,7 @@ def compare_speed(
     """
     from hllm.bench.machine import library_versions
     from hllm.bench.stats import summarize, time_interleaved
-    from hllm.calibration.gate import open_ranker
+    from hllm.verify.gate import open_ranker
 
     if baseline not in artefacts:
         raise ValueError(f"baseline {baseline!r} not in {list(artefacts)}")

@@ -215,7 +215,7 @@ def run_parity(
     precision = "fp32"
     meta = getattr(tst.engine, "sidecar", None) or {}
     if not meta and not isinstance(test, Ranker):
-        from hllm.runtime.artifact import resolve
+        from hllm.runtime.artefact import resolve
 
         meta = resolve(test).meta
     precision = meta.get("precision", precision)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hllm.engines.base import INPUT_NAMES, OUTPUT_NAME, Engine
+from hllm.engines.base import Engine
+from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME
 from hllm.errors import EngineError
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError
-from hllm.runtime.prompt import PromptSpec
+from hllm.formats.prompt import PromptSpec
 
 EXPORT_SIDECAR = "export.json"
 
@@ -60,7 +60,7 @@ def resolve(path: str | os.PathLike) -> Artifact:
     if not p.exists():
         raise EngineError(f"not found: {p}")
     if p.is_dir() and (p / "hllm.json").is_file():
-        from hllm.checkpoint import load_manifest
+        from hllm.formats.checkpoint import load_manifest
 
         m = load_manifest(p)
         return Artifact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions, {"manifest": str(m.root)})
@@ -99,11 +99,11 @@ def open_engine(artifact: Artifact, **options):
     (onnxruntime), ``device`` (tensorrt).
     """
     if artifact.kind == "checkpoint":
-        from hllm.engines.torch import TorchEngine
+        from hllm.engines.reference import TorchEngine
 
         return TorchEngine(artifact.path, threads=options.get("threads"))
     if artifact.kind == "onnx":
-        from hllm.engines.onnxruntime import OnnxRuntimeEngine
+        from hllm.engines.ort import OnnxRuntimeEngine
 
         return OnnxRuntimeEngine(
             artifact.path,

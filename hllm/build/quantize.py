@@ -3,7 +3,7 @@
 Backends (sources):
 
 * ``ort-static`` — :func:`onnxruntime.quantization.quantize_static`, QDQ format, activation ranges
-  from a :class:`hllm.calibration.data.CalibrationSet` (MinMax), per-channel weights, optional
+  from a :class:`hllm.build.calibration_data.CalibrationSet` (MinMax), per-channel weights, optional
   ``reduce_range`` (7-bit weights: needed on AVX2 machines without VNNI to avoid overflow in the
   u8×s8 kernels, ORT quantization guide, "When and why do I need to try U8U8 / reduce_range").
 * ``ort-dynamic`` — :func:`onnxruntime.quantization.quantize_dynamic`: weights INT8 offline,
@@ -347,7 +347,7 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
     Args:
         src, dst: FP32 and output ``.onnx`` paths.
         options: backend ``ort-static`` (needs ``calib``), ``ort-dynamic`` or ``ort-weight-only``.
-        calib: a :class:`hllm.calibration.data.CalibrationSet` (static).
+        calib: a :class:`hllm.build.calibration_data.CalibrationSet` (static).
         exclude: node names kept in float.
         cache_path: ORT calibration cache (JSON of tensor ranges): written on first use, reused after,
             so re-quantizing with other exclusions skips the calibration runs.
@@ -519,7 +519,7 @@ def quantize_export(
         export_dir: output of ``hllm export`` (``export.json`` with ``precision: fp32``).
         out_dir: the quantized export to write (replaced if present).
         options: :class:`QuantOptions`.
-        calib: :class:`hllm.calibration.data.CalibrationSet` (static / ModelOpt).
+        calib: :class:`hllm.build.calibration_data.CalibrationSet` (static / ModelOpt).
         cache_path: ORT calibration cache path (static).
     Returns: :class:`QuantResult`. The sidecar ``export.json`` gets ``precision`` (``int8``/``fp8``),
         ``quantization`` (backend, options, excluded nodes, calibration record) and a new ``onnx_sha256``.

@@ -2,7 +2,7 @@
 
 Tensor closeness is the wrong test for a ranker: INT8 activations flip decisions at near-ties while
 max|ΔM| still looks small. The gate compares *rankings* of the quantized graph with those of the FP32
-reference on held-out real slates, with the per-slate metrics of :mod:`hllm.parity`
+reference on held-out real slates, with the per-slate metrics of :mod:`hllm.verify.parity`
 (``compare_slate``: top-1 agreement, Kendall tau, top-10 overlap, exact-permutation rate) and, when
 the slates carry labels, the change in ranking quality (Recall@1, Recall@10, NDCG@10 of the
 reference and of the quantized ranking against the labels).
@@ -12,7 +12,7 @@ mean Kendall tau. The reference's scores are computed once (:func:`reference_sco
 automatic exclusion mode re-runs only the quantized graph.
 
 Note: Recall@K / NDCG@K are computed here with the plain definitions (a ranking's hits among the
-labelled positives); if a shared ``hllm.metrics`` module appears it should replace them.
+labelled positives); if a shared ``hllm.verify.metrics`` module appears it should replace them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hllm.parity import ParityReport, Thresholds, compare_slate
+from hllm.verify.parity import ParityReport, Thresholds, compare_slate
 
 
 @dataclass
@@ -56,8 +56,8 @@ class GateThresholds:
 
 def label_metrics(orders: Sequence[Sequence[int]], slates: Sequence[dict]) -> dict | None:
     """Mean Recall@1, Recall@10, NDCG@10 (and AUC, NDCG@1) of rankings against the slates' ``labels``,
-    computed by :func:`hllm.metrics.evaluate`; None if no slate has a positive and a negative label."""
-    from hllm.metrics import evaluate
+    computed by :func:`hllm.verify.metrics.evaluate`; None if no slate has a positive and a negative label."""
+    from hllm.verify.metrics import evaluate
 
     rows = [(o, s["labels"]) for o, s in zip(orders, slates) if s.get("labels") and any(s["labels"])]
     if not rows:
@@ -126,7 +126,7 @@ class GateReport:
     """Verdict of the fidelity gate.
 
     :meth:`to_dict` keys: slates, top1_agreement, kendall_tau_mean, kendall_tau_min, top10_agreement,
-    perm_match_rate, max_abs_diff, nonfinite (from :class:`hllm.parity.ParityReport`), reference /
+    perm_match_rate, max_abs_diff, nonfinite (from :class:`hllm.verify.parity.ParityReport`), reference /
     quantized label metrics, ``recall@10_delta`` (None without labels), passed, failures, thresholds.
     """
 
@@ -154,7 +154,7 @@ class GateReport:
         d = self.recall10_delta
         if d is not None:
             checks.append(("|recall@10_delta|", abs(d), t.max_recall10_delta, "<="))
-        from hllm.parity import failed_checks
+        from hllm.verify.parity import failed_checks
 
         return failed_checks(checks)
 
@@ -224,8 +224,8 @@ def open_ranker(path, providers: list[str] | None = None, threads: int | None = 
     FP8 Q/DQ graphs run in ONNX Runtime's CPU provider only with basic graph optimizations (the
     extended fusions have no FP8 kernels: ``shared/notes/facts.md``), so those sessions use ``basic``.
     """
-    from hllm.engines.onnxruntime import OnnxRuntimeEngine
-    from hllm.runtime.artifact import resolve
+    from hllm.engines.ort import OnnxRuntimeEngine
+    from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.runtime.ranker import Ranker
 
@@ -256,10 +256,10 @@ def run_gate(
 
     Raises:
         SlateError: an evaluation slate was used for calibration (see
-            :func:`hllm.calibration.data.check_disjoint`).
+            :func:`hllm.build.calibration_data.check_disjoint`).
         EngineError: the artefact cannot be loaded or run.
     """
-    from hllm.calibration.data import check_disjoint
+    from hllm.build.calibration_data import check_disjoint
     from hllm.runtime.ranker import Ranker
 
     check_disjoint(calibration_ids, slates)
@@ -267,7 +267,7 @@ def run_gate(
     t_scores = run_scores(r, slates, batch_size, on_batch)
     meta = getattr(r.engine, "sidecar", None) or {}
     if not meta and not isinstance(test, Ranker):
-        from hllm.runtime.artifact import resolve
+        from hllm.runtime.artefact import resolve
 
         meta = resolve(test).meta
     return gate_scores(ref_scores, t_scores, slates, thresholds, precision=meta.get("precision", "int8"),

@@ -22,7 +22,7 @@ class TorchEngine(Engine):
     name = "torch"
 
     def __init__(self, checkpoint: str | os.PathLike, merge: bool = False, threads: int | None = None):
-        from hllm.checkpoint import load_manifest
+        from hllm.formats.checkpoint import load_manifest
 
         self.manifest = load_manifest(checkpoint)
         super().__init__(self.manifest.num_positions)

@@ -13,7 +13,7 @@ Sidecar keys (``format: hllm-tensorrt-plan``, ``format_version: 1``):
     precision, fp32_islands, onnx, onnx_sha256, source_checkpoint {path, sha256}, num_positions,
     prompt, tokenizer (file beside the plan), head, build_seconds, timing_cache, plan_sha256, plan_bytes.
 The runtime keys ``prompt``, ``tokenizer`` and ``num_positions`` are those of ``export.json``, so
-:func:`hllm.runtime.artifact.resolve` treats a plan like an export.
+:func:`hllm.runtime.artefact.resolve` treats a plan like an export.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hllm.engines.profiles import Profile
+from hllm.formats.profiles import Profile
 from hllm.errors import EngineError
 from hllm.files import atomic_write_json
 
@@ -68,7 +68,7 @@ class DeviceInfo:
 
 
 def sidecar_path(plan: str | os.PathLike) -> Path:
-    """``model.plan`` → ``model.plan.json`` (the name :mod:`hllm.runtime.artifact` looks for)."""
+    """``model.plan`` → ``model.plan.json`` (the name :mod:`hllm.runtime.artefact` looks for)."""
     p = Path(plan)
     return p.with_name(p.name + ".json")
 

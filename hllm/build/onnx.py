@@ -34,12 +34,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hllm.checkpoint import load_manifest
-from hllm.engines.base import graph_io_specs
+from hllm.formats.checkpoint import load_manifest
+from hllm.formats.graph import graph_io_specs
 from hllm.errors import CheckpointError, ExportError
 from hllm.files import atomic_dir, atomic_write_json, sha256_file, sha256_tree
 from hllm.model.hllm import load_model
-from hllm.runtime.artifact import EXPORT_SIDECAR
+from hllm.runtime.artefact import EXPORT_SIDECAR
 from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
 
 ONNX_NAME = "model.onnx"
@@ -126,18 +126,18 @@ def export_onnx(
         slates: optional real slates; the first two are validated as one padded batch of 2.
         progress: optional callable(str) told about each step.
         precision: ``fp32`` (default) or ``fp16``: the validated float32 graph is rewritten by
-            :func:`hllm.exporter.precision.convert_to_fp16` (float16 with float32 islands) and a
+            :func:`hllm.build.fp16.convert_to_fp16` (float16 with float32 islands) and a
             float32 emulation ``model.fp16-emulated.onnx`` is written beside it for ONNX Runtime CPU.
             The emulation is validated at ranking level: no non-finite score and mean Kendall tau
             ≥ ``fp16_min_tau`` over the validation rows (|ΔM| is recorded, not enforced).
         fp32_islands: islands kept in float32 (default:
-            :data:`hllm.exporter.precision.DEFAULT_ISLANDS`).
+            :data:`hllm.build.fp16.DEFAULT_ISLANDS`).
     Raises:
         CheckpointError: the checkpoint has an adapter. ExportError: export or validation failed.
     """
     import time
 
-    from hllm.engines.onnxruntime import OnnxRuntimeEngine
+    from hllm.engines.ort import OnnxRuntimeEngine
 
     say = progress or (lambda msg: None)
     if precision not in ("fp32", "fp16"):
@@ -205,10 +205,10 @@ def export_onnx(
 
 def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float) -> dict:
     """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
-    from hllm.engines.onnxruntime import OnnxRuntimeEngine
-    from hllm.exporter.precision import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+    from hllm.engines.ort import OnnxRuntimeEngine
+    from hllm.build.fp16 import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
                                          load_onnx, save_onnx)
-    from hllm.parity import compare_slate
+    from hllm.verify.parity import compare_slate
 
     islands = tuple(DEFAULT_ISLANDS if islands is None else islands)
     fp16, rep = convert_to_fp16(load_onnx(onnx_path), islands)

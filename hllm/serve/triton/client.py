@@ -18,7 +18,8 @@ import numpy as np
 
 from hllm.errors import HllmError
 from hllm.runtime.decode import assignment_scores
-from hllm.runtime.prompt import Batch, PromptBuilder, PromptSpec, load_tokenizer
+from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
+from hllm.formats.prompt import PromptSpec
 
 V2_TYPES = {np.dtype(np.int64): "INT64", np.dtype(np.bool_): "BOOL", np.dtype(np.float32): "FP32"}
 

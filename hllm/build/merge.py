@@ -19,11 +19,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hllm.checkpoint import load_manifest, manifest_dict, write_manifest
+from hllm.formats.checkpoint import load_manifest, manifest_dict, write_manifest
 from hllm.errors import CheckpointError, ParityError
 from hllm.files import atomic_dir, sha256_tree
 from hllm.model.hllm import load_model
-from hllm.model.init import copy_tokenizer_files
+from hllm.build.init import copy_tokenizer_files
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")

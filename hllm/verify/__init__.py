@@ -1,0 +1,3 @@
+"""Verifiers: parity (backend vs PyTorch reference), the ranking-fidelity gate of reduced-precision
+graphs, ranking-quality metrics and evaluation. Results are typed (dataclasses with ``to_dict`` and
+``__bool__`` = passed), Polygraphy-comparator style: they say by how much a criterion failed."""
