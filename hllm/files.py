@@ -116,3 +116,27 @@ def sha256_tree(path: str | os.PathLike) -> str:
         h.update(b"\0")
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def contained_path(root: str | os.PathLike, name: object, what: str, error: type[Exception] = ValueError) -> Path:
+    """``root / name`` for a file named in a manifest or sidecar, refusing names that escape ``root``.
+
+    A name must be a non-empty relative path string that stays inside ``root`` after resolving ``..``
+    and symbolic links (a crafted ``"../evil/head.safetensors"`` or an absolute path is refused), so a
+    manifest can never make hllm read or write outside its own directory.
+
+    Args:
+        root: the directory holding the manifest. name: the value read from it. what: the field, for
+            the message (e.g. ``"head.file"``). error: the exception class to raise.
+    Raises: ``error`` naming the field and the value.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise error(f"{what} must be a file name (a non-empty string), got {name!r}")
+    p = Path(name)
+    base = Path(root).resolve()
+    if p.is_absolute():
+        raise error(f"{what} must be relative to {base}, got the absolute path {name!r}")
+    full = (base / p).resolve()
+    if full != base and base not in full.parents:
+        raise error(f"{what} {name!r} points outside {base}")
+    return full

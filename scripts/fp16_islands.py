@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hllm.engines.ort import OnnxRuntimeEngine
-    from hllm.build.onnx import library_versions
+    from hllm.formats.provenance import library_versions
     from hllm.build.fp16 import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
                                          load_onnx, save_onnx)
     from hllm.files import atomic_write_json, sha256_file

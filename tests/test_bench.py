@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from hllm.bench.lapjv import FAMILIES, available_solvers, bench_solvers, score_matrices
-from hllm.bench.machine import describe_machine, library_versions, matmul_peak, prefill_flops
-from hllm.bench.slates import subslate
+from hllm.bench.machine import describe_machine, matmul_peak, prefill_flops
+from hllm.formats.provenance import library_versions
+from hllm.runtime.slates import subslate
 from hllm.bench.stats import summarize, time_interleaved
 from hllm.errors import DecodeError, HllmError, SlateError
 from hllm.runtime.decode import assignment_scores, decode, decode_batch
@@ -131,9 +132,11 @@ def test_decode_batch_equals_decode_uniform_and_ragged():
 def test_decode_batch_uniform_errors_name_the_slate():
     s = np.zeros((3, 4, 4), dtype=np.float32)
     s[2, 3, 1] = np.inf
-    with pytest.raises(DecodeError, match="slate 2: score matrix has 1 non-finite"):
+    with pytest.raises(DecodeError, match="slate at batch position 2: score matrix has 1 non-finite"):
         decode_batch(s, [4, 4, 4])
-    with pytest.raises(DecodeError, match="slate 0: .*rank positions"):
+    with pytest.raises(DecodeError, match="slate s2: score matrix has 1 non-finite"):
+        decode_batch(s, [4, 4, 4], ["s0", "s1", "s2"])
+    with pytest.raises(DecodeError, match="slate at batch position 0: .*rank positions"):
         decode_batch(np.zeros((2, 5, 3)), [5, 5])
     assert decode_batch(np.zeros((0, 3, 3)), []) == []
 

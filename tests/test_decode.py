@@ -84,7 +84,7 @@ def test_bad_shapes_refused():
 def test_batch_names_failing_slate():
     s = np.zeros((2, 3, 3))
     s[1, 0, 0] = np.nan
-    with pytest.raises(DecodeError, match="slate 1"):
+    with pytest.raises(DecodeError, match="batch position 1"):
         decode_batch(s, [3, 3])
     out = decode_batch(np.stack([np.eye(3), np.eye(3)[::-1]]), [3, 2])
     assert out[0].tolist() == [0, 1, 2] and sorted(out[1].tolist()) == [0, 1]

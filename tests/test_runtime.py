@@ -68,5 +68,5 @@ def test_resolve_kinds(export_dir, merged_checkpoint, tmp_path):
     with pytest.raises(EngineError, match="sidecar"):
         resolve(plan)
     (tmp_path / "m.plan.json").write_text(json.dumps({"prompt": {}}))
-    with pytest.raises(EngineError, match="num_positions"):
+    with pytest.raises(EngineError, match="format is None"):
         resolve(plan)

@@ -66,19 +66,18 @@ def score_matrices(family: str, n: int, count: int, seed: int = 0) -> list[np.nd
 def model_score_matrices(model, slates, ns, threads: int | None = None) -> dict[int, list[np.ndarray]]:
     """``{n: [n, n] float32 score blocks}`` an hLLM artefact produces on ``slates`` cut to n candidates.
 
-    Opens the model once and runs :meth:`hllm.runtime.Ranker.scores` once per slate and n (batch 1).
+    Opens the model once and scores every slate and n (batch 1, :func:`hllm.verify.scoring.score_slates`).
     Raises HllmError from loading or running the model; SlateError if a slate has fewer than n candidates.
     """
-    from hllm.bench.slates import subslate
     from hllm.runtime import Ranker
+    from hllm.runtime.slates import subslate
+    from hllm.verify.scoring import score_slates
 
     out: dict[int, list[np.ndarray]] = {}
     with Ranker.from_path(model, threads=threads) as r:
         for n in ns:
-            out[n] = []
-            for s in slates:
-                scores = r.scores(r.builder.encode([subslate(s, n)]))
-                out[n].append(np.ascontiguousarray(scores[0, :n, :n], dtype=np.float32))
+            (scores,) = score_slates([r.engine], r.builder, [subslate(s, n) for s in slates])
+            out[n] = [np.ascontiguousarray(m[:, :n], dtype=np.float32) for m in scores]
     return out
 
 

@@ -2,7 +2,7 @@
 
 :func:`run_load` drives one server URL with ``clients`` concurrent HTTP clients (``httpx.AsyncClient``),
 one slate per request, at most ``requests`` requests and ``max_seconds`` seconds (no request starts
-after that), and reports throughput, p50/p90/p99 latency and errors. :func:`compare_batching`
+after that), and reports throughput, median/p90/p99 latency and errors. :func:`compare_batching`
 starts two in-process servers on ``127.0.0.1`` (micro-batching on and off) over ONE
 :class:`hllm.runtime.Ranker` and alternates bursts between them, so both modes are measured in one
 run on the same engine and slates; it also reports whether the two modes gave identical rankings.
@@ -19,20 +19,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from hllm.bench.stats import summarize
 from hllm.errors import HllmError
-
-
-def _pct(values: Sequence[float]) -> dict:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
-    a = np.asarray(values, dtype=np.float64)
-    return {
-        "p50": round(float(np.percentile(a, 50)), 1),
-        "p90": round(float(np.percentile(a, 90)), 1),
-        "p99": round(float(np.percentile(a, 99)), 1),
-        "mean": round(float(a.mean()), 1),
-        "max": round(float(a.max()), 1),
-    }
 
 
 def check_loopback_url(url: str) -> None:
@@ -105,7 +93,7 @@ def _summary(samples: Sequence[dict]) -> dict:
         "errors_by_kind": errors,
         "wall_s": round(wall, 2),
         "throughput_rps": round(len(lat) / wall, 3) if wall > 0 else None,
-        "latency_ms": _pct(lat),
+        "latency_ms": summarize(lat, digits=1) if lat else None,
         "server_mean_ms": {k: mean(k) for k in ("queue_ms", "prompt_ms", "engine_ms", "decode_ms", "total_ms")},
         "batch_slates_seen": {str(int(a)): int(b) for a, b in zip(u, c)},
         "orders": orders,
@@ -117,7 +105,7 @@ def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_
 
     Request i carries ``slates[i % len(slates)]``; no request starts after ``max_seconds``. Latency is
     client-side wall time per request (ms). Returns: requests, ok, errors (by HTTP status or transport
-    error), wall_s, throughput_rps, latency_ms (p50/p90/p99/mean/max of successful requests), the
+    error), wall_s, throughput_rps, latency_ms (:func:`hllm.bench.stats.summarize` of successful requests: median/p90/p99/mean/min/max), the
     server's mean stage times, the batch sizes the server reported, and ``orders`` (request index →
     ranking order) for comparisons.
     Raises: HllmError for a non-loopback URL or bad bounds.
@@ -209,7 +197,7 @@ def compare_batching(
         res["engine"] = ranker.engine.name
         res["rounds"] = rounds
         out[name] = res
-        log(f"{name}: {res['ok']}/{res['requests']} ok, {res['throughput_rps']} req/s, p50 {res['latency_ms']['p50']} ms")
+        log(f"{name}: {res['ok']}/{res['requests']} ok, {res['throughput_rps']} req/s, median {(res['latency_ms'] or {}).get('median')} ms")
     a, b = out["batching_on"].pop("orders"), out["batching_off"].pop("orders")
     common = sorted(set(a) & set(b))
     out["rankings_identical_across_modes"] = {"compared": len(common), "identical": sum(a[i] == b[i] for i in common)}
@@ -218,17 +206,47 @@ def compare_batching(
 
 def environment() -> dict:
     """Hardware and library versions for the result JSON."""
-    import importlib.metadata as md
+    from hllm.formats.provenance import library_versions
 
-    def v(name: str) -> str | None:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
+    return {"cpu_count": os.cpu_count(), "machine": platform.machine(), "versions": library_versions()}
 
-    return {
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "versions": {p: v(p) for p in ("fastapi", "starlette", "uvicorn", "httpx", "onnxruntime", "tokenizers", "lap")},
+
+def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int, requests: int, max_seconds: float,
+                    candidates: int | None = None, max_batch: int | None = None, max_wait_ms: float = 20.0,
+                    threads: int | None = None, rounds: int = 2, note: str | None = None, slates_file: str = "",
+                    log=print) -> dict:
+    """The ``hllm loadtest`` report: ``model`` served in-process in both modes (:func:`compare_batching`),
+    or one running server at ``url`` (:func:`run_load`). ``candidates`` cuts every slate to a sub-slate
+    (:func:`hllm.runtime.slates.subslate`, labels dropped).
+
+    Raises: HllmError (both or neither of model/url, candidates < 1, a non-loopback url).
+    """
+    from datetime import datetime, timezone
+
+    from hllm.runtime.slates import subslate
+
+    if (model is None) == (url is None):
+        raise HllmError("give either MODEL (in-process, both modes) or --url (one running server)")
+    if candidates is not None:
+        if candidates < 1:
+            raise HllmError("--candidates must be ≥ 1")
+        slates = [{k: v for k, v in subslate(s, min(candidates, len(s["candidates"]))).items() if k != "labels"}
+                  for s in slates]
+    report: dict = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "slates_file": slates_file,
+        "distinct_slates": len(slates), "candidates_per_slate": sorted({len(s["candidates"]) for s in slates}),
+        "clients": clients, "requests_per_mode": requests, "max_seconds_per_mode": max_seconds,
+        "latency": "client-side wall time per request over loopback HTTP, ms", "environment": environment(),
+        "note": note,
     }
+    t0 = time.perf_counter()
+    if url is not None:
+        res = run_load(url.rstrip("/"), slates, clients, requests, max_seconds)
+        res.pop("orders")
+        report.update(url=url, modes={"as_running": res})
+    else:
+        report["model"] = str(model)
+        report["modes"] = compare_batching(model, slates, clients, requests, max_seconds, max_batch, max_wait_ms,
+                                           threads, rounds=rounds, log=log)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    return report

@@ -1,35 +1,18 @@
 """Machine description, library versions and the measured matrix-multiply peak (torch optional).
 
 A latency figure means little without the hardware it came from and the physical limit it is
-judged against; every benchmark JSON embeds :func:`describe_machine` and :func:`library_versions`,
+judged against; every benchmark JSON embeds :func:`describe_machine` and :func:`hllm.formats.provenance.library_versions`,
 and the stage benchmark the fp32 GEMM peak measured in the same run (:func:`matmul_peak`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import platform
 import time
 
 import numpy as np
 
-#: Packages whose versions shape a measurement.
-PACKAGES = (
-    "hllm", "numpy", "scipy", "lap", "lapx", "lapjv", "tokenizers", "onnxruntime", "onnxruntime-gpu",
-    "torch", "transformers", "peft", "onnx", "tensorrt", "matplotlib",
-)
-
-
-def library_versions(packages: tuple[str, ...] = PACKAGES) -> dict:
-    """``{package: version}`` of the installed ones among ``packages`` plus ``python``."""
-    out = {"python": platform.python_version()}
-    for name in packages:
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return out
 
 
 def _cpu_model() -> str:

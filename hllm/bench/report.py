@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from hllm.bench import SCHEMA_VERSION
-from hllm.bench.machine import describe_machine, library_versions
+from hllm.bench.machine import describe_machine
+from hllm.formats.provenance import library_versions
 from hllm.files import atomic_write_json
 
 

@@ -31,13 +31,13 @@ def compare_speed(
         "rounds", "warmup", "slates", "threads", "items"}``.
     Raises: ValueError if ``baseline`` is not among the artefacts.
     """
-    from hllm.bench.machine import library_versions
+    from hllm.formats.provenance import library_versions
     from hllm.bench.stats import summarize, time_interleaved
-    from hllm.verify.gate import open_ranker
+    from hllm.verify.gate import cpu_ranker
 
     if baseline not in artefacts:
         raise ValueError(f"baseline {baseline!r} not in {list(artefacts)}")
-    rankers = {k: open_ranker(p, threads=threads) for k, p in artefacts.items()}
+    rankers = {k: cpu_ranker(p, threads) for k, p in artefacts.items()}
     builder = rankers[baseline].builder
     batches = [builder.encode([s]) for s in slates]
     for r in rankers.values():

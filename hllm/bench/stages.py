@@ -2,7 +2,7 @@
 
 For each model (checkpoint → PyTorch engine, export → ONNX Runtime, ``.plan`` → TensorRT), each
 slate size N and batch size B, :meth:`hllm.runtime.Ranker.rank_batch` is called on real sub-slates
-(:func:`hllm.bench.slates.subslate`); its own stage clock gives
+(:func:`hllm.runtime.slates.subslate`); its own stage clock gives
 
 * ``prompt``: prompt building + tokenization (:class:`PromptBuilder.encode`),
 * ``engine``: the engine call (input checks, prefill, readout gather, head; :meth:`Engine.run`),
@@ -32,7 +32,7 @@ import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
 from hllm.bench.machine import prefill_flops
-from hllm.bench.slates import subslate
+from hllm.runtime.slates import subslate
 from hllm.bench.stats import summarize
 
 STAGES = ("prompt", "engine", "decode_output", "total")
@@ -127,9 +127,12 @@ def bench_stages(
                 batch = batches[warmup + r]
                 k = r % len(opened)
                 for m in opened[k:] + opened[:k]:
-                    _, st = m.ranker.rank_batch(batch)
-                    scores = m.ranker.last_scores
+                    res = m.ranker.rank_batch(batch)
+                    st = res.times
                     enc = m.ranker.builder.encode(batch)  # same inputs again, for the io-check timing
+                    scores = np.zeros((*enc.item_mask.shape, m.ranker.engine.num_positions), dtype=np.float32)
+                    for j, sj in enumerate(res.scores):  # the padded [B, N, K] the engine returned
+                        scores[j, : len(sj)] = sj
                     t0 = time.perf_counter()
                     check_inputs(enc.input_ids, enc.readout_positions, enc.item_mask)
                     np.asarray(scores, dtype=np.float32)

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
-from hllm.bench.slates import subslate
+from hllm.runtime.slates import subslate
 from hllm.bench.stats import summarize
 
 #: Candidates of the warm-up slate (a short one: the warm-up loads kernels, it is not measured).
@@ -70,7 +70,7 @@ def bench_versus_ar(
 
     def run_hllm(r, s):
         t0 = time.perf_counter()
-        _, st = r.rank_batch([s])
+        st = r.rank_batch([s]).times
         return {"ms": (time.perf_counter() - t0) * 1e3, "engine_ms": st.engine_ms, "lapjv_ms": st.decode_ms}
 
     def run_ar(constrained, s):

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from hllm.formats.checkpoint import load_manifest, manifest_dict, write_manifest
 from hllm.errors import CheckpointError, ParityError
 from hllm.files import atomic_dir, sha256_tree
+from hllm.engines.reference import TorchEngine
 from hllm.model.hllm import load_model
+from hllm.verify.scoring import score_slates
 from hllm.build.init import copy_tokenizer_files
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
@@ -43,17 +44,6 @@ class MergeReport:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def scores_on(model, builder: PromptBuilder, slates: Sequence[dict]) -> list[np.ndarray]:
-    """Score matrices ``[n_b, K]`` (real rows only) of ``model`` on each slate, one at a time."""
-    out = []
-    with torch.inference_mode():
-        for s in slates:
-            b = builder.encode([s])
-            m = model(*(torch.from_numpy(x) for x in (b.input_ids, b.readout_positions, b.item_mask)))
-            out.append(m[0, : int(b.n_items[0])].float().numpy())
-    return out
 
 
 def merge_checkpoint(
@@ -80,10 +70,9 @@ def merge_checkpoint(
     if not slates:
         raise CheckpointError("merge needs at least one sample slate for its self-check")
     builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=m.num_positions)
-    adapter_model = load_model(m, merge=False)
-    ref = scores_on(adapter_model, builder, slates)
+    with TorchEngine(m.root) as adapter_engine:  # the adapter, unmerged: the reference
+        (ref,) = score_slates([adapter_engine], builder, slates)
     merged_backbone = load_model(m, merge=True).backbone
-    del adapter_model
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         bdir = tmp / "backbone"
         merged_backbone.save_pretrained(str(bdir))
@@ -95,8 +84,8 @@ def merge_checkpoint(
         extra = dict(m.extra)
         extra["merged_from"] = {"checkpoint": str(m.root), "adapter_sha256": sha256_tree(m.adapter_path)}
         write_manifest(tmp, manifest_dict("backbone", m.head, m.prompt, None, extra))
-        merged = load_model(tmp)  # reload from disk: proves the files, not the in-memory model
-        got = scores_on(merged, builder, slates)
+        with TorchEngine(tmp) as merged_engine:  # reload from disk: proves the files, not the in-memory model
+            (got,) = score_slates([merged_engine], builder, slates)
         diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
         if not diff <= tol:
             raise ParityError(f"merged model differs from the adapter model: max|ΔM|={diff:.3g} > tol={tol:g}")

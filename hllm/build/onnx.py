@@ -25,7 +25,6 @@ opset, library versions, the tolerance reached and the input/output specs.
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,10 @@ import torch
 from hllm.formats.checkpoint import load_manifest
 from hllm.formats.graph import graph_io_specs
 from hllm.errors import CheckpointError, ExportError
-from hllm.files import atomic_dir, atomic_write_json, sha256_file, sha256_tree
+from hllm.files import atomic_dir, sha256_file, sha256_tree
+from hllm.formats.export import write_export
+from hllm.formats.provenance import library_versions
 from hllm.model.hllm import load_model
-from hllm.runtime.artefact import EXPORT_SIDECAR
 from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
 
 ONNX_NAME = "model.onnx"
@@ -49,7 +49,8 @@ TWO_GB = 2 * 1024**3
 
 @dataclass
 class ExportReport:
-    """What an export produced: paths, sizes, and the validation max |Δscores| per shape."""
+    """What an export produced: paths, sizes, the validation max |Δscores| per shape, and (FP16) the
+    emulated graph's ranking check (``fp16``: islands, validation)."""
 
     out_dir: str
     onnx_bytes: int
@@ -58,22 +59,10 @@ class ExportReport:
     max_abs_diff: float
     atol: float
     export_seconds: float
+    fp16: dict | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def library_versions() -> dict:
-    """Versions of the libraries that shape an export or a measurement."""
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "peft", "onnx", "onnxscript", "onnxruntime", "tokenizers", "lap", "numpy"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return out
 
 
 def synthetic_batch(rng: np.random.Generator, vocab: int, lengths: Sequence[int], n_items: Sequence[int]) -> Batch:
@@ -180,8 +169,7 @@ def export_onnx(
         shutil.copy2(m.tokenizer_path, tmp / "tokenizer.json")
         inputs, outputs = graph_io_specs(k)
         onnx_bytes = sum(p.stat().st_size for p in tmp.glob(f"{ONNX_NAME}*"))
-        atomic_write_json(tmp / EXPORT_SIDECAR, {
-            "format": "hllm-onnx",
+        write_export(tmp, {
             "onnx": ONNX_NAME,
             "precision": precision,
             **({"fp32_islands": fp16_meta["islands"], "fp16": fp16_meta} if fp16_meta else {}),
@@ -192,6 +180,8 @@ def export_onnx(
                          "num_layers": m.dims.num_layers, "vocab_size": m.dims.vocab_size},
             "prompt": m.prompt.to_dict(),
             "tokenizer": "tokenizer.json",
+            "tokenizer_sha256": sha256_file(tmp / "tokenizer.json"),
+            "pad_id": PromptBuilder(load_tokenizer(tmp / "tokenizer.json"), m.prompt).pad_id,
             "source_checkpoint": {"path": str(m.root), "sha256": checkpoint_hash(m.root)},
             "onnx_sha256": sha256_file(onnx_path),
             "onnx_bytes": onnx_bytes,
@@ -200,7 +190,7 @@ def export_onnx(
             "outputs": [t.to_dict() for t in outputs],
             "versions": library_versions(),
         })
-    return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2))
+    return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2), fp16_meta)
 
 
 def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float) -> dict:

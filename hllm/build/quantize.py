@@ -45,6 +45,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from hllm.errors import EngineError, ExportError, HllmError
+from hllm.formats.precision import Precision
 
 BACKENDS = ("ort-static", "ort-dynamic", "ort-weight-only", "modelopt")
 PRECISIONS = ("int8", "fp8")
@@ -54,12 +55,6 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _NORM_OPS = {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
 
-#: Compute capability of named GPU targets (NVIDIA CUDA GPUs list, https://developer.nvidia.com/cuda-gpus).
-TARGET_CC = {
-    "a100": 8.0, "a30": 8.0, "a10": 8.6, "a10g": 8.6, "a40": 8.6, "rtx3090": 8.6,
-    "l4": 8.9, "l40": 8.9, "l40s": 8.9, "rtx4090": 8.9, "h100": 9.0, "h200": 9.0, "gh200": 9.0,
-    "b200": 10.0, "t4": 7.5,
-}
 MODELOPT_HINT = (
     "NVIDIA ModelOpt is not importable in this environment: install the optional extra "
     "`pip install 'hllm[modelopt]'` (nvidia-modelopt[onnx]; it pins onnx and onnxruntime-gpu, so use a "
@@ -138,26 +133,6 @@ class QuantOptions:
         return d
 
 
-def compute_capability(target: str) -> float | None:
-    """Compute capability of ``target`` (``a100`` → 8.0, ``sm89`` → 8.9, ``9.0`` → 9.0); None for ``cpu``.
-
-    Raises: EngineError for an unknown name.
-    """
-    t = str(target).strip().lower()
-    if t == "cpu":
-        return None
-    if t in TARGET_CC:
-        return TARGET_CC[t]
-    m = re.fullmatch(r"sm_?(\d)(\d+)", t)
-    if m:
-        return float(f"{m.group(1)}.{m.group(2)}")
-    try:
-        return float(t)
-    except ValueError:
-        raise EngineError(f"unknown target {target!r}: use cpu, a GPU name ({', '.join(sorted(TARGET_CC))}) "
-                          "or a compute capability such as 8.0") from None
-
-
 def check_target(precision: str, target: str) -> None:
     """Refuse precisions the target cannot run.
 
@@ -165,13 +140,15 @@ def check_target(precision: str, target: str) -> None:
         EngineError: fp8 for a target below compute capability 8.9 (e.g. A100 = 8.0: no FP8 tensor
             cores; TensorRT FP8 needs Ada / Hopper or later), or fp8 for ``cpu``.
     """
+    from hllm.formats.plan import compute_capability
+
     cc = compute_capability(target)
     if precision == "fp8":
         if cc is None:
             raise EngineError("fp8 needs a GPU target with compute capability ≥ 8.9 (Ada, Hopper); got cpu")
-        if cc < 8.9:
+        if cc < (8, 9):
             raise EngineError(
-                f"fp8 is not supported on target {target} (compute capability {cc}): FP8 tensor cores need "
+                f"fp8 is not supported on target {target} (compute capability {cc[0]}.{cc[1]}): FP8 tensor cores need "
                 "compute capability ≥ 8.9 (Ada L4/L40S, Hopper H100/H200). Use --precision int8 for an A100."
             )
 
@@ -525,21 +502,18 @@ def quantize_export(
         ``quantization`` (backend, options, excluded nodes, calibration record) and a new ``onnx_sha256``.
     Raises: EngineError / ExportError.
     """
-    import json
-
     import onnx
 
-    from hllm.files import atomic_dir, atomic_write_json, sha256_file
+    from hllm.files import atomic_dir, sha256_file
+    from hllm.formats.export import read_export, write_export
 
     options.validate()
     export_dir = Path(export_dir)
-    side = export_dir / "export.json"
-    if not side.is_file():
-        raise ExportError(f"{export_dir} is not an export directory (no export.json): run `hllm export` first")
-    meta = json.loads(side.read_text(encoding="utf-8"))
-    if meta.get("precision", "fp32") != "fp32":
-        raise ExportError(f"{export_dir} is already {meta.get('precision')}: quantize the FP32 export")
-    src = export_dir / meta.get("onnx", "model.onnx")
+    exp = read_export(export_dir)
+    if exp.precision is not Precision.FP32:
+        raise ExportError(f"{export_dir} is already {exp.precision}: quantize the FP32 export")
+    meta = exp.raw
+    src = exp.onnx_path
     model = onnx.load(str(src), load_external_data=False)
     exclude = excluded_nodes(model, options)
     act_mm = activation_matmuls(model, options.op_types) if options.weight_matmuls_only else []
@@ -551,8 +525,7 @@ def quantize_export(
             quantize_modelopt(src, dst, options, calib, sorted(set(exclude) | set(act_mm)))
         else:
             quantize_ort(src, dst, options, calib, sorted(set(exclude) | set(act_mm)), cache_path)
-        for name in ("tokenizer.json",):
-            shutil.copy2(export_dir / meta.get("tokenizer", name), tmp / name)
+        shutil.copy2(exp.tokenizer_path, tmp / "tokenizer.json")
         qmodel = onnx.load(str(dst), load_external_data=False)
         summary = qdq_summary(qmodel)
         del qmodel
@@ -575,7 +548,7 @@ def quantize_export(
                                 ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")}
         new_meta = {**meta, "onnx": "model.onnx", "tokenizer": "tokenizer.json", "precision": options.precision,
                     "onnx_sha256": sha256_file(dst), "quantization": q}
-        atomic_write_json(tmp / "export.json", new_meta)
+        write_export(tmp, new_meta)
     return QuantResult(Path(out_dir), exclude, list(options.exclude), summary, seconds, options.to_dict())
 
 

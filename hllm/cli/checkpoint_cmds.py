@@ -104,7 +104,7 @@ def export_cmd(
         out.print(f"  {v['shape']:<12} B={v['batch']} S={v['seq']} N={v['items']}  max|Δ|={v['max_abs_diff']:.2e}")
     out.print(f"exported → {rep.out_dir} ({rep.onnx_bytes / 1e6:.1f} MB, opset {rep.opset}); max|Δ| {rep.max_abs_diff:.2e} ≤ {atol:g}")
     if precision == "fp16":
-        meta = json.loads((Path(out_dir) / "export.json").read_text())["fp16"]
+        meta = rep.fp16
         v = meta["validation"]
         out.print(f"fp16 (FP32 islands: {','.join(meta['islands']) or 'none'}): CPU emulation mean Kendall tau "
                   f"{v['kendall_tau_mean']:.4f}, max|Δ| {v['max_abs_diff']:.2e}, non-finite {v['nonfinite']}")

@@ -36,7 +36,7 @@ def build_cmd(
     k = art.num_positions
     profiles = [Profile.parse(p) for p in profile] if profile else [default_profile(k, art.prompt.max_seq_len, max_batch)]
     validate_profiles(profiles, k)
-    precision = art.meta.get("precision", "fp32")
+    precision = art.precision.value
     if dry_run:
         settings = target_settings(target, None, hardware_compat, precision)
         out.print(f"would build {plan} from {art.path} ({precision}, K={k}), optimization level {opt_level}, "

@@ -27,16 +27,12 @@ def rank_cmd(
     quiet_libraries()
     data = read_slates(slates, limit=limit)
     ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads)
-    results = []
     t0 = time.perf_counter()
     with ranker, progress() as bar:
         task = bar.add_task(f"ranking with {ranker.engine.name}", total=len(data))
-        for i in range(0, len(data), batch_size):
-            chunk = data[i : i + batch_size]
-            results.extend(r.to_dict() for r in ranker.rank_batch(chunk)[0])
-            bar.advance(task, len(chunk))
-    write_jsonl(out_path, results)
-    out.print(f"ranked {len(results)} slates with {ranker.engine.name} in {time.perf_counter() - t0:.1f} s → {out_path}")
+        res = ranker.rank(data, on_progress=lambda n: bar.advance(task, n))
+    write_jsonl(out_path, (r.to_dict() for r in res))
+    out.print(f"ranked {len(res)} slates with {ranker.engine.name} in {time.perf_counter() - t0:.1f} s → {out_path}")
 
 
 @app.command("parity")
@@ -67,7 +63,7 @@ def parity_cmd(
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task("parity (reference + test per slate)", total=len(data))
-        rep = run_parity(reference, test, data, th, batch_size, on_batch=lambda n: bar.advance(task, n))
+        rep = run_parity(reference, test, data, th, batch_size, on_progress=lambda n: bar.advance(task, n))
     d = rep.to_dict(per_slate=per_slate)
     d["slates_file"] = str(slates)
     d["seconds"] = round(time.perf_counter() - t0, 1)

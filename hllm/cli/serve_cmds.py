@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -66,7 +64,7 @@ def loadtest_cmd(
     requests: int = typer.Option(40, help="Requests per mode (one slate each)."),
     max_seconds: float = typer.Option(300.0, help="No request starts after this many seconds (per mode, split over its rounds)."),
     limit: int = typer.Option(40, help="Distinct slates to cycle through (the first LIMIT of --slates)."),
-    candidates: Optional[int] = typer.Option(None, help="Use sub-slates of the first CANDIDATES candidates."),
+    candidates: Optional[int] = typer.Option(None, help="Cut every slate to CANDIDATES candidates (hllm.runtime.slates.subslate)."),
     max_batch: Optional[int] = typer.Option(None, help="Micro-batch size when batching is on (default: clients)."),
     max_wait_ms: float = typer.Option(20.0, help="Micro-batch window when batching is on."),
     rounds: int = typer.Option(2, help="Bursts per mode, alternating on/off/off/on… (fair under changing machine load)."),
@@ -75,44 +73,14 @@ def loadtest_cmd(
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON report to write (atomic)."),
 ) -> None:
     """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off in one run."""
+    from hllm.bench.loadtest import loadtest_report
     from hllm.files import atomic_write_json
     from hllm.runtime import read_slates
-    from hllm.bench.loadtest import compare_batching, environment, run_load
 
     quiet_libraries()
-    if (model is None) == (url is None):
-        raise typer.BadParameter("give either MODEL (in-process, both modes) or --url (one running server)")
-    data = read_slates(slates, limit=limit)
-    if candidates is not None:
-        if candidates < 1:
-            raise typer.BadParameter("--candidates must be ≥ 1")
-        data = [{**s, "candidates": s["candidates"][:candidates], "labels": None} for s in data]
-        data = [{k: v for k, v in s.items() if v is not None} for s in data]
-    report: dict = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "slates_file": str(slates),
-        "distinct_slates": len(data),
-        "candidates_per_slate": sorted({len(s["candidates"]) for s in data}),
-        "clients": clients,
-        "requests_per_mode": requests,
-        "max_seconds_per_mode": max_seconds,
-        "latency": "client-side wall time per request over loopback HTTP, ms",
-        "environment": environment(),
-        "note": note,
-    }
-    t0 = time.perf_counter()
-    if url is not None:
-        res = run_load(url.rstrip("/"), data, clients, requests, max_seconds)
-        res.pop("orders")
-        report["url"] = url
-        report["modes"] = {"as_running": res}
-    else:
-        report["model"] = str(model)
-        report["modes"] = compare_batching(
-            model, data, clients, requests, max_seconds, max_batch, max_wait_ms, threads, rounds=rounds,
-            log=lambda m: console.print(m),
-        )
-    report["seconds"] = round(time.perf_counter() - t0, 1)
+    report = loadtest_report(model, url, read_slates(slates, limit=limit), clients, requests, max_seconds,
+                             candidates, max_batch, max_wait_ms, threads, rounds, note, str(slates),
+                             log=lambda m: console.print(m))
     if out_path:
         atomic_write_json(out_path, report)
     _print_table(report)
@@ -124,15 +92,15 @@ def _print_table(report: dict) -> None:
     from rich.table import Table
 
     t = Table(title="load test (client-side latency)")
-    for c in ("mode", "ok/sent", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms"):
+    for c in ("mode", "ok/sent", "errors", "req/s", "median ms", "p90 ms", "p99 ms"):
         t.add_column(c, no_wrap=True)
     sizes = []
     for name, m in report["modes"].items():
         if not isinstance(m, dict) or "latency_ms" not in m:
             continue
-        lat = m["latency_ms"]
+        lat = m["latency_ms"] or {"median": "-", "p90": "-", "p99": "-"}
         t.add_row(name, f"{m['ok']}/{m['requests']}", str(m["errors"]), str(m["throughput_rps"]),
-                  str(lat["p50"]), str(lat["p90"]), str(lat["p99"]))
+                  str(lat["median"]), str(lat["p90"]), str(lat["p99"]))
         sizes.append(f"{name}: requests by engine-batch size {json.dumps(m['batch_slates_seen'])}")
     out.print(t)
     for line in sizes:

@@ -3,7 +3,6 @@ listwise ranker), ``eval`` (AUC, Recall@1/10, NDCG@1/10 of several rankers side 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -114,9 +113,7 @@ def teacher_cmd(
     --kind embedding (seconds per 100 slates) writes it once at the end.
     """
     from hllm.errors import HllmError
-    from hllm.files import atomic_write_json
-    from hllm.runtime.slates import read_slates, write_jsonl
-    from hllm.teacher import ArRanker, summarize
+    from hllm.runtime.slates import read_slates
 
     quiet_libraries()
     rows = read_slates(slates, limit=limit)
@@ -127,32 +124,24 @@ def teacher_cmd(
         raise HllmError(f"unknown teacher kind {kind!r}; known: ar, embedding")
     if batch_size < 1:
         raise HllmError(f"--batch-size must be ≥ 1, got {batch_size}")
+    from hllm.teacher import ArRanker
+    from hllm.teacher.run import run_ar_teacher
+
     ranker = ArRanker(model_dir, max_new_tokens=max_new_tokens, threads=threads,
                       candidate_token_budget=candidate_tokens, history_token_budget=history_tokens)
-    results = []
+    meta = dict(model=str(model_dir), slates_file=str(slates), constrained=constrained,
+                prompt=ranker.spec.to_dict(), threads=threads, batch_size=batch_size)
     plain = not console.is_terminal
-
-    def stats() -> dict:
-        d = summarize(results)
-        d.update(model=str(model_dir), slates_file=str(slates), constrained=constrained,
-                 prompt=ranker.spec.to_dict(), threads=threads, batch_size=batch_size)
-        return d
-
     with progress() as bar:
         task = bar.add_task(f"teacher ({'constrained' if constrained else 'free'})", total=len(rows))
-        for i in range(0, len(rows), batch_size):
-            batch = ranker.rank_batch(rows[i:i + batch_size], constrained)
-            results.extend(batch)
-            write_jsonl(out_file, [r.to_dict() for r in results])
-            if summary:
-                atomic_write_json(summary, stats())
+
+        def on_batch(batch: list) -> None:
             bar.update(task, advance=len(batch))
             if plain:
-                for j, r in enumerate(batch, i + 1):
-                    console.print(f"slate {j}/{len(rows)} valid={r.valid} passes={r.decode_passes} {r.wall_s:.1f} s")
-    if not results:  # nothing ranked (e.g. --limit 0): still leave the (empty) file the message names
-        write_jsonl(out_file, [])
-    stats = stats()
+                console.print(f"{len(batch)} slate(s): valid={[r.valid for r in batch]} "
+                              f"passes={[r.decode_passes for r in batch]} {sum(r.wall_s for r in batch):.1f} s")
+
+        stats = run_ar_teacher(ranker, rows, out_file, constrained, batch_size, summary, meta, on_batch)
     out.print(
         f"teacher → {out_file}: {stats['slates']} slates, valid {stats['valid_rate']:.0%}, "
         f"missing {stats['missing_mean']:.1f}, repeated {stats['repeated_mean']:.1f}, invalid {stats['invalid_mean']:.1f} per slate; "
@@ -162,27 +151,18 @@ def teacher_cmd(
 
 def _embedding_teacher(model_dir: Path, rows: list[dict], out_file: Path, agg: str, threads: Optional[int],
                        summary: Optional[Path], slates: Path) -> None:
-    import time
-
     from hllm.files import atomic_write_json
-    from hllm.runtime.slates import write_jsonl
     from hllm.teacher.embedding import EmbeddingRanker
+    from hllm.teacher.run import run_embedding_teacher
 
-    t = time.perf_counter()
     ranker = EmbeddingRanker(None if str(model_dir) == "minilm" else model_dir, agg=agg, threads=threads)
-    results = []
     with progress() as bar:
         task = bar.add_task(f"embedding teacher ({agg})", total=len(rows))
-        for s in rows:
-            results.append(ranker.rank(s).to_dict())
-            bar.update(task, advance=1)
-    write_jsonl(out_file, results)
-    wall = time.perf_counter() - t
+        res = run_embedding_teacher(ranker, rows, out_file, on_progress=lambda n: bar.advance(task, n))
     if summary:
         atomic_write_json(summary, {"kind": "embedding", "model": str(ranker.model_dir), "agg": agg,
-                                    "slates_file": str(slates), "slates": len(results), "wall_s": round(wall, 1),
-                                    "threads": threads})
-    out.print(f"embedding teacher → {out_file}: {len(results)} slates ranked by {agg} similarity in {wall:.0f} s")
+                                    "slates_file": str(slates), "threads": threads, **res})
+    out.print(f"embedding teacher → {out_file}: {res['slates']} slates ranked by {agg} similarity in {res['wall_s']:.0f} s")
 
 
 @app.command("features")
@@ -222,54 +202,6 @@ def features_cmd(
     out.print(f"feature cache → {cache.root}: {len(cache)} slates, hidden state entering layer {cache.layer} of {cache.num_layers}")
 
 
-def _ranker_orders(spec: str, slates: list[dict], seed: int, batch_size: int,
-                   features: Optional[Path] = None) -> tuple[str, str, list[list[int]]]:
-    """(name, kind, orders) of one ranker spec: ``random``, a checkpoint/export path or a teacher JSONL;
-    ``NAME=SPEC`` sets the table name. With ``features``, a checkpoint runs from that cache."""
-    import numpy as np
-
-    from hllm.errors import SlateError
-    from hllm.training.targets import read_teacher
-
-    name, _, src = spec.partition("=") if "=" in spec else (spec, "", spec)
-    if src == "random":
-        rng = np.random.default_rng(seed)
-        return name, "random", [rng.permutation(len(s["candidates"])).tolist() for s in slates]
-    p = Path(src)
-    if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz")):
-        teacher = read_teacher(p)
-        missing = [str(s.get("slate_id")) for s in slates if str(s.get("slate_id")) not in teacher]
-        if missing:
-            raise SlateError(f"{p} has no ranking for {len(missing)} of the {len(slates)} slates (first: {missing[0]}); "
-                             "rank the same slates or lower --limit")
-        return name, "jsonl", [teacher[str(s.get("slate_id"))] for s in slates]
-    from hllm.runtime.artefact import resolve
-    from hllm.runtime.ranker import Ranker
-
-    kind = resolve(p).kind
-    if features is not None and kind == "checkpoint":
-        from hllm.runtime.decode import decode
-        from hllm.training.features import FeatureCache, scores_from_cache
-
-        cache = FeatureCache.open(features)
-        ids = [str(s.get("slate_id")) for s in slates]
-        orders = []
-        with progress() as bar:
-            task = bar.add_task(f"ranking with {name} from {features.name}", total=len(slates))
-            for s, m in zip(slates, scores_from_cache(p, cache, ids)):
-                orders.append(decode(m, len(s["candidates"])).tolist())
-                bar.update(task, completed=len(orders))
-        return name, "checkpoint+features", orders
-    ranker = Ranker.from_path(p, batch_size=batch_size)
-    orders: list[list[int]] = []
-    with ranker, progress() as bar:
-        task = bar.add_task(f"ranking with {name}", total=len(slates))
-        for i in range(0, len(slates), batch_size):
-            orders.extend(r.order for r in ranker.rank_batch(slates[i:i + batch_size])[0])
-            bar.update(task, completed=len(orders))
-    return name, kind, orders
-
-
 @app.command("eval")
 def eval_cmd(
     rankers: List[str] = typer.Argument(..., help="Rankers: 'random', checkpoint dir, export dir / .onnx, or teacher JSONL; NAME=SPEC names a row."),
@@ -280,40 +212,33 @@ def eval_cmd(
     out_json: Optional[Path] = typer.Option(None, "--out", help="Write the metrics JSON here."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): checkpoint rankers run only the layers above it."),
 ) -> None:
-    """AUC, Recall@1/10 and NDCG@1/10 of several rankers side by side on the same labelled slates."""
-    import hashlib
-
+    """AUC, Recall@1/10 and NDCG@1/10 (with 95% bootstrap intervals) of several rankers on the same labelled slates."""
     from rich.table import Table
 
-    from hllm.errors import SlateError
     from hllm.files import atomic_write_json
-    from hllm.verify.metrics import METRIC_KEYS, evaluate
     from hllm.runtime.slates import read_slates
+    from hllm.verify.eval import evaluate_rankers
+    from hllm.verify.metrics import METRIC_KEYS
 
     quiet_libraries()
     rows = read_slates(slates, limit=limit)
-    if any(s.get("labels") is None for s in rows):
-        raise SlateError(f"{slates}: every slate needs labels for eval")
-    ids = [str(s.get("slate_id")) for s in rows]
-    result = {
-        "slates_file": str(slates),
-        "subset": {"first": len(rows), "slate_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
-                   "first_id": ids[0], "last_id": ids[-1]},
-        "random_seed": seed,
-        "features": str(features) if features else None,
-        "rankers": {},
-    }
-    table = Table(title=f"ranking quality on the first {len(rows)} slates of {slates.name}")
+    table = Table(title=f"ranking quality on the first {len(rows)} slates of {slates.name} (95% bootstrap interval)")
     table.add_column("ranker")
     for k in METRIC_KEYS:
         table.add_column(k.upper() if k == "auc" else k.replace("recall", "R").replace("ndcg", "NDCG"), justify="right")
     table.add_column("slates", justify="right")
-    for spec in rankers:
-        name, kind, orders = _ranker_orders(spec, rows, seed, batch_size, features)
-        rep = evaluate(orders, [s["labels"] for s in rows]).to_dict()
-        rep.update(kind=kind, source=spec.partition("=")[2] if "=" in spec else spec)
-        result["rankers"][name] = rep
-        table.add_row(name, *(f"{rep[k]:.4f}" if rep[k] is not None else "–" for k in METRIC_KEYS), str(rep["slates"]))
+
+    def on_ranker(name: str, rep: dict, result: dict) -> None:
+        ci = rep.get("ci95") or {}
+        cell = lambda k: "–" if rep[k] is None else (f"{rep[k]:.4f}" + (f" [{ci[k][0]:.3f}, {ci[k][1]:.3f}]" if k in ci else ""))  # noqa: E731
+        table.add_row(name, *(cell(k) for k in METRIC_KEYS), str(rep["slates"]))
         if out_json:
             atomic_write_json(out_json, result)
+
+    with progress() as bar:
+        def bar_for(desc: str, total: int):
+            task = bar.add_task(desc, total=total)
+            return lambda n: bar.advance(task, n)
+
+        evaluate_rankers(rankers, rows, str(slates), seed, batch_size, features, bar_for, on_ranker)
     out.print(table)

@@ -18,6 +18,7 @@ import abc
 import numpy as np
 
 from hllm.errors import EngineError, ShapeError
+from hllm.formats.precision import Precision
 from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME, TensorSpec, graph_io_specs
 
 def check_inputs(input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> None:
@@ -54,12 +55,14 @@ class Engine(abc.ABC):
     Attributes:
         name: short backend name (``torch``, ``onnxruntime``, ``tensorrt``).
         num_positions: K, the number of rank positions of the scoring head.
+        precision: :class:`hllm.formats.precision.Precision` of the graph it runs (reports say it).
     """
 
     name: str = "engine"
 
-    def __init__(self, num_positions: int):
+    def __init__(self, num_positions: int, precision: Precision = Precision.FP32):
         self.num_positions = int(num_positions)
+        self.precision = Precision.parse(precision)
         self._active = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -94,15 +97,6 @@ class Engine(abc.ABC):
     def outputs(self) -> list[TensorSpec]:
         """Output specs: one ``scores [batch, items, K] float32``."""
         return graph_io_specs(self.num_positions)[1]
-
-    def describe(self) -> dict:
-        """JSON-serialisable description (backend, K, io specs)."""
-        return {
-            "backend": self.name,
-            "num_positions": self.num_positions,
-            "inputs": [t.to_dict() for t in self.inputs()],
-            "outputs": [t.to_dict() for t in self.outputs()],
-        }
 
     # -- inference ------------------------------------------------------------------------------
     def run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> np.ndarray:

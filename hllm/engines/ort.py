@@ -13,6 +13,7 @@ import numpy as np
 from hllm.engines.base import Engine
 from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME
 from hllm.errors import EngineError
+from hllm.formats.precision import Precision
 
 
 class OnnxRuntimeEngine(Engine):
@@ -24,6 +25,7 @@ class OnnxRuntimeEngine(Engine):
         providers: ORT execution providers; default CUDA first when available, then CPU.
         intra_op_threads: threads per op (0 = ORT default = physical cores).
         graph_optimization: ``"all"`` (default), ``"extended"``, ``"basic"`` or ``"disabled"``.
+        precision: the graph's :class:`Precision` (from its sidecar; recorded in reports).
     """
 
     name = "onnxruntime"
@@ -35,8 +37,9 @@ class OnnxRuntimeEngine(Engine):
         providers: list[str] | None = None,
         intra_op_threads: int = 0,
         graph_optimization: str = "all",
+        precision: Precision = Precision.FP32,
     ):
-        super().__init__(num_positions)
+        super().__init__(num_positions, precision)
         self.model_path = Path(model_path)
         self.providers = providers
         self.intra_op_threads = intra_op_threads
@@ -83,8 +86,3 @@ class OnnxRuntimeEngine(Engine):
         except Exception as e:
             raise EngineError(f"ONNX Runtime failed: {e}") from None
         return scores
-
-    @property
-    def session_providers(self) -> list[str]:
-        """Providers the active session really uses."""
-        return self._session.get_providers() if self._session is not None else []

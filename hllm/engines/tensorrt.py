@@ -30,6 +30,7 @@ import numpy as np
 from hllm.engines.base import Engine
 from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME
 from hllm.errors import EngineError
+from hllm.formats.precision import Precision
 from hllm.formats.plan import DeviceInfo, check_compatible, profiles as sidecar_profiles, read_sidecar
 from hllm.formats.profiles import Profile, select_profile
 
@@ -55,13 +56,11 @@ class TrtApi:
     Attributes:
         version: ``tensorrt.__version__``. major: its major number.
         network_flags: the ``create_network`` flags (STRONGLY_TYPED bit on 10.x, 0 on 11.x).
-        weak_typing_available: whether ``BuilderFlag.FP16`` exists (10.x); never used by hllm.
     """
 
     version: str
     major: int
     network_flags: int
-    weak_typing_available: bool
 
 
 def trt_api(trt) -> TrtApi:
@@ -78,14 +77,13 @@ def trt_api(trt) -> TrtApi:
         raise EngineError(f"TensorRT {version} is too old: hllm needs TensorRT 10.x or 11.x (strongly typed "
                           f"networks, execute_async_v3, INT64 inputs)")
     strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    weak = hasattr(trt.BuilderFlag, "FP16")
     if major == MIN_MAJOR:
         if strongly_typed is None:
             raise EngineError(f"TensorRT {version} lacks NetworkDefinitionCreationFlag.STRONGLY_TYPED; upgrade to 10.x ≥ 10.0")
         flags = 1 << int(strongly_typed)
     else:
         flags = 0  # 11.x: strong typing is unconditional; STRONGLY_TYPED is deprecated and ignored
-    return TrtApi(version, major, flags, weak)
+    return TrtApi(version, major, flags)
 
 
 # -- CUDA (cuda-python), kept thin ---------------------------------------------------------------------
@@ -141,19 +139,12 @@ class TensorRTEngine(Engine):
     name = "tensorrt"
 
     def __init__(self, plan_path: str | os.PathLike, num_positions: int, sidecar: dict | None = None, device: int = 0):
-        super().__init__(num_positions)
+        super().__init__(num_positions, (sidecar or {}).get("precision"))
         self.plan_path = Path(plan_path)
         self.sidecar = sidecar
         self.device = device
         self._profiles: list[Profile] = []
         self._ctx = None
-
-    def describe(self) -> dict:
-        d = super().describe()
-        if self.sidecar:
-            d.update({k: self.sidecar.get(k) for k in ("tensorrt_version", "gpu_name", "compute_capability",
-                                                        "precision", "profiles")})
-        return d
 
     def _activate(self) -> None:
         if not self.plan_path.is_file():
@@ -162,6 +153,7 @@ class TensorRTEngine(Engine):
         if self.sidecar and self.sidecar.get("plan_sha256") not in (None, meta.get("plan_sha256")):
             raise EngineError(f"the sidecar given does not belong to {self.plan_path}")
         self.sidecar = meta
+        self.precision = Precision.parse(meta.get("precision"))
         if int(meta["num_positions"]) != self.num_positions:
             raise EngineError(f"{self.plan_path} outputs K={meta['num_positions']}, expected {self.num_positions}")
         self._profiles = sidecar_profiles(meta)

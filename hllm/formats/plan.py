@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,21 +37,47 @@ REQUIRED = ("tensorrt_version", "compute_capability", "gpu_name", "profiles", "p
 
 @dataclass(frozen=True)
 class Target:
-    """A deployment GPU: what ``hllm build --target NAME`` implies.
+    """A deployment GPU: what ``hllm build --target NAME`` and ``hllm calibrate --target`` imply.
 
     Attributes:
-        name: short name. compute_capability: (major, minor). precisions: the precisions its tensor
-        cores run (no FP8 before sm_89). gpu_memory_gb: smallest memory of the model line.
+        name: short name (``a100``). compute_capability: (major, minor). precisions: the precisions its
+        tensor cores run: FP16/INT8 everywhere here, BF16 from sm_80 (Ampere), FP8 from sm_89 (Ada, Hopper).
     """
 
     name: str
     compute_capability: tuple[int, int]
-    precisions: tuple[str, ...]
-    gpu_memory_gb: int
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        cc = self.compute_capability
+        return ("fp32", "fp16", "int8") + (("bf16",) if cc >= (8, 0) else ()) + (("fp8",) if cc >= (8, 9) else ())
 
 
-# NVIDIA A100 datasheet: Ampere GA100, sm_80, FP16/BF16/TF32/INT8 tensor cores, no FP8; 40 or 80 GB.
-TARGETS = {"a100": Target("a100", (8, 0), ("fp32", "fp16", "bf16", "int8"), 40)}
+#: Compute capability of named GPUs (NVIDIA, "CUDA GPUs", https://developer.nvidia.com/cuda-gpus).
+#: The one GPU-target table of hllm (plan building and quantization both read it).
+TARGETS = {name: Target(name, cc) for name, cc in {
+    "t4": (7, 5), "a100": (8, 0), "a30": (8, 0), "a10": (8, 6), "a10g": (8, 6), "a40": (8, 6), "rtx3090": (8, 6),
+    "l4": (8, 9), "l40": (8, 9), "l40s": (8, 9), "rtx4090": (8, 9), "h100": (9, 0), "h200": (9, 0),
+    "gh200": (9, 0), "b200": (10, 0),
+}.items()}
+
+
+def compute_capability(target: str) -> tuple[int, int] | None:
+    """Compute capability of ``target``: a name of :data:`TARGETS` (``a100`` → (8, 0)), ``sm89`` /
+    ``sm_89`` or ``8.9``; None for ``cpu``.
+
+    Raises: EngineError for anything else, listing the known names.
+    """
+    t = str(target).strip().lower()
+    if t == "cpu":
+        return None
+    if t in TARGETS:
+        return TARGETS[t].compute_capability
+    m = re.fullmatch(r"sm_?(\d)(\d+)", t) or re.fullmatch(r"(\d+)\.(\d+)", t)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    raise EngineError(f"unknown target {target!r}: use cpu, a GPU name ({', '.join(sorted(TARGETS))}) "
+                      "or a compute capability such as 8.0")
 
 
 @dataclass(frozen=True)

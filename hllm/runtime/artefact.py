@@ -7,24 +7,24 @@ A deployable artefact is one of:
   → ONNX Runtime engine;
 * a TensorRT plan (``*.plan``) with its sidecar ``*.plan.json`` → TensorRT engine.
 
-Each carries what the runtime needs besides the graph: the prompt spec, the tokenizer and K.
+Each carries what the runtime needs besides the graph: the prompt spec, the tokenizer and K. The
+sidecars are read by their owners (:mod:`hllm.formats.export`, :mod:`hllm.formats.plan`,
+:mod:`hllm.formats.checkpoint`); this module only dispatches.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError
+from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
-
-EXPORT_SIDECAR = "export.json"
 
 
 @dataclass
-class Artifact:
+class Artefact:
     """A resolved deployable artefact.
 
     Attributes:
@@ -33,7 +33,9 @@ class Artifact:
         prompt: the prompt spec the model was trained/exported with.
         tokenizer_path: its ``tokenizer.json``.
         num_positions: K.
-        meta: the sidecar / manifest dict.
+        precision: :class:`Precision` of the graph (FP32 for a checkpoint).
+        flavour: ``standard`` / ``ort-cpu`` for exports, None otherwise.
+        meta: the sidecar dict as stored (``{}`` for a checkpoint).
     """
 
     kind: str
@@ -41,78 +43,72 @@ class Artifact:
     prompt: PromptSpec
     tokenizer_path: Path
     num_positions: int
+    precision: Precision = Precision.FP32
+    flavour: str | None = None
     meta: dict = field(default_factory=dict)
 
 
-def _read_json(p: Path) -> dict:
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise EngineError(f"cannot read {p}: {e}") from None
+def resolve(path: str | os.PathLike) -> Artefact:
+    """Resolve ``path`` to an :class:`Artefact`.
 
-
-def resolve(path: str | os.PathLike) -> Artifact:
-    """Resolve ``path`` to an :class:`Artifact`.
-
-    Raises: EngineError (path missing, no sidecar, unknown kind); CheckpointError for a bad checkpoint.
+    Raises: EngineError (path missing, no or malformed sidecar, unknown kind); CheckpointError for a
+        bad checkpoint.
     """
+    from hllm.formats.checkpoint import MANIFEST
+    from hllm.formats.export import SIDECAR
+
     p = Path(path)
     if not p.exists():
         raise EngineError(f"not found: {p}")
-    if p.is_dir() and (p / "hllm.json").is_file():
+    if p.is_dir() and (p / MANIFEST).is_file():
         from hllm.formats.checkpoint import load_manifest
 
         m = load_manifest(p)
-        return Artifact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions, {"manifest": str(m.root)})
-    if p.is_dir() and (p / EXPORT_SIDECAR).is_file():
-        meta = _read_json(p / EXPORT_SIDECAR)
-        p = p / meta.get("onnx", "model.onnx")
-    if p.suffix == ".onnx":
-        side = p.parent / EXPORT_SIDECAR
-        if not side.is_file():
-            raise EngineError(f"{p} has no {EXPORT_SIDECAR} beside it (export with `hllm export`)")
-        meta = _read_json(side)
-        return _from_meta("onnx", p, meta, side.parent)
+        return Artefact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions)
+    if (p.is_dir() and (p / SIDECAR).is_file()) or p.suffix == ".onnx":
+        from hllm.formats.export import read_export
+
+        e = read_export(p)
+        return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
+                        e.flavour, e.raw)
     if p.suffix in (".plan", ".engine"):
-        side = p.with_name(p.name + ".json")
-        if not side.is_file():
-            raise EngineError(f"{p} has no sidecar {side.name} (build with `hllm build`)")
-        meta = _read_json(side)
-        return _from_meta("tensorrt", p, meta, side.parent)
+        from hllm.formats.plan import read_sidecar, sidecar_path
+        from hllm.files import contained_path
+
+        meta = read_sidecar(p)
+        side = sidecar_path(p)
+        tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
+        try:
+            prompt = PromptSpec.from_dict(meta["prompt"])
+        except Exception as e:
+            raise EngineError(f"{side}: prompt: {e}") from None
+        return Artefact("tensorrt", p, prompt, tok, int(meta["num_positions"]),
+                        Precision.parse(meta.get("precision")), None, meta)
     raise EngineError(f"{p}: not a checkpoint directory, export directory, .onnx or .plan file")
 
 
-def _from_meta(kind: str, path: Path, meta: dict, base: Path) -> Artifact:
-    try:
-        prompt = PromptSpec.from_dict(meta["prompt"])
-        tok = base / meta.get("tokenizer", "tokenizer.json")
-        k = int(meta["num_positions"])
-    except KeyError as e:
-        raise EngineError(f"sidecar of {path} lacks {e.args[0]!r}") from None
-    return Artifact(kind, path, prompt, tok, k, meta)
+def open_engine(artefact: Artefact, **options):
+    """Construct (not activate) the engine for ``artefact``.
 
-
-def open_engine(artifact: Artifact, **options):
-    """Construct (not activate) the engine for ``artifact``.
-
-    Options are passed to the engine: ``threads`` (torch), ``providers`` / ``intra_op_threads``
-    (onnxruntime), ``device`` (tensorrt).
+    Options: ``threads`` (torch intra-op threads / ORT intra-op threads), ``providers`` and
+    ``graph_optimization`` (ONNX Runtime; FP8 Q/DQ graphs default to ``basic``: ORT's CPU provider has
+    no FP8 kernels for the extended fusions), ``device`` (TensorRT GPU ordinal).
+    Raises: EngineError for an unknown kind.
     """
-    if artifact.kind == "checkpoint":
+    if artefact.kind == "checkpoint":
         from hllm.engines.reference import TorchEngine
 
-        return TorchEngine(artifact.path, threads=options.get("threads"))
-    if artifact.kind == "onnx":
+        return TorchEngine(artefact.path, threads=options.get("threads"))
+    if artefact.kind == "onnx":
         from hllm.engines.ort import OnnxRuntimeEngine
 
-        return OnnxRuntimeEngine(
-            artifact.path,
-            artifact.num_positions,
-            providers=options.get("providers"),
-            intra_op_threads=options.get("threads") or 0,
-        )
-    if artifact.kind == "tensorrt":
+        level = options.get("graph_optimization") or ("basic" if artefact.precision is Precision.FP8 else "all")
+        return OnnxRuntimeEngine(artefact.path, artefact.num_positions, providers=options.get("providers"),
+                                 intra_op_threads=options.get("threads") or 0, graph_optimization=level,
+                                 precision=artefact.precision)
+    if artefact.kind == "tensorrt":
         from hllm.engines.tensorrt import TensorRTEngine
 
-        return TensorRTEngine(artifact.path, artifact.num_positions, sidecar=artifact.meta)
-    raise EngineError(f"unknown artefact kind {artifact.kind!r}")
+        return TensorRTEngine(artefact.path, artefact.num_positions, sidecar=artefact.meta,
+                              device=options.get("device") or 0)
+    raise EngineError(f"unknown artefact kind {artefact.kind!r}")

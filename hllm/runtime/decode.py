@@ -50,7 +50,11 @@ def _check_shape(scores: np.ndarray, n_items: int | None) -> int:
     return n
 
 
-def _neg_cost(sub: np.ndarray) -> np.ndarray:
+def _name(names: Sequence[str] | None, b: int) -> str:
+    return f"slate {names[b]!s}" if names is not None else f"slate at batch position {b}"
+
+
+def _neg_cost(sub: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
     """``-sub`` as a new C-contiguous float64 array; DecodeError if any value is non-finite.
 
     Works on ``[n, n]`` or ``[B, n, n]``. The fast check is the finiteness of the float64 sum (NaN
@@ -65,7 +69,7 @@ def _neg_cost(sub: np.ndarray) -> np.ndarray:
             where = ""
             if cost.ndim == 3:
                 b = int(np.flatnonzero(bad.any(axis=(1, 2)))[0])
-                where, bad = f"slate {b}: ", bad[b]
+                where, bad = f"{_name(names, b)}: ", bad[b]
             raise DecodeError(f"{where}score matrix has {int(bad.sum())} non-finite value(s); refusing to rank")
     return cost
 
@@ -99,7 +103,7 @@ def decode(scores: np.ndarray, n_items: int | None = None) -> np.ndarray:
     return ranking
 
 
-def decode_batch(scores: np.ndarray, n_items: Sequence[int]) -> list[np.ndarray]:
+def decode_batch(scores: np.ndarray, n_items: Sequence[int], names: Sequence[str] | None = None) -> list[np.ndarray]:
     """Rankings of B slates: ``scores [B, N_pad, K]`` and ``n_items [B]`` → list of ``[n_b]`` int64.
 
     The batched path does the per-call numpy work once for the whole batch when every slate has
@@ -108,7 +112,8 @@ def decode_batch(scores: np.ndarray, n_items: Sequence[int]) -> list[np.ndarray]
     contiguous view, and one vectorised permutation check of the ``[B, n]`` result. Ragged batches
     use :func:`decode` per slate. Results equal :func:`decode` per slate.
 
-    Raises: DecodeError as :func:`decode`, naming the slate index.
+    ``names``: the slates' ids, used in error messages (default: the batch position).
+    Raises: DecodeError as :func:`decode`, naming the slate.
     """
     if not isinstance(scores, np.ndarray) or scores.ndim != 3 or scores.shape[0] != len(n_items):
         raise DecodeError(f"scores must be [B, N, K] with B={len(n_items)}, got {getattr(scores, 'shape', None)}")
@@ -121,21 +126,21 @@ def decode_batch(scores: np.ndarray, n_items: Sequence[int]) -> list[np.ndarray]
             try:
                 out.append(decode(scores[b], n))
             except DecodeError as e:
-                raise DecodeError(f"slate {b}: {e}") from None
+                raise DecodeError(f"{_name(names, b)}: {e}") from None
         return out
     n = ns[0]
     try:  # every slate has the same [N_pad, K] and n: the first one fails if any does
         _check_shape(scores[0], n)
     except DecodeError as e:
-        raise DecodeError(f"slate 0: {e}") from None
-    cost = _neg_cost(scores[:, :n, :n])
+        raise DecodeError(f"{_name(names, 0)}: {e}") from None
+    cost = _neg_cost(scores[:, :n, :n], names)
     if n == 1:
         return [np.zeros(1, dtype=np.int64) for _ in ns]
     rankings = np.stack([_lapjv_columns(c) for c in cost]).astype(np.int64, copy=False)
     ok = (np.sort(rankings, axis=1) == np.arange(n)).all(axis=1)
     if not ok.all():
         b = int(np.flatnonzero(~ok)[0])
-        raise DecodeError(f"slate {b}: decoder returned {rankings[b].tolist()}, not a permutation of 0..{n - 1}")
+        raise DecodeError(f"{_name(names, b)}: decoder returned {rankings[b].tolist()}, not a permutation of 0..{n - 1}")
     return list(rankings)
 
 

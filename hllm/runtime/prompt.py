@@ -23,6 +23,22 @@ from hllm.errors import CheckpointError, SlateError
 from hllm.formats.prompt import PromptSpec
 
 
+@dataclass(frozen=True)
+class EncodedSlate:
+    """One slate's prompt before padding.
+
+    Attributes:
+        ids: token ids (list of int). readout: index into ``ids`` of each candidate's last token.
+        truncated: candidate indices whose text was cut to the token budget.
+        history_dropped: how many history items were dropped to fit the budget.
+    """
+
+    ids: list[int]
+    readout: list[int]
+    truncated: list[int]
+    history_dropped: int
+
+
 @dataclass
 class Batch:
     """Engine inputs for B slates (numpy, right-padded).
@@ -113,12 +129,12 @@ class PromptBuilder:
             hist = hist[1:]
             dropped += 1
 
-    def encode_one(self, slate: dict) -> tuple[list[int], list[int], list[int], int]:
-        """Token ids, readout positions, truncated candidate indices and dropped history count.
+    def encode_one(self, slate: dict) -> EncodedSlate:
+        """Encode one slate (see :class:`EncodedSlate`).
 
         Raises:
-            SlateError: empty slate, more candidates than ``max_items`` (K), or a prompt longer
-                than ``max_seq_len``.
+            SlateError: empty slate, more candidates than ``max_items`` (K), a candidate that tokenizes
+                to nothing, or a prompt longer than ``max_seq_len``; the message names the slate id.
         """
         cands = slate.get("candidates") or []
         sid = slate.get("slate_id", "?")
@@ -149,32 +165,38 @@ class PromptBuilder:
                 f"slate {sid}: prompt is {len(ids)} tokens, over max_seq_len={self.spec.max_seq_len} "
                 "(lower candidate_token_budget or history_token_budget)"
             )
-        return ids, readout, truncated, dropped
+        return EncodedSlate(ids, readout, truncated, dropped)
 
-    def encode(self, slates: Sequence[dict]) -> Batch:
-        """Encode B slates into one right-padded :class:`Batch`.
+    def collate(self, rows: Sequence[EncodedSlate]) -> Batch:
+        """Right-pad encoded slates into one :class:`Batch` (pad id :attr:`pad_id`).
 
-        Raises: SlateError (see :meth:`encode_one`), or if ``slates`` is empty.
+        Raises: SlateError if ``rows`` is empty.
         """
-        if not slates:
+        if not rows:
             raise SlateError("no slates to encode")
-        rows = [self.encode_one(s) for s in slates]
         b = len(rows)
-        s_max = max(len(r[0]) for r in rows)
-        n_max = max(len(r[1]) for r in rows)
+        s_max = max(len(r.ids) for r in rows)
+        n_max = max(len(r.readout) for r in rows)
         input_ids = np.full((b, s_max), self.pad_id, dtype=np.int64)
         readout = np.zeros((b, n_max), dtype=np.int64)
         mask = np.zeros((b, n_max), dtype=bool)
-        for i, (ids, pos, _, _) in enumerate(rows):
-            input_ids[i, : len(ids)] = ids
-            readout[i, : len(pos)] = pos
-            mask[i, : len(pos)] = True
+        for i, r in enumerate(rows):
+            input_ids[i, : len(r.ids)] = r.ids
+            readout[i, : len(r.readout)] = r.readout
+            mask[i, : len(r.readout)] = True
         return Batch(
             input_ids=input_ids,
             readout_positions=readout,
             item_mask=mask,
-            lengths=np.array([len(r[0]) for r in rows], dtype=np.int64),
-            n_items=np.array([len(r[1]) for r in rows], dtype=np.int64),
-            truncated=[r[2] for r in rows],
-            history_dropped=[r[3] for r in rows],
+            lengths=np.array([len(r.ids) for r in rows], dtype=np.int64),
+            n_items=np.array([len(r.readout) for r in rows], dtype=np.int64),
+            truncated=[r.truncated for r in rows],
+            history_dropped=[r.history_dropped for r in rows],
         )
+
+    def encode(self, slates: Sequence[dict]) -> Batch:
+        """Encode B slates into one right-padded :class:`Batch` (:meth:`encode_one` + :meth:`collate`).
+
+        Raises: SlateError (see :meth:`encode_one`), or if ``slates`` is empty.
+        """
+        return self.collate([self.encode_one(s) for s in slates])

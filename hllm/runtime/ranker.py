@@ -1,7 +1,8 @@
 """The lean ranking runtime: prompt builder + engine + LAPJV decode (torch-free).
 
-``Ranker(engine, builder).rank(slates)`` → one :class:`Ranking` per slate (paper §3: one prefill
-pass, readout, head, assignment). Works with every engine in :mod:`hllm.engines`.
+``Ranker(engine, builder).rank(slates)`` → a :class:`RankResult` (paper §3: one prefill pass, readout,
+head, assignment). Works with every engine in :mod:`hllm.engines`. The one loop over slates of the
+project: callers that want progress pass ``on_progress`` instead of re-writing the loop.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from hllm.engines.base import Engine
 from hllm.runtime.decode import assignment_scores, decode_batch
-from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
+from hllm.runtime.prompt import Batch, EncodedSlate, PromptBuilder, load_tokenizer
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Ranking:
     truncated: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The JSONL record of ``hllm rank``: slate_id, ranking (item ids), order, scores, truncated."""
         return {
             "slate_id": self.slate_id,
             "ranking": self.item_ids,
@@ -48,15 +50,61 @@ class Ranking:
 
 @dataclass
 class StageTimes:
-    """Wall time of one :meth:`Ranker.rank_batch` call per stage, in milliseconds."""
+    """Wall time per stage, in milliseconds (prompt building, engine call, decode + output)."""
 
-    prompt_ms: float
-    engine_ms: float
-    decode_ms: float
+    prompt_ms: float = 0.0
+    engine_ms: float = 0.0
+    decode_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
         return self.prompt_ms + self.engine_ms + self.decode_ms
+
+    def __add__(self, other: "StageTimes") -> "StageTimes":
+        return StageTimes(self.prompt_ms + other.prompt_ms, self.engine_ms + other.engine_ms,
+                          self.decode_ms + other.decode_ms)
+
+
+@dataclass
+class RankResult:
+    """What :meth:`Ranker.rank` / :meth:`Ranker.rank_batch` return. Iterating / indexing / ``len`` go
+    over the rankings.
+
+    Attributes:
+        rankings: one :class:`Ranking` per slate, in input order.
+        scores: per slate its score matrix ``[n, K]`` float32 (real rows only).
+        times: stage times summed over the engine calls. calls: engine calls made.
+    """
+
+    rankings: list[Ranking] = field(default_factory=list)
+    scores: list[np.ndarray] = field(default_factory=list)
+    times: StageTimes = field(default_factory=StageTimes)
+    calls: int = 0
+
+    def __iter__(self) -> Iterator[Ranking]:
+        return iter(self.rankings)
+
+    def __len__(self) -> int:
+        return len(self.rankings)
+
+    def __getitem__(self, i):
+        return self.rankings[i]
+
+    def extend(self, other: "RankResult") -> None:
+        """Append another result (the next batch)."""
+        self.rankings.extend(other.rankings)
+        self.scores.extend(other.scores)
+        self.times = self.times + other.times
+        self.calls += other.calls
+
+
+def slate_scores(engine: Engine, batch: Batch) -> list[np.ndarray]:
+    """Run ``engine`` on an encoded batch and cut each slate's real rows: ``[n_b, K]`` float32 per slate.
+
+    Raises: ShapeError / EngineError from the engine.
+    """
+    scores = engine.run(batch.input_ids, batch.readout_positions, batch.item_mask)
+    return [scores[b, : int(n)] for b, n in enumerate(batch.n_items)]
 
 
 class Ranker:
@@ -65,18 +113,20 @@ class Ranker:
     Args:
         engine: any :class:`hllm.engines.base.Engine` (activated on first use).
         builder: the :class:`PromptBuilder` matching the engine's model.
-        batch_size: slates per engine call in :meth:`rank`.
+        batch_size: slates per engine call in :meth:`rank` (≥ 1).
     """
 
     def __init__(self, engine: Engine, builder: PromptBuilder, batch_size: int = 1):
         self.engine = engine
         self.builder = builder
         self.batch_size = max(1, int(batch_size))
-        self.last_scores: np.ndarray | None = None
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, batch_size: int = 1, **engine_options) -> "Ranker":
-        """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artifact`)."""
+        """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artefact`).
+
+        ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
+        """
         from hllm.runtime.artefact import open_engine, resolve
 
         art = resolve(path)
@@ -95,36 +145,46 @@ class Ranker:
         self.engine.activate()
         return self.engine.run(batch.input_ids, batch.readout_positions, batch.item_mask)
 
-    def rank_batch(self, slates: Sequence[dict]) -> tuple[list[Ranking], StageTimes]:
-        """Rank slates in ONE engine call; returns rankings and per-stage times.
+    def rank_batch(self, slates: Sequence[dict], encoded: Sequence[EncodedSlate] | None = None) -> RankResult:
+        """Rank slates in ONE engine call.
 
-        Raises: SlateError (bad slate), EngineError, DecodeError (non-finite scores).
+        Args:
+            slates: the slates (ids and candidates for the output).
+            encoded: their :meth:`PromptBuilder.encode_one` results when already computed (a server
+                encodes at admission to validate, and does not tokenize twice).
+        Raises: SlateError (bad slate), EngineError, DecodeError (non-finite scores; names the slate id).
         """
         t0 = time.perf_counter()
-        batch = self.builder.encode(slates)
+        rows = list(encoded) if encoded is not None else [self.builder.encode_one(s) for s in slates]
+        batch = self.builder.collate(rows)
         t1 = time.perf_counter()
         scores = self.scores(batch)
         t2 = time.perf_counter()
-        orders = decode_batch(scores, batch.n_items)
-        out = []
+        orders = decode_batch(scores, batch.n_items, [str(s.get("slate_id", i)) for i, s in enumerate(slates)])
+        res = RankResult(calls=1)
         for b, (slate, order) in enumerate(zip(slates, orders)):
             cands = slate["candidates"]
-            out.append(
-                Ranking(
-                    slate_id=str(slate.get("slate_id", b)),
-                    order=order.tolist(),
-                    item_ids=[cands[i].get("item_id", i) for i in order],
-                    scores=assignment_scores(scores[b], order).tolist(),
-                    truncated=batch.truncated[b],
-                )
-            )
+            res.rankings.append(Ranking(
+                slate_id=str(slate.get("slate_id", b)),
+                order=order.tolist(),
+                item_ids=[cands[i].get("item_id", i) for i in order],
+                scores=assignment_scores(scores[b], order).tolist(),
+                truncated=batch.truncated[b],
+            ))
+            res.scores.append(scores[b, : int(batch.n_items[b])])
         t3 = time.perf_counter()
-        self.last_scores = scores
-        return out, StageTimes((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        res.times = StageTimes((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        return res
 
-    def rank(self, slates: Sequence[dict]) -> list[Ranking]:
-        """Rank any number of slates, ``batch_size`` per engine call."""
-        out: list[Ranking] = []
+    def rank(self, slates: Sequence[dict], on_progress: Callable[[int], None] | None = None) -> RankResult:
+        """Rank any number of slates, ``batch_size`` per engine call.
+
+        ``on_progress(n)`` is called after each engine call with the number of slates it ranked.
+        """
+        out = RankResult()
         for i in range(0, len(slates), self.batch_size):
-            out.extend(self.rank_batch(slates[i : i + self.batch_size])[0])
+            chunk = slates[i : i + self.batch_size]
+            out.extend(self.rank_batch(chunk))
+            if on_progress:
+                on_progress(len(chunk))
         return out

@@ -17,7 +17,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from hllm.errors import SlateError
 from hllm.files import atomic_path
@@ -50,6 +50,60 @@ def validate_slate(obj: Any, where: str = "slate") -> dict:
         if not isinstance(labels, list) or len(labels) != len(cands):
             raise SlateError(f"{where}: 'labels' must be a list with one entry per candidate ({len(cands)})")
     return obj
+
+
+def take(slate: dict, keep: Sequence[int], id_suffix: str | None = None) -> dict:
+    """``slate`` restricted to the candidates ``keep`` (in that order); labels follow their candidates.
+
+    A new dict (the input is not changed); ``slate_id`` gets ``id_suffix`` when given.
+    """
+    cands = slate["candidates"]
+    out = dict(slate, candidates=[cands[i] for i in keep])
+    if slate.get("labels") is not None:
+        out["labels"] = [slate["labels"][i] for i in keep]
+    if id_suffix is not None:
+        out["slate_id"] = f"{slate.get('slate_id', '?')}{id_suffix}"
+    return out
+
+
+def subslate(slate: dict, n: int) -> dict:
+    """The first ``n`` candidates in the slate's own order, every positive (label 1) kept while it fits
+    by dropping the latest negatives; ``slate_id`` gets ``@n``. Used to measure latency at N < 50 on
+    real slates while each sub-slate stays a ranking task.
+
+    Raises: SlateError if ``n < 1`` or the slate has fewer than ``n`` candidates.
+    """
+    cands = slate.get("candidates") or []
+    if n < 1 or n > len(cands):
+        raise SlateError(f"slate {slate.get('slate_id', '?')}: cannot take {n} of {len(cands)} candidates")
+    pos = [i for i, y in enumerate(slate.get("labels") or []) if y]
+    keep = list(range(n))
+    missing = [i for i in pos if i >= n][:n]
+    if missing:
+        negatives = [i for i in keep if i not in pos]
+        drop = set(negatives[len(negatives) - len(missing):])
+        keep = sorted([i for i in keep if i not in drop] + missing)[:n]
+    return take(slate, keep, f"@{n}")
+
+
+def sample_subslate(slate: dict, n: int, seed: int) -> tuple[dict, list[int]]:
+    """``n`` candidates for training: every positive (up to n) plus seeded random negatives, shuffled.
+
+    Returns ``(sub-slate, keep)`` with ``keep[j]`` = the original index of the sub-slate's candidate j
+    (so a stored teacher order can be restricted to it). A slate of ≤ n candidates is returned whole.
+    """
+    import numpy as np
+
+    cands = slate["candidates"]
+    if len(cands) <= n:
+        return slate, list(range(len(cands)))
+    rng = np.random.default_rng(seed)
+    labels = slate.get("labels") or [0] * len(cands)
+    pos = [i for i, y in enumerate(labels) if y][:n]
+    neg = [i for i, y in enumerate(labels) if not y]
+    keep = pos + [int(i) for i in rng.choice(neg, size=max(0, n - len(pos)), replace=False)]
+    keep = [keep[i] for i in rng.permutation(len(keep))]
+    return take(slate, keep), keep
 
 
 def _open_text(path: Path):

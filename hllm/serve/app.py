@@ -176,13 +176,16 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _check_encodable(builder, slates: list[dict]) -> None:
-    """Encode each slate once with the runtime's PromptBuilder (empty, > K, over max_seq_len → 422)."""
+def _encode(builder, slates: list[dict]) -> list:
+    """Encode each slate once with the runtime's PromptBuilder (empty, > K, over max_seq_len → 422);
+    the rows go to the batcher, so no slate is tokenized twice."""
+    rows = []
     for i, s in enumerate(slates):
         try:
-            builder.encode_one(s)
+            rows.append(builder.encode_one(s))
         except SlateError as e:
             raise ApiError(422, "bad_slate", f"slates[{i}]: {e}") from None
+    return rows
 
 
 def _error_response(e: ApiError) -> JSONResponse:
@@ -298,11 +301,11 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
             raise ApiError(503, "not_ready", why, {"Retry-After": "1"})
         body = await read_body(request, options.max_body_bytes)
         slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""), options.max_slates_per_request)
-        await run_in_threadpool(_check_encodable, ranker.builder, slates)
+        encoded = await run_in_threadpool(_encode, ranker.builder, slates)
         t1 = time.perf_counter()
         metrics.stage.labels("validate").observe(t1 - t0)
         try:
-            res = await batcher.submit(slates, deadline)
+            res = await batcher.submit(slates, deadline, encoded)
         except QueueFull as e:
             raise ApiError(503, "queue_full", str(e), {"Retry-After": str(e.retry_after_s)}) from None
         except ShuttingDown as e:

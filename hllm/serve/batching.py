@@ -103,7 +103,7 @@ class BatchFailed(Exception):
 
 
 @dataclass
-class RankResult:
+class JobResult:
     """What one caller gets back: its rankings (in its slate order) and timing in ms.
 
     ``timing`` keys: ``queue_ms`` (admission → engine thread start), ``prompt_ms``, ``engine_ms``,
@@ -118,6 +118,7 @@ class RankResult:
 @dataclass
 class _Job:
     slates: Sequence[dict]
+    encoded: Sequence | None  # PromptBuilder.encode_one rows, when the caller already encoded
     future: asyncio.Future
     enqueued: float  # time.perf_counter()
     deadline: float  # time.perf_counter() at which the caller gives up
@@ -142,8 +143,8 @@ class MicroBatcher:
     """Collects rank requests into engine batches (see the module docstring).
 
     Args:
-        ranker: a :class:`hllm.runtime.Ranker` (anything with ``rank_batch(slates) -> (rankings,
-            StageTimes)``); its engine is used from the single worker thread only.
+        ranker: a :class:`hllm.runtime.Ranker` (anything with ``rank_batch(slates, encoded)`` returning a
+            :class:`hllm.runtime.ranker.RankResult`); its engine is used from the single worker thread only.
         options: :class:`BatchOptions`.
         metrics: optional observer with ``batch(n_slates, n_requests, times)``, ``queue_depth(n)``,
             ``queue_wait(seconds)`` (see :class:`hllm.serve.metrics.ServeMetrics`).
@@ -197,8 +198,12 @@ class MicroBatcher:
         return self._closing
 
     # -- admission ---------------------------------------------------------------------------------
-    async def submit(self, slates: Sequence[dict], deadline_ms: float | None = None) -> RankResult:
+    async def submit(self, slates: Sequence[dict], deadline_ms: float | None = None,
+                     encoded: Sequence | None = None) -> JobResult:
         """Queue ``slates`` (already validated) and await their rankings.
+
+        ``encoded``: the slates' :meth:`PromptBuilder.encode_one` rows when admission already encoded
+        them (then they are not tokenized again).
 
         Raises: QueueFull, ShuttingDown, DeadlineExceeded, BatchFailed.
         """
@@ -208,7 +213,8 @@ class MicroBatcher:
             raise QueueFull(len(self._pending), self.options.retry_after_s)
         timeout = (deadline_ms or self.options.deadline_ms) / 1e3
         now = time.perf_counter()
-        job = _Job(list(slates), asyncio.get_running_loop().create_future(), now, now + timeout)
+        job = _Job(list(slates), None if encoded is None else list(encoded),
+                   asyncio.get_running_loop().create_future(), now, now + timeout)
         self._pending.append(job)
         self._observe_depth()
         self._wakeup.set()
@@ -269,6 +275,7 @@ class MicroBatcher:
         self._batch_seq += 1
         batch_id = self._batch_seq
         slates = [s for j in jobs for s in j.slates]
+        encoded = None if any(j.encoded is None for j in jobs) else [e for j in jobs for e in j.encoded]
         start = time.perf_counter()
         for j in jobs:
             j.started = start
@@ -276,7 +283,7 @@ class MicroBatcher:
                 self.metrics.queue_wait(start - j.enqueued)
         loop = asyncio.get_running_loop()
         try:
-            rankings, times = await loop.run_in_executor(self._executor, self._rank, slates)
+            rankings, times = await loop.run_in_executor(self._executor, self._rank, slates, encoded)
         except Exception as e:  # noqa: BLE001 — any engine failure fails this batch only
             error_id = uuid.uuid4().hex[:12]
             kind = _error_kind(e)
@@ -300,7 +307,7 @@ class MicroBatcher:
             if j.future.done():
                 continue
             j.future.set_result(
-                RankResult(
+                JobResult(
                     mine,
                     {
                         "queue_ms": round((j.started - j.enqueued) * 1e3, 3),
@@ -314,17 +321,16 @@ class MicroBatcher:
                 )
             )
 
-    def _rank(self, slates: list[dict]):
+    def _rank(self, slates: list[dict], encoded: list | None = None):
         """Engine thread: rank ``slates`` in chunks of ``max_batch_slates``; summed stage times."""
-        from hllm.runtime.ranker import StageTimes
-
         step = self.options.max_batch_slates
         rankings: list = []
-        total = StageTimes(0.0, 0.0, 0.0)
+        total = None
         for i in range(0, len(slates), step):
-            r, t = self.ranker.rank_batch(slates[i : i + step])
-            if len(r) != len(slates[i : i + step]):
-                raise EngineError(f"ranker returned {len(r)} rankings for {len(slates[i : i + step])} slates")
-            rankings.extend(r)
-            total = StageTimes(total.prompt_ms + t.prompt_ms, total.engine_ms + t.engine_ms, total.decode_ms + t.decode_ms)
+            chunk = slates[i : i + step]
+            res = self.ranker.rank_batch(chunk, None if encoded is None else encoded[i : i + step])
+            if len(res.rankings) != len(chunk):
+                raise EngineError(f"ranker returned {len(res.rankings)} rankings for {len(chunk)} slates")
+            rankings.extend(res.rankings)
+            total = res.times if total is None else total + res.times
         return rankings, total

@@ -173,7 +173,7 @@ class ArRanker:
 
     def prompt_ids(self, slate: dict) -> list[int]:
         """Token ids of the teacher prompt for ``slate`` (listing + instruction [+ assistant turn])."""
-        ids, _, _, _ = self.builder.encode_one(slate)
+        ids = self.builder.encode_one(slate).ids
         n = len(slate["candidates"])
         suffix = INSTRUCTION.format(n=n)
         suffix = suffix + "<|im_end|>\n<|im_start|>assistant\n" if self.chatml else "\n" + suffix + "\nAnswer: "

@@ -193,7 +193,7 @@ def _load_items(cfg: TrainConfig) -> tuple[list[dict], list[np.ndarray]]:
     if cfg.target != "clicks" and teacher is None:
         raise HllmError(f"target {cfg.target!r} needs --teacher (a teacher permutations JSONL)")
     if cfg.sample_items:
-        slates = [_subslate(s, cfg.sample_items, cfg.seed * 7919 + i, teacher) for i, s in enumerate(slates)]
+        slates = [_sample(s, cfg.sample_items, cfg.seed * 7919 + i, teacher) for i, s in enumerate(slates)]
     keep, targets = [], []
     for s in slates:
         t = build_target(cfg.target, s, teacher)
@@ -207,23 +207,14 @@ def _load_items(cfg: TrainConfig) -> tuple[list[dict], list[np.ndarray]]:
     return keep, targets
 
 
-def _subslate(slate: dict, n: int, seed: int, teacher: dict | None) -> dict:
-    """``slate`` restricted to ``n`` candidates: all clicked + random unclicked (seeded), shuffled.
-    A teacher order for the slate is restricted to the kept candidates (stored under the same id)."""
-    cands = slate["candidates"]
-    if len(cands) <= n:
-        return slate
-    rng = np.random.default_rng(seed)
-    labels = slate.get("labels") or [0] * len(cands)
-    pos = [i for i, y in enumerate(labels) if y]
-    neg = [i for i, y in enumerate(labels) if not y]
-    keep = pos[:n] + [int(i) for i in rng.choice(neg, size=max(0, n - len(pos[:n])), replace=False)]
-    keep = [keep[i] for i in rng.permutation(len(keep))]
-    out = dict(slate, candidates=[cands[i] for i in keep])
-    if slate.get("labels") is not None:
-        out["labels"] = [labels[i] for i in keep]
+def _sample(slate: dict, n: int, seed: int, teacher: dict | None) -> dict:
+    """:func:`hllm.runtime.slates.sample_subslate`; a teacher order for the slate is restricted to the
+    kept candidates (stored under the same id)."""
+    from hllm.runtime.slates import sample_subslate
+
+    out, keep = sample_subslate(slate, n, seed)
     sid = str(slate.get("slate_id", "?"))
-    if teacher is not None and sid in teacher:
+    if teacher is not None and sid in teacher and len(keep) < len(slate["candidates"]):
         where = {c: j for j, c in enumerate(keep)}
         teacher[sid] = [where[i] for i in teacher[sid] if i in where]
     return out

@@ -23,7 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from hllm.verify.parity import ParityReport, Thresholds, compare_slate
+from hllm.errors import SlateError
+from hllm.verify.parity import ComparisonSummary, Failure, SlateComparison, check, compare_slate
 
 
 @dataclass
@@ -68,26 +69,44 @@ def label_metrics(orders: Sequence[Sequence[int]], slates: Sequence[dict]) -> di
     return {**rep.values, "labelled_slates": rep.slates}
 
 
-def run_scores(ranker, slates: Sequence[dict], batch_size: int = 1, on_batch=None) -> list[np.ndarray]:
-    """Per-slate score matrices ``[n_i, K]`` float32 of a :class:`hllm.runtime.Ranker` (its own builder)."""
-    out = []
+def check_disjoint(calibration_ids: Sequence[str], eval_slates: Sequence[dict]) -> None:
+    """Refuse to gate on slates that were used for calibration.
+
+    Raises:
+        SlateError: naming how many evaluation slate ids are also calibration slate ids (and a few).
+    """
+    cal = set(map(str, calibration_ids))
+    both = sorted({str(s.get("slate_id", "")) for s in eval_slates} & cal)
+    if both:
+        raise SlateError(
+            f"{len(both)} evaluation slate(s) were used for calibration (e.g. {both[:3]}); "
+            "gate on held-out slates (calibrate on the train split, gate on eval)"
+        )
+
+
+def cpu_ranker(path, threads: int | None = None):
+    """The :class:`hllm.runtime.Ranker` the gate runs an export with: ONNX Runtime, CPU provider only
+    (a quantized graph is compared on the CPU that calibrated it; FP8 graphs get ``basic`` graph
+    optimizations in :func:`hllm.runtime.artefact.open_engine`)."""
+    from hllm.runtime.ranker import Ranker
+
+    return Ranker.from_path(path, providers=["CPUExecutionProvider"], threads=threads)
+
+
+def ranker_scores(ranker, slates: Sequence[dict], batch_size: int = 1, on_progress=None) -> list[np.ndarray]:
+    """Per-slate score matrices ``[n_i, K]`` float32 of one :class:`hllm.runtime.Ranker` (its builder)."""
+    from hllm.verify.scoring import score_slates
+
     with ranker:
-        for i in range(0, len(slates), batch_size):
-            chunk = slates[i : i + batch_size]
-            batch = ranker.builder.encode(chunk)
-            s = ranker.scores(batch)
-            out.extend(s[j, : int(batch.n_items[j])].copy() for j in range(len(chunk)))
-            if on_batch:
-                on_batch(len(chunk))
-    return out
+        return score_slates([ranker.engine], ranker.builder, slates, batch_size, on_progress)[0]
 
 
-def reference_scores(reference, slates: Sequence[dict], batch_size: int = 1, on_batch=None) -> list[np.ndarray]:
+def reference_scores(reference, slates: Sequence[dict], batch_size: int = 1, on_progress=None) -> list[np.ndarray]:
     """Scores of the FP32 reference (path or Ranker), computed once per gate run."""
     from hllm.runtime.ranker import Ranker
 
-    ref = reference if isinstance(reference, Ranker) else open_ranker(reference)
-    return run_scores(ref, slates, batch_size, on_batch)
+    ref = reference if isinstance(reference, Ranker) else cpu_ranker(reference)
+    return ranker_scores(ref, slates, batch_size, on_progress)
 
 
 def save_reference(path, scores: Sequence[np.ndarray], slates: Sequence[dict], source_sha256: str | None) -> None:
@@ -123,18 +142,24 @@ def load_reference(path, slates: Sequence[dict], source_sha256: str | None) -> l
 
 @dataclass
 class GateReport:
-    """Verdict of the fidelity gate.
+    """Verdict of the fidelity gate: ``bool(report)`` = passed.
 
-    :meth:`to_dict` keys: slates, top1_agreement, kendall_tau_mean, kendall_tau_min, top10_agreement,
-    perm_match_rate, max_abs_diff, nonfinite (from :class:`hllm.verify.parity.ParityReport`), reference /
-    quantized label metrics, ``recall@10_delta`` (None without labels), passed, failures, thresholds.
+    :meth:`to_dict` keys: the :class:`hllm.verify.parity.ComparisonSummary` fields (slates,
+    top1_agreement, kendall_tau_mean, ...), reference / quantized label metrics, ``recall@10_delta``
+    (None without labels), passed, failures, thresholds, precision, reference, backend.
     """
 
-    parity: ParityReport
+    records: list[SlateComparison]
     thresholds: GateThresholds
     reference_metrics: dict | None = None
     test_metrics: dict | None = None
+    precision: str = "int8"
+    reference: str = "fp32"
+    backend: str = "onnxruntime"
     extra: dict = field(default_factory=dict)
+
+    def summary(self) -> ComparisonSummary:
+        return ComparisonSummary.of(self.records)
 
     @property
     def recall10_delta(self) -> float | None:
@@ -142,38 +167,39 @@ class GateReport:
             return None
         return self.test_metrics["recall@10"] - self.reference_metrics["recall@10"]
 
-    def failures(self) -> list[dict]:
+    def failures(self) -> list[Failure]:
         """Each failed criterion with value, limit and by how much it missed."""
-        s, t = self.parity.summary(), self.thresholds
-        if not s.get("slates"):
-            return [{"criterion": "slates", "value": 0, "limit": 1, "op": ">=", "missed_by": 1}]
-        checks = [("top1_agreement", s["top1_agreement"], t.min_top1, ">="),
-                  ("nonfinite", s["nonfinite"], t.max_nonfinite, "<=")]
+        s, t = self.summary(), self.thresholds
+        if not s.slates:
+            return [Failure("slates", 0, 1, ">=", 1)]
+        checks = [("top1_agreement", s.top1_agreement, t.min_top1, ">="),
+                  ("nonfinite", s.nonfinite, t.max_nonfinite, "<=")]
         if t.min_tau is not None:
-            checks.append(("kendall_tau_mean", s["kendall_tau_mean"], t.min_tau, ">="))
+            checks.append(("kendall_tau_mean", s.kendall_tau_mean, t.min_tau, ">="))
         d = self.recall10_delta
         if d is not None:
             checks.append(("|recall@10_delta|", abs(d), t.max_recall10_delta, "<="))
-        from hllm.verify.parity import failed_checks
-
-        return failed_checks(checks)
+        return check(checks)
 
     @property
     def passed(self) -> bool:
         return not self.failures()
 
+    def __bool__(self) -> bool:
+        return self.passed
+
     def to_dict(self, per_slate: bool = False) -> dict:
-        s = self.parity.summary()
-        d = {**s, "recall@10_delta": self.recall10_delta, "reference_metrics": self.reference_metrics,
-             "quantized_metrics": self.test_metrics, "passed": self.passed, "failures": self.failures(),
-             "thresholds": asdict(self.thresholds), "precision": self.parity.precision,
-             "reference": self.parity.reference, "backend": self.parity.backend}
+        d = {**self.summary().to_dict(), "recall@10_delta": self.recall10_delta,
+             "reference_metrics": self.reference_metrics, "quantized_metrics": self.test_metrics,
+             "passed": self.passed, "failures": [f.to_dict() for f in self.failures()],
+             "thresholds": asdict(self.thresholds), "precision": str(self.precision),
+             "reference": self.reference, "backend": self.backend}
         if self.test_metrics and self.reference_metrics:
             for k in ("recall@1", "ndcg@10"):
                 d[f"{k}_delta"] = self.test_metrics[k] - self.reference_metrics[k]
         d.update(self.extra)
         if per_slate:
-            d["per_slate"] = self.parity.records
+            d["per_slate"] = [r.to_dict() for r in self.records]
         return _json_safe(d)
 
 
@@ -211,33 +237,10 @@ def gate_scores(
         if a.shape != b.shape:
             raise ValueError(f"slate {i}: reference scores {a.shape} vs test {b.shape}")
         records.append(compare_slate(a, b, str(s.get("slate_id", i))))
-    parity = ParityReport(records, Thresholds(), reference=reference, backend=backend, precision=precision)
-    ref_m = label_metrics([r["ref_order"] for r in records], slates)
-    test_orders = [r["test_order"] if r["test_order"] is not None else list(range(r["n_items"])) for r in records]
+    ref_m = label_metrics([r.ref_order for r in records], slates)
+    test_orders = [r.test_order if r.test_order is not None else list(range(r.n_items)) for r in records]
     test_m = label_metrics(test_orders, slates)
-    return GateReport(parity, thresholds or GateThresholds(), ref_m, test_m)
-
-
-def open_ranker(path, providers: list[str] | None = None, threads: int | None = None):
-    """A :class:`hllm.runtime.Ranker` for an export, ONNX Runtime on ``providers`` (default CPU only).
-
-    FP8 Q/DQ graphs run in ONNX Runtime's CPU provider only with basic graph optimizations (the
-    extended fusions have no FP8 kernels: ``shared/notes/facts.md``), so those sessions use ``basic``.
-    """
-    from hllm.engines.ort import OnnxRuntimeEngine
-    from hllm.runtime.artefact import resolve
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
-    from hllm.runtime.ranker import Ranker
-
-    art = resolve(path)
-    if art.kind != "onnx":
-        return Ranker.from_path(path, threads=threads)
-    level = "basic" if art.meta.get("precision") == "fp8" else "all"
-    eng = OnnxRuntimeEngine(art.path, art.num_positions, providers=providers or ["CPUExecutionProvider"],
-                            intra_op_threads=threads or 0, graph_optimization=level)
-    eng.sidecar = art.meta
-    builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
-    return Ranker(eng, builder)
+    return GateReport(records, thresholds or GateThresholds(), ref_m, test_m, str(precision), reference, backend)
 
 
 def run_gate(
@@ -247,28 +250,19 @@ def run_gate(
     thresholds: GateThresholds | None = None,
     calibration_ids: Sequence[str] = (),
     batch_size: int = 1,
-    on_batch=None,
-    **engine_options,
+    on_progress=None,
+    threads: int | None = None,
 ) -> GateReport:
     """Run the quantized artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it.
 
-    ``engine_options``: ``providers`` (default CPU only), ``threads`` (see :func:`open_ranker`).
-
     Raises:
-        SlateError: an evaluation slate was used for calibration (see
-            :func:`hllm.build.calibration_data.check_disjoint`).
+        SlateError: an evaluation slate was used for calibration (:func:`check_disjoint`).
         EngineError: the artefact cannot be loaded or run.
     """
-    from hllm.build.calibration_data import check_disjoint
     from hllm.runtime.ranker import Ranker
 
     check_disjoint(calibration_ids, slates)
-    r = test if isinstance(test, Ranker) else open_ranker(test, **engine_options)
-    t_scores = run_scores(r, slates, batch_size, on_batch)
-    meta = getattr(r.engine, "sidecar", None) or {}
-    if not meta and not isinstance(test, Ranker):
-        from hllm.runtime.artefact import resolve
-
-        meta = resolve(test).meta
-    return gate_scores(ref_scores, t_scores, slates, thresholds, precision=meta.get("precision", "int8"),
+    r = test if isinstance(test, Ranker) else cpu_ranker(test, threads)
+    t_scores = ranker_scores(r, slates, batch_size, on_progress)
+    return gate_scores(ref_scores, t_scores, slates, thresholds, precision=str(r.engine.precision),
                        backend=r.engine.name)

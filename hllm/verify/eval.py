@@ -1,0 +1,98 @@
+"""Ranking quality of several rankers side by side on the same labelled slates (``hllm eval``).
+
+A ranker is named by a spec: ``random`` (seeded permutations), a checkpoint directory (PyTorch
+reference; with a feature cache only the layers above it run), an export directory / ``.onnx`` /
+``.plan`` (:meth:`hllm.runtime.Ranker.from_path`), or a JSONL with ``slate_id`` + ``order`` per slate
+(``hllm teacher`` or ``hllm rank`` output). ``NAME=SPEC`` names the row. Metrics come from
+:mod:`hllm.verify.metrics`, each with a 95% bootstrap interval over slates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from hllm.errors import SlateError
+
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+def _no_bar(_desc: str, _total: int) -> Callable[[int], None]:
+    return lambda n: None
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``NAME=SPEC`` → (NAME, SPEC); a bare spec is its own name."""
+    name, _, src = spec.partition("=") if "=" in spec else (spec, "", spec)
+    return name, src
+
+
+def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: int = 1,
+                  features: Path | None = None, progress: Progress = _no_bar) -> tuple[str, str, list[list[int]]]:
+    """(name, kind, orders) of one ranker spec on ``slates`` (orders: best-first candidate indices).
+
+    Raises: SlateError (a JSONL lacking some slate), EngineError / CheckpointError (a model path).
+    """
+    from hllm.training.targets import read_teacher
+
+    name, src = parse_spec(spec)
+    if src == "random":
+        rng = np.random.default_rng(seed)
+        return name, "random", [rng.permutation(len(s["candidates"])).tolist() for s in slates]
+    p = Path(src)
+    if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz")):
+        teacher = read_teacher(p)
+        missing = [str(s.get("slate_id")) for s in slates if str(s.get("slate_id")) not in teacher]
+        if missing:
+            raise SlateError(f"{p} has no ranking for {len(missing)} of the {len(slates)} slates (first: {missing[0]}); "
+                             "rank the same slates or lower --limit")
+        return name, "jsonl", [teacher[str(s.get("slate_id"))] for s in slates]
+    from hllm.runtime.artefact import resolve
+    from hllm.runtime.ranker import Ranker
+
+    kind = resolve(p).kind
+    advance = progress(f"ranking with {name}", len(slates))
+    if features is not None and kind == "checkpoint":
+        from hllm.runtime.decode import decode
+        from hllm.training.features import FeatureCache, scores_from_cache
+
+        ids = [str(s.get("slate_id")) for s in slates]
+        scores = scores_from_cache(p, FeatureCache.open(features), ids, on_progress=lambda done, total: advance(1))
+        return name, "checkpoint+features", [decode(m, len(s["candidates"])).tolist() for s, m in zip(slates, scores)]
+    with Ranker.from_path(p, batch_size=batch_size) as ranker:
+        return name, kind, [r.order for r in ranker.rank(slates, on_progress=advance)]
+
+
+def subset_record(slates: Sequence[dict], slates_file: str) -> dict:
+    """Which slates were evaluated: count, first and last id, sha256 of the ids (one per line)."""
+    ids = [str(s.get("slate_id")) for s in slates]
+    return {"first": len(ids), "slate_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
+            "first_id": ids[0] if ids else None, "last_id": ids[-1] if ids else None}
+
+
+def evaluate_rankers(specs: Sequence[str], slates: Sequence[dict], slates_file: str = "", seed: int = 0,
+                     batch_size: int = 1, features: Path | None = None, progress: Progress = _no_bar,
+                     on_ranker: Callable[[str, dict, dict], None] | None = None) -> dict:
+    """Metrics of every ranker on the same slates.
+
+    Returns ``{slates_file, subset, random_seed, features, rankers: {name: QualityReport dict + kind,
+    source}}``; ``on_ranker(name, row, result so far)`` is called after each ranker (to save partial
+    results). Raises: SlateError if a slate has no labels.
+    """
+    from hllm.verify.metrics import evaluate
+
+    if any(s.get("labels") is None for s in slates):
+        raise SlateError(f"{slates_file or 'slates'}: every slate needs labels for eval")
+    result = {"slates_file": slates_file, "subset": subset_record(slates, slates_file), "random_seed": seed,
+              "features": str(features) if features else None, "rankers": {}}
+    for spec in specs:
+        name, kind, orders = ranker_orders(spec, slates, seed, batch_size, features, progress)
+        row = evaluate(orders, [s["labels"] for s in slates]).to_dict()
+        row.update(kind=kind, source=parse_spec(spec)[1])
+        result["rankers"][name] = row
+        if on_ranker:
+            on_ranker(name, row, result)
+    return result
