@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from hllm.runtime.slates import write_jsonl
 from hllm.testing import tiny_slates
-from hllm.training.features import lower_layers
+from hllm.model.hllm import run_layers as lower_layers
 from hllm.training.trainer import STATE_FILE, TrainConfig, build_model, train
 
 TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)

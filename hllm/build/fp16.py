@@ -163,152 +163,157 @@ def convert_to_fp16(model, islands: tuple[str, ...] = DEFAULT_ISLANDS):
     Raises:
         ExportError: a subgraph (If/Loop) is present, or a node's float inputs cannot be typed.
     """
-    import onnx
-    from onnx import helper, numpy_helper
-
     islands = tuple(islands)
     parse_islands(",".join(islands) or "none")
-    types = _value_types(model)
-    g = model.graph
-    rep = PrecisionReport(islands=list(islands))
-    inits = {t.name: t for t in g.initializer}
-    dtype_now: dict[str, int] = {}  # float value name → its element type in the new graph
-    for t in g.initializer:
-        if t.data_type == FLOAT:
-            dtype_now[t.name] = FLOAT
-    for vi in g.input:
-        dtype_now[vi.name] = vi.type.tensor_type.elem_type
+    return _Fp16Rewrite(model, islands).run()
 
-    new_inits: dict[str, object] = {}
-    used_inits: set[str] = set()
-    casts: dict[tuple[str, int], str] = {}
-    nodes = []
 
-    def init_as(name: str, to: int) -> str:
+class _Fp16Rewrite:
+    """One pass of :func:`convert_to_fp16`: node by node, each node runs in float16 unless its island
+    is kept in float32; Casts are inserted (once per tensor and type) where the types meet."""
+
+    def __init__(self, model, islands: tuple[str, ...]):
+        self.model, self.islands = model, islands
+        self.types = _value_types(model)
+        g = model.graph
+        self.rep = PrecisionReport(islands=list(islands))
+        self.inits = {t.name: t for t in g.initializer}
+        self.dtype_now: dict[str, int] = {t.name: FLOAT for t in g.initializer if t.data_type == FLOAT}
+        self.dtype_now.update({vi.name: vi.type.tensor_type.elem_type for vi in g.input})
+        self.new_inits: dict[str, object] = {}
+        self.casts: dict[tuple[str, int], str] = {}
+        self.nodes: list = []
+
+    def init_as(self, name: str, to: int) -> str:
+        """An initializer in type ``to`` (a float16 copy is made once; values over the float16 range
+        are clipped and counted, e.g. an additive mask of float32 min → -65504; ±inf stay ±inf)."""
+        from onnx import numpy_helper
+
         if to == FLOAT:
-            used_inits.add(name)
             return name
         key = f"{name}__fp16"
-        if key not in new_inits:
-            arr = numpy_helper.to_array(inits[name])
+        if key not in self.new_inits:
+            arr = numpy_helper.to_array(self.inits[name])
             over = np.isfinite(arr) & (np.abs(arr) > FP16_MAX)
-            if over.any():  # e.g. an additive mask of float32 min → -65504 (±inf stay ±inf)
-                rep.clipped_values += int(over.sum())
+            if over.any():
+                self.rep.clipped_values += int(over.sum())
                 arr = np.clip(arr, -FP16_MAX, FP16_MAX)
-            new_inits[key] = numpy_helper.from_array(arr.astype(np.float16), key)
+            self.new_inits[key] = numpy_helper.from_array(arr.astype(np.float16), key)
         return key
 
-    def value_as(name: str, to: int) -> str:
-        if name in inits and inits[name].data_type == FLOAT:
-            return init_as(name, to)
-        have = dtype_now.get(name)
+    def value_as(self, name: str, to: int) -> str:
+        """Tensor ``name`` in float type ``to``: itself, an initializer copy, or a (shared) Cast."""
+        from onnx import helper
+
+        if name in self.inits and self.inits[name].data_type == FLOAT:
+            return self.init_as(name, to)
+        have = self.dtype_now.get(name)
         if have is None:
             raise ExportError(f"no type known for tensor {name!r}; export with `hllm export`")
         if have == to or have not in (FLOAT, FLOAT16):
             return name
         key = (name, to)
-        if key not in casts:
+        if key not in self.casts:
             out = f"{name}__to_{'fp16' if to == FLOAT16 else 'fp32'}"
-            nodes.append(helper.make_node("Cast", [name], [out], to=to, name=f"hllm_cast_{out}"))
-            dtype_now[out] = to
-            casts[key] = out
-            rep.casts_inserted += 1
-        return casts[key]
+            self.nodes.append(helper.make_node("Cast", [name], [out], to=to, name=f"hllm_cast_{out}"))
+            self.dtype_now[out] = to
+            self.casts[key] = out
+            self.rep.casts_inserted += 1
+        return self.casts[key]
 
-    for node in g.node:
+    def node(self, node) -> None:
+        """Rewrite one node into :attr:`nodes` in its precision (float32 inside an island)."""
+        import onnx
+        from onnx import numpy_helper
+
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             raise ExportError(f"node {node.name} ({node.op_type}) has a subgraph; the FP16 pass does not handle them")
         isl = island_of(node)
-        prec = FLOAT if isl in islands else FLOAT16
+        prec = FLOAT if isl in self.islands else FLOAT16
         if prec == FLOAT:
-            rep.fp32_nodes += 1
-            rep.island_nodes[isl] = rep.island_nodes.get(isl, 0) + 1
+            self.rep.fp32_nodes += 1
+            self.rep.island_nodes[isl] = self.rep.island_nodes.get(isl, 0) + 1
         else:
-            rep.fp16_nodes += 1
+            self.rep.fp16_nodes += 1
         new = onnx.NodeProto()
         new.CopyFrom(node)
         for i, name in enumerate(node.input):
-            if not name:
-                continue
-            t = types.get(name)
-            if t is None and name in dtype_now:
-                t = dtype_now[name]
+            t = self.types.get(name, self.dtype_now.get(name)) if name else None
             if t not in (FLOAT, FLOAT16):
                 continue
             if node.op_type in _PASSTHROUGH_INPUT_OPS:
-                if name in inits and inits[name].data_type == FLOAT:
-                    new.input[i] = init_as(name, FLOAT)
+                if name in self.inits and self.inits[name].data_type == FLOAT:
+                    new.input[i] = self.init_as(name, FLOAT)
                 continue
-            new.input[i] = value_as(name, prec)
-        if node.op_type == "Cast":
-            to = next(a.i for a in node.attribute if a.name == "to")
-            if to == FLOAT and prec == FLOAT16:
-                for a in new.attribute:
-                    if a.name == "to":
-                        a.i = FLOAT16
+            new.input[i] = self.value_as(name, prec)
+        if node.op_type == "Cast" and prec == FLOAT16:
+            for a in new.attribute:
+                if a.name == "to" and a.i == FLOAT:
+                    a.i = FLOAT16
         if node.op_type in ("Constant", "ConstantOfShape") and prec == FLOAT16:
             for a in new.attribute:
                 if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT:
-                    arr = numpy_helper.to_array(a.t).astype(np.float16)
-                    a.t.CopyFrom(numpy_helper.from_array(arr, a.t.name))
+                    a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float16), a.t.name))
         for out in node.output:
-            if types.get(out) == FLOAT:
-                if node.op_type == "Cast":
-                    dtype_now[out] = next(a.i for a in new.attribute if a.name == "to")
-                else:
-                    dtype_now[out] = prec
-            elif out in types:
-                dtype_now[out] = types[out]
-        nodes.append(new)
+            if self.types.get(out) == FLOAT:
+                cast_to = next((a.i for a in new.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+                self.dtype_now[out] = cast_to if cast_to is not None else prec
+            elif out in self.types:
+                self.dtype_now[out] = self.types[out]
+        self.nodes.append(new)
 
-    # graph outputs keep their float32 type
-    out_fix = []
-    for vo in g.output:
-        if vo.type.tensor_type.elem_type == FLOAT and dtype_now.get(vo.name) == FLOAT16:
+    def keep_outputs_fp32(self) -> None:
+        """Graph outputs keep their float32 type: a float16 producer gets a final Cast."""
+        from onnx import helper
+
+        for vo in self.model.graph.output:
+            if vo.type.tensor_type.elem_type != FLOAT or self.dtype_now.get(vo.name) != FLOAT16:
+                continue
             inner = f"{vo.name}__fp16"
-            for n in nodes:
-                for i, o in enumerate(n.output):
-                    if o == vo.name:
-                        n.output[i] = inner
-                for i, x in enumerate(n.input):
-                    if x == vo.name:
-                        n.input[i] = inner
-            out_fix.append(helper.make_node("Cast", [inner], [vo.name], to=FLOAT, name=f"hllm_cast_{vo.name}"))
-            dtype_now[inner] = FLOAT16
-            dtype_now[vo.name] = FLOAT
-            rep.casts_inserted += 1
-    nodes.extend(out_fix)
+            for n in self.nodes:
+                n.output[:] = [inner if o == vo.name else o for o in n.output]
+                n.input[:] = [inner if x == vo.name else x for x in n.input]
+            self.nodes.append(helper.make_node("Cast", [inner], [vo.name], to=FLOAT, name=f"hllm_cast_{vo.name}"))
+            self.dtype_now[inner], self.dtype_now[vo.name] = FLOAT16, FLOAT
+            self.rep.casts_inserted += 1
 
-    used = {x for n in nodes for x in n.input}
-    keep_inits = [t for t in g.initializer if t.data_type != FLOAT or t.name in used]
-    keep_inits += [t for k, t in new_inits.items() if k in used]
-    rep.initializers_fp16 = sum(1 for k in new_inits if k in used)
-    rep.initializers_fp32 = sum(1 for t in keep_inits if t.data_type == FLOAT)
+    def value_info(self) -> list:
+        """Typed value_info for every intermediate tensor (shapes copied from the float32 graph)."""
+        import onnx
 
-    value_info = []
-    seen = set()
-    shapes = {vi.name: vi for vi in g.value_info}
-    for name, t in dtype_now.items():
-        if name in inits or name in new_inits or name in seen:
-            continue
-        if any(vo.name == name for vo in g.output) or any(vi.name == name for vi in g.input):
-            continue
-        seen.add(name)
-        base = shapes.get(name)
-        if base is None:
-            base = shapes.get(name.split("__")[0])
-        vi = onnx.ValueInfoProto()
-        if base is not None:
-            vi.CopyFrom(base)
-        vi.name = name
-        vi.type.tensor_type.elem_type = t
-        value_info.append(vi)
+        g = self.model.graph
+        io = {vo.name for vo in g.output} | {vi.name for vi in g.input}
+        shapes = {vi.name: vi for vi in g.value_info}
+        out = []
+        for name, t in self.dtype_now.items():
+            if name in self.inits or name in self.new_inits or name in io:
+                continue
+            base = shapes.get(name) or shapes.get(name.split("__")[0])
+            vi = onnx.ValueInfoProto()
+            if base is not None:
+                vi.CopyFrom(base)
+            vi.name = name
+            vi.type.tensor_type.elem_type = t
+            out.append(vi)
+        return out
 
-    out = _model_like(model, helper.make_graph(nodes, g.name, list(g.input), list(g.output), keep_inits,
-                                               value_info=value_info), "fp16")
-    meta = out.metadata_props.add()
-    meta.key, meta.value = "hllm.fp32_islands", ",".join(islands) or "none"
-    return out, rep
+    def run(self):
+        from onnx import helper
+
+        g = self.model.graph
+        for node in g.node:
+            self.node(node)
+        self.keep_outputs_fp32()
+        used = {x for n in self.nodes for x in n.input}
+        keep = [t for t in g.initializer if t.data_type != FLOAT or t.name in used]
+        keep += [t for k, t in self.new_inits.items() if k in used]
+        self.rep.initializers_fp16 = sum(1 for k in self.new_inits if k in used)
+        self.rep.initializers_fp32 = sum(1 for t in keep if t.data_type == FLOAT)
+        graph = helper.make_graph(self.nodes, g.name, list(g.input), list(g.output), keep, value_info=self.value_info())
+        out = _model_like(self.model, graph, "fp16")
+        meta = out.metadata_props.add()
+        meta.key, meta.value = "hllm.fp32_islands", ",".join(self.islands) or "none"
+        return out, self.rep
 
 
 def emulate_fp16(model):

@@ -32,12 +32,8 @@ class TorchEngine(Engine):
         self.model = None
 
     def _activate(self) -> None:
-        import torch
-
         from hllm.model import load_model
 
-        if self.threads:
-            torch.set_num_threads(self.threads)
         self.model = load_model(self.manifest, merge=self.merge)
 
     def _deactivate(self) -> None:
@@ -46,7 +42,9 @@ class TorchEngine(Engine):
     def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
         import torch
 
-        with torch.inference_mode():
+        from hllm.model.threads import torch_threads
+
+        with torch_threads(self.threads), torch.inference_mode():
             out = self.model(
                 torch.from_numpy(input_ids), torch.from_numpy(readout_positions), torch.from_numpy(item_mask)
             )

@@ -27,8 +27,34 @@ def gather_readout(hidden: torch.Tensor, readout_positions: torch.Tensor) -> tor
     return torch.gather(hidden, 1, idx)
 
 
+def base_model(backbone: nn.Module) -> nn.Module:
+    """The HF base decoder inside a (possibly peft-wrapped) backbone: has ``embed_tokens``, ``layers``,
+    ``norm`` and ``rotary_emb``."""
+    return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
+
+
+def run_layers(backbone: nn.Module, h_or_ids: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Run decoder layers ``start..stop-1`` of a (possibly peft-wrapped) HF decoder.
+
+    ``h_or_ids``: ``input_ids [B, S]`` int64 (embedded first; then ``start`` must be 0), or the float
+    hidden state ``[B, S, D]`` entering ``start``. Causal attention, no padding mask (right-padded rows
+    or batch 1), position ids ``0..S-1``. Returns the hidden state entering ``stop`` ``[B, S, D]`` (no
+    final norm). Splitting a forward at any layer gives the full forward's result (tested).
+    """
+    base = base_model(backbone)
+    h = h_or_ids if h_or_ids.is_floating_point() else base.embed_tokens(h_or_ids)
+    pos = torch.arange(h.shape[1])[None]
+    pe = base.rotary_emb(h, position_ids=pos)
+    for layer in base.layers[start:stop]:
+        h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+    return h
+
+
 class HllmModel(nn.Module):
     """Backbone + readout + head. ``forward(input_ids, readout_positions, item_mask) → scores``.
+
+    The forward can also start at any decoder layer (:meth:`forward_from`), from a cached hidden
+    state: training and evaluation from a feature cache use the same code as the full forward.
 
     Args:
         backbone: a Hugging Face base decoder (``AutoModel``; or a PEFT-wrapped one) whose output has
@@ -41,13 +67,31 @@ class HllmModel(nn.Module):
         self.backbone = backbone
         self.head = head
 
+    @property
+    def num_layers(self) -> int:
+        return len(base_model(self.backbone).layers)
+
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Final hidden states ``[B, S, D]`` from one causal prefill (no cache, no attention mask)."""
         return self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
 
+    def upper(self, h: torch.Tensor, start: int) -> torch.Tensor:
+        """Layers ``start..L-1`` + final norm on the hidden state ``h [B, S, D]`` entering ``start``
+        (``start = L``: the norm only) → final hidden states ``[B, S, D]``."""
+        return base_model(self.backbone).norm(run_layers(self.backbone, h, start, self.num_layers))
+
+    def score_hidden(self, hidden: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+        """Readout + head on final hidden states: ``[B, S, D]`` → scores ``[B, N, K]`` float32."""
+        return self.head(gather_readout(hidden, readout_positions), item_mask)
+
     def forward(self, input_ids: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
-        items = gather_readout(self.hidden_states(input_ids), readout_positions)
-        return self.head(items, item_mask)
+        return self.score_hidden(self.hidden_states(input_ids), readout_positions, item_mask)
+
+    def forward_from(self, h: torch.Tensor, start: int, readout_positions: torch.Tensor,
+                     item_mask: torch.Tensor) -> torch.Tensor:
+        """Scores from the hidden state entering layer ``start`` (a feature cache): same maths as
+        :meth:`forward` on the prompt, at ``(L - start) / L`` of its cost."""
+        return self.score_hidden(self.upper(h, start), readout_positions, item_mask)
 
 
 def load_backbone(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -77,8 +77,7 @@ class EmbeddingRanker:
         path = Path(model_dir) if model_dir is not None else default_model_dir()
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path} is not a model directory (no config.json)")
-        if threads:
-            torch.set_num_threads(threads)
+        self.threads = threads
         self.model_dir = path
         self.agg = agg
         self.max_tokens = max_tokens
@@ -98,8 +97,10 @@ class EmbeddingRanker:
     def _embed(self, texts: list[str]) -> np.ndarray:
         import torch
 
+        from hllm.model.threads import torch_threads
+
         enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
-        with torch.inference_mode():
+        with torch_threads(self.threads), torch.inference_mode():
             h = self.model(**enc).last_hidden_state
         m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
         e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)

@@ -150,8 +150,7 @@ class ArRanker:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
-        if threads:
-            torch.set_num_threads(int(threads))
+        self.threads = threads
         self.tokenizer = load_tokenizer(self.model_dir)
         chatml = self.tokenizer.token_to_id("<|im_start|>") is not None
         self.chatml = chatml
@@ -219,7 +218,10 @@ class ArRanker:
             kwargs["logits_processor"] = LogitsProcessorList(
                 [make_logits_processor(grammars, self._token_strings, self.eos_ids, width)]
             )
-        out = self.model.generate(**kwargs)
+        from hllm.model.threads import torch_threads
+
+        with torch_threads(self.threads):
+            out = self.model.generate(**kwargs)
         wall = (time.perf_counter() - t0) / len(slates)
         results = []
         for b, (slate, n, ids) in enumerate(zip(slates, ns, prompts)):

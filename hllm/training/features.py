@@ -110,12 +110,11 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
     import torch
 
     from hllm.formats.architectures import backbone_dims, read_config
-    from hllm.model.hllm import load_backbone
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.formats.prompt import PromptSpec
+    from hllm.model.hllm import load_backbone, run_layers
+    from hllm.model.threads import torch_threads
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
-    if threads:
-        torch.set_num_threads(threads)
     n_layers = backbone_dims(read_config(Path(backbone))).num_layers
     if not 0 <= layer <= n_layers:
         raise HllmError(f"layer must be in 0..{n_layers}, got {layer}")
@@ -137,12 +136,12 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
     builder = PromptBuilder(load_tokenizer(backbone), PromptSpec.from_dict(prompt), max_items=max_items)
     model = load_backbone(backbone)
     model.eval()
-    with torch.inference_mode():
+    with torch_threads(threads), torch.inference_mode():
         for i, s in enumerate(slates):
             path = out / f"{i:05d}.npz"
             if not path.is_file():
                 b = builder.encode([s])
-                h = lower_layers(model, torch.from_numpy(b.input_ids), 0, layer)
+                h = run_layers(model, torch.from_numpy(b.input_ids), 0, layer)
                 with atomic_path(path) as tmp:
                     with open(tmp, "wb") as f:
                         np.savez(f, hidden=h[0].numpy(), readout=b.readout_positions[0].astype(np.int64))
@@ -151,24 +150,6 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
     atomic_write_json(out / META, meta)
     partial.unlink()
     return FeatureCache.open(out)
-
-
-def lower_layers(backbone, h_or_ids, start: int, stop: int):
-    """Run decoder layers ``start..stop-1`` of a (possibly peft-wrapped) HF decoder.
-
-    ``h_or_ids``: ``input_ids [B, S]`` int64 (embedded first; then ``start`` must be 0), or the float
-    hidden state ``[B, S, D]`` entering ``start``. Causal attention, no padding mask (batch of equal-length
-    rows or batch 1). Returns the hidden state entering ``stop`` ``[B, S, D]`` (no final norm).
-    """
-    import torch
-
-    base = backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
-    h = h_or_ids if h_or_ids.is_floating_point() else base.embed_tokens(h_or_ids)
-    pos = torch.arange(h.shape[1])[None]
-    pe = base.rotary_emb(h, position_ids=pos)
-    for layer in base.layers[start:stop]:
-        h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-    return h
 
 
 def _adapted_layers(backbone) -> set[int]:
@@ -198,24 +179,20 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     import torch
 
     from hllm.formats.checkpoint import load_manifest
-    from hllm.model.hllm import gather_readout, load_model
+    from hllm.model.hllm import load_model
+    from hllm.model.threads import torch_threads
 
-    if threads:
-        torch.set_num_threads(threads)
     manifest = load_manifest(ckpt)
     index = cache.check(manifest.backbone_path, manifest.prompt.to_dict(), slate_ids)
     model = load_model(manifest)
     below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
     if below:
         raise CheckpointError(f"{ckpt}: the adapter changes layers {below[:5]}…, below the cached layer {cache.layer}")
-    base = model.backbone.get_base_model() if hasattr(model.backbone, "get_base_model") else model.backbone
-    n_layers = len(base.layers)
-    with torch.inference_mode():
-        for done, i in enumerate(index, 1):
-            h_np, pos_np = cache.get(i)
-            h = lower_layers(model.backbone, torch.from_numpy(h_np)[None], cache.layer, n_layers)
-            items = gather_readout(base.norm(h), torch.from_numpy(pos_np)[None])
-            mask = torch.ones(1, items.shape[1], dtype=torch.bool)
-            yield model.head(items, mask)[0].numpy()
-            if on_progress:
-                on_progress(done, len(slate_ids))
+    for done, i in enumerate(index, 1):
+        h_np, pos_np = cache.get(i)
+        with torch_threads(threads), torch.inference_mode():
+            mask = torch.ones(1, len(pos_np), dtype=torch.bool)
+            m = model.forward_from(torch.from_numpy(h_np)[None], cache.layer, torch.from_numpy(pos_np)[None], mask)
+        yield m[0].numpy()
+        if on_progress:
+            on_progress(done, len(slate_ids))

@@ -141,7 +141,7 @@ class _Model(torch.nn.Module):
 
     def upper(self, h: torch.Tensor) -> torch.Tensor:
         """Layers ``start_layer..L-1`` + final norm on ``h [B, S, D]`` → last hidden ``[B, S, D]``."""
-        from hllm.training.features import lower_layers
+        from hllm.model.hllm import run_layers as lower_layers
 
         return self.base().norm(lower_layers(self.backbone, h, self.start_layer, len(self.base().layers)))
 
@@ -226,7 +226,8 @@ def _frozen_part(model: _Model, slates: list[dict], builder: PromptBuilder, n_la
     or (hidden state entering ``start_layer`` ``[S, D]``, readout positions ``[N]``). Computed from the
     prompt, or from a :class:`~hllm.training.features.FeatureCache` by running only layers
     ``cache.layer..start_layer-1``."""
-    from hllm.training.features import FeatureCache, lower_layers
+    from hllm.training.features import FeatureCache
+    from hllm.model.hllm import run_layers as lower_layers
 
     cache = None
     if cfg.features:
