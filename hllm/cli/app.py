@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     from typer.exceptions import Abort, Exit, TyperException
 
     from hllm.errors import HllmError
+    from rich.markup import escape
+
     from hllm.extras import missing_message
 
     quiet_libraries()
@@ -116,13 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     except (HllmError, FileExistsError) as e:
         if _state["debug"]:
             raise
-        console.print(f"[red]error:[/] {e}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False)  # escape: 'hllm[serve]' is not markup
         sys.exit(2)
     except ModuleNotFoundError as e:  # an optional dependency: name the extra that brings it
         message = missing_message(e)
         if message is None or _state["debug"]:
             raise
-        console.print(f"[red]error:[/] {message}", highlight=False)
+        console.print(f"[red]error:[/] {escape(message)}", highlight=False)
         sys.exit(2)
     except Exception as e:  # a bug: say so, keep the traceback behind --debug
         if _state["debug"]:
