@@ -100,3 +100,10 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
               "--batch-size", "3", "--limit", "10", "--ray", "--workers", "2"])
     assert e.value.code == 0
     assert (tmp_path / "cli.jsonl").read_text().splitlines() == (tmp_path / "one.jsonl").read_text().splitlines()[:10]
+
+
+def test_ray_modules_import_no_torch():
+    code = ("import sys, hllm.serve.ray_serve, hllm.runtime.ray_data;"
+            "bad=[m for m in ('torch','transformers','peft') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
