@@ -2,7 +2,8 @@
 
 Commands live in small modules (``hllm/cli/*_cmds.py``) that register on :data:`app`; ``main``
 runs it so that every :class:`hllm.errors.HllmError` (and a refused overwrite) becomes one line on
-stderr and exit code 2, a failed check (parity, gate) exits 1, and tracebacks appear only with
+stderr and exit code 2, a missing optional dependency prints its ``pip install 'hllm[EXTRA]'`` line
+(:mod:`hllm.extras`) and exits 2, a failed check (parity, gate) exits 1, and tracebacks appear only with
 ``--debug``.
 """
 
@@ -35,8 +36,19 @@ DEFAULT_SLATES = Path("examples/beauty-eval-sample.jsonl.gz")
 _state = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import hllm
+
+        out.print(f"hllm {hllm.__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
     _state["debug"] = debug
     quiet_libraries()
 
@@ -87,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     from typer.exceptions import Abort, Exit, TyperException
 
     from hllm.errors import HllmError
+    from rich.markup import escape
+
+    from hllm.extras import missing_message
 
     quiet_libraries()
     try:
@@ -103,7 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     except (HllmError, FileExistsError) as e:
         if _state["debug"]:
             raise
-        console.print(f"[red]error:[/] {e}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False)  # escape: 'hllm[serve]' is not markup
+        sys.exit(2)
+    except ModuleNotFoundError as e:  # an optional dependency: name the extra that brings it
+        message = missing_message(e)
+        if message is None or _state["debug"]:
+            raise
+        console.print(f"[red]error:[/] {escape(message)}", highlight=False)
         sys.exit(2)
     except Exception as e:  # a bug: say so, keep the traceback behind --debug
         if _state["debug"]:

@@ -19,12 +19,17 @@ def rank_cmd(
     out_path: Path = typer.Option(..., "--out", "-o", help="Rankings JSONL to write (atomic)."),
     batch_size: int = typer.Option(1, help="Slates per engine call."),
     limit: Optional[int] = typer.Option(None, help="Rank only the first LIMIT slates."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine (with --ray: per actor, default 1)."),
+    ray: bool = typer.Option(False, "--ray", help="Rank on Ray Data with one engine per actor (pip install 'hllm[ray]'); same output, same order."),
+    workers: int = typer.Option(2, help="With --ray: number of actors (engines)."),
 ) -> None:
     """Rank slates: one prefill pass per batch, LAPJV decode, JSONL rankings out."""
     from hllm.runtime import Ranker, read_slates, write_jsonl
 
     quiet_libraries()
+    if ray:
+        _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers)
+        return
     data = read_slates(slates, limit=limit)
     ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads)
     t0 = time.perf_counter()
@@ -33,6 +38,22 @@ def rank_cmd(
         res = ranker.rank(data, on_progress=lambda n: bar.advance(task, n))
     write_jsonl(out_path, (r.to_dict() for r in res))
     out.print(f"ranked {len(res)} slates with {ranker.engine.name} in {time.perf_counter() - t0:.1f} s → {out_path}")
+
+
+def _rank_on_ray(model: Path, slates: Path, out_path: Path, batch_size: int, limit: Optional[int], threads: Optional[int], workers: int) -> None:
+    """``hllm rank --ray``: :func:`hllm.runtime.ray_data.rank_file` (a local Ray instance unless RAY_ADDRESS is set)."""
+    from hllm.runtime.artefact import resolve
+    from hllm.runtime.ray_data import rank_file
+
+    if workers < 1 or batch_size < 1:
+        raise typer.BadParameter("--workers and --batch-size must be ≥ 1")
+    resolve(model)  # fail on a bad path before starting Ray
+    t0 = time.perf_counter()
+    with progress() as bar:
+        task = bar.add_task(f"ranking on Ray ({workers} actors)", total=None)
+        n = rank_file(model, slates, out_path, workers=workers, batch_size=batch_size, threads=threads or 1, limit=limit,
+                      on_progress=lambda k: bar.advance(task, k))
+    out.print(f"ranked {n} slates on Ray with {workers} actors in {time.perf_counter() - t0:.1f} s → {out_path}")
 
 
 @app.command("parity")

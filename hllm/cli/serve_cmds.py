@@ -114,21 +114,31 @@ def _print_table(report: dict) -> None:
 def triton_repo_cmd(
     model: Path = typer.Argument(..., help="Export dir / .onnx (ONNX Runtime backend) or TensorRT .plan."),
     out_dir: Path = typer.Argument(..., help="Repository to write (refused if it exists, unless --overwrite)."),
-    max_batch_size: int = typer.Option(8, help="Triton max_batch_size of the engine and decode models."),
+    max_batch_size: int = typer.Option(8, help="Triton max_batch_size of every model (slates per request)."),
     max_queue_delay_us: int = typer.Option(2000, help="Dynamic batching window of the engine model (µs)."),
     instances: int = typer.Option(1, help="Engine model instances."),
     kind: str = typer.Option("gpu", help="Engine instance kind: gpu or cpu."),
+    preprocess_instances: int = typer.Option(2, help="CPU instances of the preprocessing (tokenization) model."),
     decode_instances: int = typer.Option(2, help="CPU instances of the LAPJV decode model."),
+    seq_bucket: int = typer.Option(64, help="Prompts are right-padded to a multiple of this many tokens (equal shapes batch)."),
+    bundle_deps: bool = typer.Option(False, "--bundle-deps", help="Unpack the tokenizers and lap wheels into the repository (pip, needs PyPI or PIP_FIND_LINKS): runs on a stock Triton image."),
+    bundle_python: str = typer.Option("3.12", help="Python version of the Triton image's Python backend (for --bundle-deps)."),
+    bundle_arch: str = typer.Option("x86_64", help="CPU architecture of the Triton image: x86_64 or aarch64 (for --bundle-deps)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing repository."),
 ) -> None:
-    """Write a Triton model repository: engine (ONNX / TensorRT) + LAPJV decode (Python backend) + ensemble."""
+    """Write a Triton model repository: preprocessing + engine (ONNX / TensorRT) + LAPJV decode, as one ensemble (slates in, rankings out)."""
     from hllm.serve.triton.repo import write_repository
 
     quiet_libraries()
     res = write_repository(
         model, out_dir, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
-        instances=instances, kind=kind, decode_instances=decode_instances, overwrite=overwrite,
+        instances=instances, kind=kind, decode_instances=decode_instances, preprocess_instances=preprocess_instances,
+        seq_bucket=seq_bucket, bundle_deps=bundle_deps, bundle_python=bundle_python, bundle_arch=bundle_arch, overwrite=overwrite,
     )
     for name in res["models"]:
         out.print(f"  {out_dir}/models/{name}/config.pbtxt")
-    out.print(f"Triton repository → {out_dir} (tritonserver --model-repository {out_dir}/models); client: {out_dir}/client/")
+    if res["bundled"]:
+        out.print(f"shipped for Python {bundle_python} {bundle_arch}: {', '.join(p for v in res['bundled'].values() for p in v)}")
+    else:
+        console.print("[yellow]note:[/] tokenizers and lap are not shipped: the Triton image needs them, or rerun with --bundle-deps")
+    out.print(f"Triton repository → {out_dir} (tritonserver --model-repository {out_dir}/models); client: {out_dir}/client/rank.py; see {out_dir}/README.md")

@@ -6,9 +6,10 @@ Inputs per request (Triton strips nothing: the batch dim is the request's own):
 Output:
     ranking    [B, N]    int64     ``ranking[b, p]`` = candidate at rank position p; -1 past the slate
 
-The decoding is :func:`hllm.runtime.decode.decode_batch` — the runtime's own code, imported, so Triton
-and ``hllm serve`` rank identically. Triton's Python backend does not split or merge batches for a
-model: with ``dynamic_batching`` it hands :meth:`TritonPythonModel.execute` several requests at once,
+The decoding is :func:`hllm.runtime.decode.decode_batch` — the runtime's own code: ``hllm triton-repo``
+copies this module and the ones it imports, unchanged, into the repository, so Triton and ``hllm serve``
+rank identically. It needs numpy and ``lap`` (shipped in the repository with ``--bundle-deps``).
+Triton's Python backend does not split or merge batches for a model: with ``dynamic_batching`` it hands :meth:`TritonPythonModel.execute` several requests at once,
 and each is decoded on its own here (LAPJV is per slate anyway). ``triton_python_backend_utils``
 exists only inside Triton and is imported in :meth:`TritonPythonModel.initialize`.
 (https://github.com/triton-inference-server/python_backend#usage)
@@ -68,4 +69,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        pass
+        """Nothing to free."""
+        self.pb = None

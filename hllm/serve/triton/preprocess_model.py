@@ -1,0 +1,127 @@
+"""Prompt building as a Triton Python-backend model: slate JSON in, engine inputs out.
+
+Input per request (Triton adds the batch dim; ``max_batch_size`` ≥ 1):
+    slates             [B, 1] BYTES   one slate per row, UTF-8 JSON in the slate format of
+                                      :mod:`hllm.runtime.slates`
+Outputs:
+    input_ids          [B, S] int64   right-padded token ids; S = the longest prompt rounded up to a
+                                      multiple of ``seq_bucket`` (at most ``max_seq_len`` unless the
+                                      prompt itself is longer)
+    readout_positions  [B, K] int64   each candidate's last token; 0 past the slate
+    item_mask          [B, K] bool    True for real candidates (a prefix)
+    truncated          [B, K] bool    True where a candidate's text was cut to the token budget
+
+The encoding is :class:`hllm.runtime.prompt.PromptBuilder` and the slate check
+:func:`hllm.runtime.slates.validate_slate` — ``hllm triton-repo`` copies these modules, unchanged,
+into the repository beside this one, so Triton builds exactly the prompts of ``hllm rank`` / ``hllm
+serve``. Triton's dynamic batcher merges requests only when their shapes are equal, so every row is
+padded to ``N = K`` item slots and ``S`` to a bucket; right padding leaves every real token's hidden
+state unchanged (causal attention, see :mod:`hllm.runtime.prompt`). Each request is encoded on its
+own (the Python backend hands ``execute`` a list of requests; it does not merge them); a bad slate
+fails only its own request. ``triton_python_backend_utils`` exists only inside Triton and is imported
+in :meth:`TritonPythonModel.initialize`. Settings (K, bucket, prompt spec) and ``tokenizer.json``
+lie in the model's version directory (``args["model_repository"]/args["model_version"]``).
+Python backend API: https://github.com/triton-inference-server/python_backend#usage
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hllm.errors import SlateError
+from hllm.formats.prompt import PromptSpec
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.runtime.slates import validate_slate
+
+SLATES, TRUNCATED = "slates", "truncated"
+#: The settings file in the model's version directory: ``{"num_positions", "seq_bucket", "prompt"}``.
+SETTINGS = "hllm_preprocess.json"
+
+
+def bucket_length(s: int, seq_bucket: int, max_seq_len: int) -> int:
+    """``s`` rounded up to a multiple of ``seq_bucket``, but not past ``max(s, max_seq_len)``."""
+    return min(-(-s // seq_bucket) * seq_bucket, max(s, max_seq_len))
+
+
+def parse_slates(raw: np.ndarray) -> list[dict]:
+    """Slates from a BYTES tensor ``[B]`` or ``[B, 1]`` of UTF-8 JSON objects.
+
+    Raises: SlateError naming the row (not UTF-8, malformed JSON, not a valid slate).
+    """
+    rows = np.asarray(raw, dtype=object).reshape(-1)
+    slates = []
+    for i, item in enumerate(rows):
+        try:
+            text = item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
+            obj = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SlateError(f"slates[{i}]: not a UTF-8 JSON slate ({e})") from None
+        slates.append(validate_slate(obj, f"slates[{i}]"))
+    if not slates:
+        raise SlateError("no slates in the request")
+    return slates
+
+
+def encode_padded(builder: PromptBuilder, slates: list[dict], num_positions: int, seq_bucket: int) -> dict[str, np.ndarray]:
+    """Engine inputs of ``slates`` padded to ``K = num_positions`` items and an ``S`` bucket (see module doc).
+
+    Returns ``{input_ids [B,S] int64, readout_positions [B,K] int64, item_mask [B,K] bool, truncated [B,K] bool}``.
+    Raises: SlateError (empty slate, more than K candidates, prompt over ``max_seq_len``).
+    """
+    batch = builder.encode(slates)
+    b, s = batch.input_ids.shape
+    n = batch.item_mask.shape[1]
+    s2 = bucket_length(s, seq_bucket, builder.spec.max_seq_len)
+    ids = np.full((b, s2), builder.pad_id, dtype=np.int64)
+    ids[:, :s] = batch.input_ids
+    pos = np.zeros((b, num_positions), dtype=np.int64)
+    pos[:, :n] = batch.readout_positions
+    mask = np.zeros((b, num_positions), dtype=bool)
+    mask[:, :n] = batch.item_mask
+    truncated = np.zeros((b, num_positions), dtype=bool)
+    for row, cut in enumerate(batch.truncated):
+        truncated[row, cut] = True
+    return {"input_ids": ids, "readout_positions": pos, "item_mask": mask, TRUNCATED: truncated}
+
+
+def load_settings(home: str | Path) -> tuple[PromptBuilder, int, int]:
+    """(builder, K, seq_bucket) from ``SETTINGS`` and ``tokenizer.json`` in ``home``.
+
+    Raises: CheckpointError (tokenizer or prompt spec unreadable), OSError / KeyError (settings file).
+    """
+    home = Path(home)
+    cfg = json.loads((home / SETTINGS).read_text(encoding="utf-8"))
+    k = int(cfg["num_positions"])
+    builder = PromptBuilder(load_tokenizer(home / "tokenizer.json"), PromptSpec.from_dict(cfg["prompt"]), max_items=k)
+    return builder, k, int(cfg["seq_bucket"])
+
+
+class TritonPythonModel:
+    """Triton Python-backend entry point (``initialize`` / ``execute`` / ``finalize``)."""
+
+    def initialize(self, args: dict) -> None:
+        """Load the tokenizer and prompt spec from the model's version directory."""
+        import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
+
+        self.pb = pb_utils
+        self.builder, self.num_positions, self.seq_bucket = load_settings(Path(args["model_repository"]) / args["model_version"])
+
+    def execute(self, requests: list) -> list:
+        """One response per request, in order; a request with a bad slate gets an error response."""
+        pb = self.pb
+        responses = []
+        for request in requests:
+            try:
+                slates = parse_slates(pb.get_input_tensor_by_name(request, SLATES).as_numpy())
+                arrays = encode_padded(self.builder, slates, self.num_positions, self.seq_bucket)
+                responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(name, a) for name, a in arrays.items()]))
+            except Exception as e:  # noqa: BLE001 — one bad request must not fail the others
+                responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"hllm preprocess: {e}")))
+        return responses
+
+    def finalize(self) -> None:
+        """Drop the tokenizer."""
+        self.builder = None

@@ -1,0 +1,86 @@
+"""Packaging: the base package needs only numpy, `hllm[runtime]` no CLI library, a missing extra prints its
+`pip install 'hllm[EXTRA]'` line and exits 2, `hllm --version` prints `hllm.__version__`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import hllm
+from hllm.extras import MODULE_EXTRA, MissingExtraError, extra_for, require
+
+REPO = Path(__file__).resolve().parents[1]
+BLOCK = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Block())
+from hllm.cli import main
+main({argv!r})
+"""
+
+
+def _hllm_without(blocked: set[str], *argv: str) -> subprocess.CompletedProcess:
+    """Run the `hllm` entry point with ``blocked`` modules unimportable (as if their extra were not installed)."""
+    code = BLOCK.format(blocked=blocked, argv=list(argv))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def _extras() -> tuple[list[str], dict[str, list[str]]]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project["dependencies"], project["optional-dependencies"]
+
+
+def test_runtime_extra_pulls_no_cli_library_and_cli_extras_include_cli():
+    base, extras = _extras()
+    assert base == ["numpy"]
+    assert extras["cli"] == ["typer", "rich"]
+    assert not {"typer", "rich", "pydantic", "fastapi"} & set(extras["runtime"])
+    for name in ("export", "serve", "bench", "ray", "tensorrt"):
+        assert any(d.startswith("hllm[") and "cli" in d for d in extras[name]), name
+    # every extra named in the module map exists
+    assert set(MODULE_EXTRA.values()) <= set(extras)
+
+
+def test_import_runtime_loads_no_cli_library():
+    code = "import sys, hllm.runtime, hllm.extras; print(sorted({m.split('.')[0] for m in sys.modules} & {'typer','rich','pydantic','torch','click'}))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_version_is_the_package_metadata():
+    from importlib.metadata import version
+
+    assert hllm.__version__ == version("hllm")
+    r = subprocess.run([sys.executable, "-m", "hllm", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"hllm {hllm.__version__}"
+
+
+def test_missing_cli_extra_prints_the_install_line_and_exits_2():
+    r = _hllm_without({"typer"}, "--help")
+    assert r.returncode == 2 and "pip install 'hllm[cli]'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_extra_of_a_command_prints_its_install_line_and_exits_2(export_dir, tmp_path):
+    r = _hllm_without({"fastapi"}, "serve", str(export_dir))
+    assert r.returncode == 2 and "pip install 'hllm[serve]'" in " ".join(r.stderr.split()), r.stderr
+    r = _hllm_without({"ray"}, "rank", str(export_dir), "--slates", str(REPO / "examples/beauty-eval-sample.jsonl.gz"),
+                      "--out", str(tmp_path / "o.jsonl"), "--ray")
+    assert r.returncode == 2 and "pip install 'hllm[ray]'" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_require_names_the_extra(monkeypatch):
+    assert extra_for("onnxruntime.capi") == "runtime" and extra_for("nothing_known") is None
+    assert require("json").__name__ == "json"
+    with pytest.raises(ModuleNotFoundError):
+        require("surely_not_a_module_xyz")  # no extra provides it: not hidden
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ModuleNotFoundError
+    with pytest.raises(MissingExtraError, match=r"pip install 'hllm\[bench\]'"):
+        require("matplotlib")
