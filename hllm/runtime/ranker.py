@@ -176,15 +176,24 @@ class Ranker:
         res.times = StageTimes((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         return res
 
-    def rank(self, slates: Sequence[dict], on_progress: Callable[[int], None] | None = None) -> RankResult:
-        """Rank any number of slates, ``batch_size`` per engine call.
+    def rank(self, slates: Sequence[dict], on_progress: Callable[[int], None] | None = None,
+             encoded: Sequence[EncodedSlate] | None = None, batch_size: int | None = None) -> RankResult:
+        """Rank any number of slates, ``batch_size`` (default: the ranker's) per engine call.
 
-        ``on_progress(n)`` is called after each engine call with the number of slates it ranked.
+        ``on_progress(n)`` is called after each engine call with the number of slates it ranked;
+        ``encoded``: see :meth:`rank_batch`. Raises: as :meth:`rank_batch`; EngineError if the engine
+        returns another number of rankings than slates.
         """
+        step = max(1, int(batch_size or self.batch_size))
         out = RankResult()
-        for i in range(0, len(slates), self.batch_size):
-            chunk = slates[i : i + self.batch_size]
-            out.extend(self.rank_batch(chunk))
+        for i in range(0, len(slates), step):
+            chunk = slates[i : i + step]
+            res = self.rank_batch(chunk, None if encoded is None else encoded[i : i + step])
+            if len(res) != len(chunk):
+                from hllm.errors import EngineError
+
+                raise EngineError(f"ranker returned {len(res)} rankings for {len(chunk)} slates")
+            out.extend(res)
             if on_progress:
                 on_progress(len(chunk))
         return out

@@ -39,8 +39,8 @@ class RankActor:
         """``chunk`` [n] JSON lists of slates → ``rankings`` [n] JSON lists of ``Ranking.to_dict()``."""
         out = []
         for chunk in batch["chunk"]:
-            rankings, _ = self.ranker.rank_batch(json.loads(chunk))
-            out.append(json.dumps([r.to_dict() for r in rankings], ensure_ascii=False))
+            res = self.ranker.rank_batch(json.loads(chunk))
+            out.append(json.dumps([r.to_dict() for r in res], ensure_ascii=False))
         return {"rankings": np.array(out, dtype=object)}
 
 

@@ -323,14 +323,5 @@ class MicroBatcher:
 
     def _rank(self, slates: list[dict], encoded: list | None = None):
         """Engine thread: rank ``slates`` in chunks of ``max_batch_slates``; summed stage times."""
-        step = self.options.max_batch_slates
-        rankings: list = []
-        total = None
-        for i in range(0, len(slates), step):
-            chunk = slates[i : i + step]
-            res = self.ranker.rank_batch(chunk, None if encoded is None else encoded[i : i + step])
-            if len(res.rankings) != len(chunk):
-                raise EngineError(f"ranker returned {len(res.rankings)} rankings for {len(chunk)} slates")
-            rankings.extend(res.rankings)
-            total = res.times if total is None else total + res.times
-        return rankings, total
+        res = self.ranker.rank(slates, encoded=encoded, batch_size=self.options.max_batch_slates)
+        return res.rankings, res.times

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from hllm.runtime.ranker import Ranker, StageTimes
-from hllm.serve.app import ApiError, _check_encodable, _error_response, parse_rank_body, warmup_slate
+from hllm.serve.app import ApiError, _encode, _error_response, parse_rank_body, warmup_slate
 
 
 class RankerDeployment:
@@ -50,24 +50,21 @@ class RankerDeployment:
         self.max_body_bytes = max_body_bytes
         self.batches = 0
 
-    def _rank(self, slates: list[dict]) -> tuple[list, StageTimes]:
+    def _rank(self, slates: list[dict], encoded: list) -> tuple[list, StageTimes]:
         """Rank in engine calls of at most ``max_batch_slates`` slates; summed stage times."""
-        rankings, total = [], StageTimes(0.0, 0.0, 0.0)
-        for i in range(0, len(slates), self.max_batch_slates):
-            r, t = self.ranker.rank_batch(slates[i : i + self.max_batch_slates])
-            rankings.extend(r)
-            total = StageTimes(total.prompt_ms + t.prompt_ms, total.engine_ms + t.engine_ms, total.decode_ms + t.decode_ms)
-        return rankings, total
+        res = self.ranker.rank(slates, encoded=encoded, batch_size=self.max_batch_slates)
+        return res.rankings, res.times
 
-    async def rank_requests(self, requests: list[tuple[list[dict], float]]) -> list[tuple[list[dict], dict]]:
+    async def rank_requests(self, requests: list[tuple[list[dict], list, float]]) -> list[tuple[list[dict], dict]]:
         """Micro-batch (wrapped by ``@serve.batch`` in :func:`ranker_app`): rank every request's slates together."""
         start = time.perf_counter()
         self.batches += 1
         batch_id = self.batches
-        slates = [s for req, _ in requests for s in req]
-        rankings, times = await asyncio.to_thread(self._rank, slates)
+        slates = [s for req, _, _ in requests for s in req]
+        encoded = [e for _, enc, _ in requests for e in enc]
+        rankings, times = await asyncio.to_thread(self._rank, slates, encoded)
         out, i = [], 0
-        for req, enqueued in requests:
+        for req, _, enqueued in requests:
             mine = rankings[i : i + len(req)]
             i += len(req)
             out.append(([r.to_dict() for r in mine], {
@@ -93,11 +90,11 @@ class RankerDeployment:
             if len(body) > self.max_body_bytes:
                 raise ApiError(413, "too_large", f"body of {len(body)} bytes is over the limit of {self.max_body_bytes} bytes")
             slates, _deadline = parse_rank_body(body, request.headers.get("content-type", ""), self.max_slates_per_request)
-            await asyncio.to_thread(_check_encodable, self.ranker.builder, slates)
+            encoded = await asyncio.to_thread(_encode, self.ranker.builder, slates)
         except ApiError as e:
             return _error_response(e)
         t1 = time.perf_counter()
-        rankings, timing = await self.batched(slates, t1)
+        rankings, timing = await self.batched(slates, encoded, t1)
         t2 = time.perf_counter()
         timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **timing, "total_ms": round((t2 - t0) * 1e3, 3)}
         return JSONResponse({"request_id": uuid.uuid4().hex[:12], "rankings": rankings, "timing": timing})
@@ -115,8 +112,8 @@ def ranker_app(model: str, num_replicas: int = 1, max_batch_requests: int = 8, b
 
     class Replica(RankerDeployment):
         @micro_batch
-        async def batched(self, slates: list[dict], enqueued: float):
-            return await self.rank_requests(list(zip(slates, enqueued)))
+        async def batched(self, slates: list[dict], encoded: list, enqueued: float):
+            return await self.rank_requests(list(zip(slates, encoded, enqueued)))
 
     Replica.__name__ = Replica.__qualname__ = "HllmRanker"
     deployment = serve.deployment(name="HllmRanker", num_replicas=num_replicas,

@@ -14,7 +14,7 @@ from hllm.runtime.slates import read_slates, write_jsonl
 from hllm.testing import tiny_slates
 from hllm.training.features import FeatureCache, build_cache, scores_from_cache
 from hllm.training.trainer import train
-from tests.test_training import _cfg as train_cfg
+from tests.training.test_training import _cfg as train_cfg
 
 PROMPT = PromptSpec().to_dict()
 
