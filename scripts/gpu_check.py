@@ -64,7 +64,7 @@ def _cuda_engine(model, k: int, precision: str, device: str = "cuda"):
         def _deactivate(self):
             pass
 
-        def _run(self, input_ids, readout_positions, item_mask):
+        def _run(self, input_ids, readout_positions, item_mask, context_positions=None):
             with torch.inference_mode():
                 t = [torch.from_numpy(x).to(device) for x in (input_ids, readout_positions, item_mask)]
                 return model(*t).float().cpu().numpy()

@@ -49,6 +49,17 @@ def check_inputs(input_ids: np.ndarray, readout_positions: np.ndarray, item_mask
         raise ShapeError(f"readout_positions must lie in [0, {s}) (the sequence length)")
 
 
+def check_context(context_positions, batch: int, seq: int) -> None:
+    """Validate ``context_positions [B] int64`` in ``[0, S)``; raises ShapeError naming the problem."""
+    if not isinstance(context_positions, np.ndarray):
+        raise ShapeError("this graph reads the user context: context_positions [B] int64 is required")
+    if context_positions.dtype != np.int64 or context_positions.shape != (batch,):
+        raise ShapeError(f"context_positions must be int64 of shape ({batch},), got {context_positions.dtype} "
+                         f"{context_positions.shape}")
+    if batch and (context_positions.min() < 0 or context_positions.max() >= seq):
+        raise ShapeError(f"context_positions must lie in [0, {seq}) (the sequence length)")
+
+
 class Engine(abc.ABC):
     """Base class of every backend. Subclasses implement ``_activate``, ``_deactivate``, ``_run``.
 
@@ -56,13 +67,15 @@ class Engine(abc.ABC):
         name: short backend name (``torch``, ``onnxruntime``, ``tensorrt``).
         num_positions: K, the number of rank positions of the scoring head.
         precision: :class:`hllm.formats.precision.Precision` of the graph it runs (reports say it).
+        context: the graph reads the user context (fourth input ``context_positions``).
     """
 
     name: str = "engine"
 
-    def __init__(self, num_positions: int, precision: Precision = Precision.FP32):
+    def __init__(self, num_positions: int, precision: Precision = Precision.FP32, context: bool = False):
         self.num_positions = int(num_positions)
         self.precision = Precision.parse(precision)
+        self.context = bool(context)
         self._active = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -92,23 +105,30 @@ class Engine(abc.ABC):
     # -- description --------------------------------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
         """Input specs (names, dtypes, dynamic dims)."""
-        return graph_io_specs(self.num_positions)[0]
+        return graph_io_specs(self.num_positions, self.context)[0]
 
     def outputs(self) -> list[TensorSpec]:
         """Output specs: one ``scores [batch, items, K] float32``."""
-        return graph_io_specs(self.num_positions)[1]
+        return graph_io_specs(self.num_positions, self.context)[1]
 
     # -- inference ------------------------------------------------------------------------------
-    def run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> np.ndarray:
+    def run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray,
+            context_positions: np.ndarray | None = None) -> np.ndarray:
         """Score matrix ``[B, N, K]`` float32 for the inputs (see module docstring).
 
+        ``context_positions [B] int64`` is required by an engine whose graph reads the user context
+        (:attr:`context`) and ignored by the others.
         Raises:
             ShapeError: malformed inputs. EngineError: engine not active or backend failure.
         """
         check_inputs(input_ids, readout_positions, item_mask)
+        if self.context:
+            check_context(context_positions, *input_ids.shape)
+        else:
+            context_positions = None
         if not self._active:
             raise EngineError(f"{self.name} engine is not active (call activate() or use `with`)")
-        out = self._run(input_ids, readout_positions, item_mask)
+        out = self._run(input_ids, readout_positions, item_mask, context_positions)
         b, n = item_mask.shape
         if out.shape != (b, n, self.num_positions):
             raise EngineError(f"{self.name} returned scores {out.shape}, expected {(b, n, self.num_positions)}")
@@ -121,4 +141,5 @@ class Engine(abc.ABC):
     def _deactivate(self) -> None: ...
 
     @abc.abstractmethod
-    def _run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> np.ndarray: ...
+    def _run(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray,
+             context_positions: np.ndarray | None) -> np.ndarray: ...

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hllm.engines.base import Engine
-from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME
+from hllm.formats.graph import OUTPUT_NAME, input_names
 from hllm.errors import EngineError
 from hllm.formats.precision import Precision
 
@@ -26,6 +26,7 @@ class OnnxRuntimeEngine(Engine):
         intra_op_threads: threads per op (0 = ORT default = physical cores).
         graph_optimization: ``"all"`` (default), ``"extended"``, ``"basic"`` or ``"disabled"``.
         precision: the graph's :class:`Precision` (from its sidecar; recorded in reports).
+        context: the graph has the ``context_positions`` input (checked on activate).
     """
 
     name = "onnxruntime"
@@ -38,8 +39,9 @@ class OnnxRuntimeEngine(Engine):
         intra_op_threads: int = 0,
         graph_optimization: str = "all",
         precision: Precision = Precision.FP32,
+        context: bool = False,
     ):
-        super().__init__(num_positions, precision)
+        super().__init__(num_positions, precision, context)
         self.model_path = Path(model_path)
         self.providers = providers
         self.intra_op_threads = intra_op_threads
@@ -69,8 +71,10 @@ class OnnxRuntimeEngine(Engine):
         except Exception as e:
             raise EngineError(f"ONNX Runtime cannot load {self.model_path}: {e}") from None
         names = [i.name for i in self._session.get_inputs()]
-        if sorted(names) != sorted(INPUT_NAMES):
-            raise EngineError(f"{self.model_path} has inputs {names}, expected {list(INPUT_NAMES)}")
+        want = input_names(self.context)
+        if sorted(names) != sorted(want):
+            raise EngineError(f"{self.model_path} has inputs {names}, expected {list(want)} (its sidecar says the "
+                              f"head {'reads' if self.context else 'does not read'} the user context)")
         out = self._session.get_outputs()[0]
         k = out.shape[-1]
         if isinstance(k, int) and k != self.num_positions:
@@ -79,8 +83,10 @@ class OnnxRuntimeEngine(Engine):
     def _deactivate(self) -> None:
         self._session = None
 
-    def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None) -> np.ndarray:
         feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
+        if context_positions is not None:
+            feeds["context_positions"] = context_positions
         try:
             (scores,) = self._session.run([OUTPUT_NAME], feeds)
         except Exception as e:

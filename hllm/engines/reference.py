@@ -25,7 +25,7 @@ class TorchEngine(Engine):
         from hllm.formats.checkpoint import load_manifest
 
         self.manifest = load_manifest(checkpoint)
-        super().__init__(self.manifest.num_positions)
+        super().__init__(self.manifest.num_positions, context=self.manifest.head.context)
         self.checkpoint = Path(checkpoint)
         self.merge = merge
         self.threads = threads
@@ -39,13 +39,13 @@ class TorchEngine(Engine):
     def _deactivate(self) -> None:
         self.model = None
 
-    def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None) -> np.ndarray:
         import torch
 
         from hllm.model.threads import torch_threads
 
         with torch_threads(self.threads), torch.inference_mode():
-            out = self.model(
-                torch.from_numpy(input_ids), torch.from_numpy(readout_positions), torch.from_numpy(item_mask)
-            )
+            ctx = None if context_positions is None else torch.from_numpy(context_positions)
+            out = self.model(torch.from_numpy(input_ids), torch.from_numpy(readout_positions),
+                             torch.from_numpy(item_mask), ctx)
         return out.float().numpy()

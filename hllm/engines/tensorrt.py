@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hllm.engines.base import Engine
-from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME
+from hllm.formats.graph import OUTPUT_NAME, input_names, sidecar_reads_context
 from hllm.errors import EngineError
 from hllm.formats.precision import Precision
 from hllm.formats.plan import DeviceInfo, check_compatible, profiles as sidecar_profiles, read_sidecar
@@ -37,7 +37,8 @@ from hllm.formats.profiles import Profile, select_profile
 MIN_MAJOR = 10
 INSTALL_HINT = ("install TensorRT from NVIDIA's package index, e.g. "
                 "`pip install tensorrt-cu12 cuda-python --extra-index-url https://pypi.nvidia.com` (see docs/tensorrt.md)")
-_DTYPES = {"input_ids": np.int64, "readout_positions": np.int64, "item_mask": np.bool_, OUTPUT_NAME: np.float32}
+_DTYPES = {"input_ids": np.int64, "readout_positions": np.int64, "item_mask": np.bool_, "context_positions": np.int64,
+           OUTPUT_NAME: np.float32}
 
 
 def import_tensorrt():
@@ -139,7 +140,7 @@ class TensorRTEngine(Engine):
     name = "tensorrt"
 
     def __init__(self, plan_path: str | os.PathLike, num_positions: int, sidecar: dict | None = None, device: int = 0):
-        super().__init__(num_positions, (sidecar or {}).get("precision"))
+        super().__init__(num_positions, (sidecar or {}).get("precision"), sidecar_reads_context(sidecar or {}))
         self.plan_path = Path(plan_path)
         self.sidecar = sidecar
         self.device = device
@@ -154,6 +155,7 @@ class TensorRTEngine(Engine):
             raise EngineError(f"the sidecar given does not belong to {self.plan_path}")
         self.sidecar = meta
         self.precision = Precision.parse(meta.get("precision"))
+        self.context = sidecar_reads_context(meta)
         if int(meta["num_positions"]) != self.num_positions:
             raise EngineError(f"{self.plan_path} outputs K={meta['num_positions']}, expected {self.num_positions}")
         self._profiles = sidecar_profiles(meta)
@@ -169,8 +171,9 @@ class TensorRTEngine(Engine):
         if engine is None:
             raise EngineError(f"TensorRT cannot deserialize {self.plan_path} (see the TensorRT log)")
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        if sorted(names) != sorted((*INPUT_NAMES, OUTPUT_NAME)):
-            raise EngineError(f"{self.plan_path} has I/O tensors {names}, expected {[*INPUT_NAMES, OUTPUT_NAME]}")
+        want = [*input_names(self.context), OUTPUT_NAME]
+        if sorted(names) != sorted(want):
+            raise EngineError(f"{self.plan_path} has I/O tensors {names}, expected {want}")
         if engine.num_optimization_profiles != len(self._profiles):
             raise EngineError(f"{self.plan_path} has {engine.num_optimization_profiles} profiles, sidecar lists {len(self._profiles)}")
         self._engine = engine
@@ -181,6 +184,8 @@ class TensorRTEngine(Engine):
         nmax = max(p.items.max for p in self._profiles)
         sizes = {"input_ids": bmax * smax * 8, "readout_positions": bmax * nmax * 8, "item_mask": bmax * nmax,
                  OUTPUT_NAME: bmax * nmax * self.num_positions * 4}
+        if self.context:
+            sizes["context_positions"] = bmax * 8
         self._buf = {}
         for name, nbytes in sizes.items():
             ptr = _ok(cudart.cudaMalloc(nbytes), f"cudaMalloc({name})")
@@ -198,7 +203,7 @@ class TensorRTEngine(Engine):
                 cudart.cudaStreamDestroy(self._stream)
         self._buf, self._stream, self._ctx, self._engine, self._runtime = {}, None, None, None, None
 
-    def _run(self, input_ids, readout_positions, item_mask) -> np.ndarray:
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None) -> np.ndarray:
         cudart, ctx, stream = self._cudart, self._ctx, self._stream
         b, s = input_ids.shape
         n = item_mask.shape[1]
@@ -209,6 +214,8 @@ class TensorRTEngine(Engine):
             self._profile_index = idx
         h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
+        if context_positions is not None:
+            feeds["context_positions"] = context_positions
         host = {}
         for name, arr in feeds.items():
             arr = host[name] = np.ascontiguousarray(arr, dtype=_DTYPES[name])

@@ -53,6 +53,9 @@ class HeadSpec:
             cross-attention layer with ``num_heads``).
         num_positions: K, rank positions = the largest slate the head can rank.
         file: weights file inside the checkpoint directory.
+        context: the head also reads the user context: the final hidden state at the last token of
+            the user context (graph input ``context_positions``), projected to ``d_model`` and added
+            as one more token the items attend to (beyond the paper; docs/training.md says what it buys).
     """
 
     kind: str
@@ -63,6 +66,7 @@ class HeadSpec:
     num_heads: int = 8
     ff_dim: int = 1024
     file: str = "head.safetensors"
+    context: bool = False
 
     def validate(self) -> None:
         """Raise CheckpointError for an unknown kind or non-positive / inconsistent sizes."""
@@ -72,6 +76,8 @@ class HeadSpec:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise CheckpointError(f"head {name} must be a positive integer, got {v!r}")
+        if not isinstance(self.context, bool):
+            raise CheckpointError(f"head context must be true or false, got {self.context!r}")
         if self.d_model % self.num_heads:
             raise CheckpointError(f"head d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
 

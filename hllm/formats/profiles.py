@@ -94,15 +94,19 @@ class Profile:
             raise EngineError(f"items.max={self.items.max} exceeds the head's K={num_positions} rank positions")
         return self
 
-    def shapes(self) -> dict[str, tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]:
-        """``{input name: (min shape, opt shape, max shape)}`` for ``IOptimizationProfile.set_shape``."""
+    def shapes(self, context: bool = False) -> dict[str, tuple[tuple, tuple, tuple]]:
+        """``{input name: (min shape, opt shape, max shape)}`` for ``IOptimizationProfile.set_shape``
+        (``context``: the graph also has ``context_positions [batch]``)."""
         b, s, n = self.batch, self.seq, self.items
         bn = ((b.min, n.min), (b.opt, n.opt), (b.max, n.max))
-        return {
+        out = {
             "input_ids": ((b.min, s.min), (b.opt, s.opt), (b.max, s.max)),
             "readout_positions": bn,
             "item_mask": bn,
         }
+        if context:
+            out["context_positions"] = ((b.min,), (b.opt,), (b.max,))
+        return out
 
     def contains(self, batch: int, seq: int, items: int) -> bool:
         """Whether a request of shape (B, S, N) lies inside this profile."""

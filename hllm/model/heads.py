@@ -1,8 +1,11 @@
 """The three scoring heads of the paper (§3.3), one interface:
 
-    forward(items [B, N, D] float, item_mask [B, N] bool) → scores M [B, N, K] float32
+    forward(items [B, N, D] float, item_mask [B, N] bool, context [B, D] float | None) → scores M [B, N, K] float32
 
-Rows of masked (padding) items are set to 0. Attention is written with explicit reshapes and
+Rows of masked (padding) items are set to 0. With ``HeadSpec.context`` every head also reads the user
+context vector (the final hidden state at the last user-context token): the self-attention and
+slot-query heads see it as one more key/value token, the linear probe adds its projection to each
+item's. Attention is written with explicit reshapes and
 ``torch.nn.functional.scaled_dot_product_attention`` rather than ``nn.MultiheadAttention`` so that
 N stays dynamic under every ONNX exporter (the legacy exporter bakes N into
 ``nn.TransformerEncoder``). Attention masks are boolean (True = may attend); every slate has at
@@ -69,6 +72,26 @@ def _mask_rows(scores: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(item_mask[..., None], scores.float(), torch.zeros((), dtype=torch.float32))
 
 
+class _ContextToken(nn.Module):
+    """Projects the user-context vector ``[B, D]`` to a ``[B, 1, d]`` token and prepends it to a key set."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.proj = nn.Linear(spec.input_dim, spec.d_model)
+
+    def prepend(self, x: torch.Tensor, mask: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tok = self.proj(context).to(x.dtype).unsqueeze(1)
+        return torch.cat([tok, x], 1), torch.cat([torch.ones_like(mask[:, :1]), mask], 1)
+
+
+def _context_of(head: nn.Module, context: torch.Tensor | None) -> torch.Tensor | None:
+    if getattr(head, "context", None) is None:
+        return None
+    if context is None:
+        raise ValueError("this head reads the user context: pass context [B, D] (graph input context_positions)")
+    return context
+
+
 class LinearHead(nn.Module):
     """Linear probe: per item Linear(D, d) → Linear(d, K). No interaction between items."""
 
@@ -76,9 +99,14 @@ class LinearHead(nn.Module):
         super().__init__()
         self.proj = nn.Linear(spec.input_dim, spec.d_model)
         self.out = nn.Linear(spec.d_model, spec.num_positions)
+        self.context = _ContextToken(spec) if spec.context else None
 
-    def forward(self, items: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
-        return _mask_rows(self.out(self.proj(items)), item_mask)
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.proj(items)
+        ctx = _context_of(self, context)
+        if ctx is not None:
+            x = x + self.context.proj(ctx).to(x.dtype).unsqueeze(1)
+        return _mask_rows(self.out(x), item_mask)
 
 
 class SelfAttentionHead(nn.Module):
@@ -93,11 +121,17 @@ class SelfAttentionHead(nn.Module):
         )
         self.norm = nn.LayerNorm(spec.d_model)
         self.out = nn.Linear(spec.d_model, spec.num_positions)
+        self.context = _ContextToken(spec) if spec.context else None
 
-    def forward(self, items: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
-        x = self.proj(items)
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        x, mask = self.proj(items), item_mask
+        ctx = _context_of(self, context)
+        if ctx is not None:
+            x, mask = self.context.prepend(x, mask, ctx)
         for blk in self.blocks:
-            x = blk(x, None, item_mask)
+            x = blk(x, None, mask)
+        if ctx is not None:
+            x = x[:, 1:]
         return _mask_rows(self.out(_ln(self.norm, x)), item_mask)
 
 
@@ -113,12 +147,17 @@ class SlotQueryHead(nn.Module):
             _Block(spec.d_model, spec.num_heads, spec.ff_dim) for _ in range(spec.num_layers)
         )
         self.norm = nn.LayerNorm(spec.d_model)
+        self.context = _ContextToken(spec) if spec.context else None
 
-    def forward(self, items: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         x = self.proj(items)  # [B, N, d]
         q = self.queries.to(x.dtype).unsqueeze(0).expand(x.shape[0], -1, -1)  # [B, K, d]
+        kv, mask = x, item_mask
+        ctx = _context_of(self, context)
+        if ctx is not None:
+            kv, mask = self.context.prepend(x, item_mask, ctx)
         for blk in self.blocks:
-            q = blk(q, x, item_mask)
+            q = blk(q, kv, mask)
         q = _ln(self.norm, q)
         scores = torch.matmul(x.float(), q.float().transpose(1, 2)) / math.sqrt(x.shape[-1])
         return _mask_rows(scores, item_mask)

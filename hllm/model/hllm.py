@@ -27,6 +27,13 @@ def gather_readout(hidden: torch.Tensor, readout_positions: torch.Tensor) -> tor
     return torch.gather(hidden, 1, idx)
 
 
+def gather_context(hidden: torch.Tensor, context_positions: torch.Tensor | None) -> torch.Tensor | None:
+    """``hidden [B, S, D]``, ``context_positions [B] int64`` → the user-context vector ``[B, D]`` (None → None)."""
+    if context_positions is None:
+        return None
+    return gather_readout(hidden, context_positions.unsqueeze(1))[:, 0]
+
+
 def base_model(backbone: nn.Module) -> nn.Module:
     """The HF base decoder inside a (possibly peft-wrapped) backbone: has ``embed_tokens``, ``layers``,
     ``norm`` and ``rotary_emb``."""
@@ -80,18 +87,29 @@ class HllmModel(nn.Module):
         (``start = L``: the norm only) → final hidden states ``[B, S, D]``."""
         return base_model(self.backbone).norm(run_layers(self.backbone, h, start, self.num_layers))
 
-    def score_hidden(self, hidden: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
-        """Readout + head on final hidden states: ``[B, S, D]`` → scores ``[B, N, K]`` float32."""
-        return self.head(gather_readout(hidden, readout_positions), item_mask)
+    @property
+    def reads_context(self) -> bool:
+        """Whether the head reads the user context (the graph then has ``context_positions``)."""
+        return getattr(self.head, "context", None) is not None
 
-    def forward(self, input_ids: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor) -> torch.Tensor:
-        return self.score_hidden(self.hidden_states(input_ids), readout_positions, item_mask)
+    def score_hidden(self, hidden: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor,
+                     context_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Readout + head on final hidden states: ``[B, S, D]`` → scores ``[B, N, K]`` float32.
+
+        ``context_positions [B]`` is used only by a head that reads the user context (ignored otherwise).
+        """
+        ctx = gather_context(hidden, context_positions) if self.reads_context else None
+        return self.head(gather_readout(hidden, readout_positions), item_mask, ctx)
+
+    def forward(self, input_ids: torch.Tensor, readout_positions: torch.Tensor, item_mask: torch.Tensor,
+                context_positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.score_hidden(self.hidden_states(input_ids), readout_positions, item_mask, context_positions)
 
     def forward_from(self, h: torch.Tensor, start: int, readout_positions: torch.Tensor,
-                     item_mask: torch.Tensor) -> torch.Tensor:
+                     item_mask: torch.Tensor, context_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Scores from the hidden state entering layer ``start`` (a feature cache): same maths as
         :meth:`forward` on the prompt, at ``(L - start) / L`` of its cost."""
-        return self.score_hidden(self.upper(h, start), readout_positions, item_mask)
+        return self.score_hidden(self.upper(h, start), readout_positions, item_mask, context_positions)
 
 
 def load_backbone(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> nn.Module:

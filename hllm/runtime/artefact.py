@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError
+from hllm.formats.graph import sidecar_reads_context
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 
@@ -36,6 +37,7 @@ class Artefact:
         precision: :class:`Precision` of the graph (FP32 for a checkpoint).
         flavour: ``standard`` / ``ort-cpu`` for exports, None otherwise.
         meta: the sidecar dict as stored (``{}`` for a checkpoint).
+        context: the head reads the user context (the graph has ``context_positions``).
     """
 
     kind: str
@@ -46,6 +48,7 @@ class Artefact:
     precision: Precision = Precision.FP32
     flavour: str | None = None
     meta: dict = field(default_factory=dict)
+    context: bool = False
 
 
 def resolve(path: str | os.PathLike) -> Artefact:
@@ -64,13 +67,13 @@ def resolve(path: str | os.PathLike) -> Artefact:
         from hllm.formats.checkpoint import load_manifest
 
         m = load_manifest(p)
-        return Artefact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions)
+        return Artefact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions, context=m.head.context)
     if (p.is_dir() and (p / SIDECAR).is_file()) or p.suffix == ".onnx":
         from hllm.formats.export import read_export
 
         e = read_export(p)
         return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
-                        e.flavour, e.raw)
+                        e.flavour, e.raw, sidecar_reads_context(e.raw))
     if p.suffix in (".plan", ".engine"):
         from hllm.formats.plan import read_sidecar, sidecar_path
         from hllm.files import contained_path
@@ -83,7 +86,7 @@ def resolve(path: str | os.PathLike) -> Artefact:
         except Exception as e:
             raise EngineError(f"{side}: prompt: {e}") from None
         return Artefact("tensorrt", p, prompt, tok, int(meta["num_positions"]),
-                        Precision.parse(meta.get("precision")), None, meta)
+                        Precision.parse(meta.get("precision")), None, meta, sidecar_reads_context(meta))
     raise EngineError(f"{p}: not a checkpoint directory, export directory, .onnx or .plan file")
 
 
@@ -105,7 +108,7 @@ def open_engine(artefact: Artefact, **options):
         level = options.get("graph_optimization") or ("basic" if artefact.precision is Precision.FP8 else "all")
         return OnnxRuntimeEngine(artefact.path, artefact.num_positions, providers=options.get("providers"),
                                  intra_op_threads=options.get("threads") or 0, graph_optimization=level,
-                                 precision=artefact.precision)
+                                 precision=artefact.precision, context=artefact.context)
     if artefact.kind == "tensorrt":
         from hllm.engines.tensorrt import TensorRTEngine
 

@@ -31,12 +31,15 @@ class EncodedSlate:
         ids: token ids (list of int). readout: index into ``ids`` of each candidate's last token.
         truncated: candidate indices whose text was cut to the token budget.
         history_dropped: how many history items were dropped to fit the budget.
+        context_end: index into ``ids`` of the last token of the user context (before the first
+            candidate); a head with a user-context readout reads the hidden state there.
     """
 
     ids: list[int]
     readout: list[int]
     truncated: list[int]
     history_dropped: int
+    context_end: int = 0
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Batch:
         item_mask: ``[B, N]`` bool, True for real candidates.
         lengths: ``[B]`` int64 prompt lengths in tokens.
         n_items: ``[B]`` int64 candidates per slate.
+        context_positions: ``[B]`` int64 index of each prompt's last user-context token.
         truncated: per slate, the candidate indices whose text was cut to the token budget.
         history_dropped: per slate, how many history items were dropped to fit the budget.
     """
@@ -61,14 +65,20 @@ class Batch:
     n_items: np.ndarray
     truncated: list[list[int]] = field(default_factory=list)
     history_dropped: list[int] = field(default_factory=list)
+    context_positions: np.ndarray | None = None
 
-    def inputs(self) -> dict[str, np.ndarray]:
-        """The three engine inputs by name."""
-        return {
-            "input_ids": self.input_ids,
-            "readout_positions": self.readout_positions,
-            "item_mask": self.item_mask,
-        }
+    def inputs(self, context: bool = False) -> dict[str, np.ndarray]:
+        """The engine inputs by name (:func:`hllm.formats.graph.input_names`): the three base inputs,
+        plus ``context_positions`` when ``context``.
+
+        Raises: SlateError if ``context`` is asked of a batch built without context positions.
+        """
+        d = {"input_ids": self.input_ids, "readout_positions": self.readout_positions, "item_mask": self.item_mask}
+        if context:
+            if self.context_positions is None:
+                raise SlateError("this batch has no context_positions (encode it with PromptBuilder)")
+            d["context_positions"] = self.context_positions
+        return d
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -146,6 +156,7 @@ class PromptBuilder:
             )
         ids, dropped = self._context_ids(slate.get("history") or [])
         ids = self._bos + ids
+        context_end = len(ids) - 1
         texts = [self.spec.candidate_template.format(title=c["title"], index=i + 1) for i, c in enumerate(cands)]
         encs = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         readout, truncated = [], []
@@ -165,7 +176,7 @@ class PromptBuilder:
                 f"slate {sid}: prompt is {len(ids)} tokens, over max_seq_len={self.spec.max_seq_len} "
                 "(lower candidate_token_budget or history_token_budget)"
             )
-        return EncodedSlate(ids, readout, truncated, dropped)
+        return EncodedSlate(ids, readout, truncated, dropped, max(0, context_end))
 
     def collate(self, rows: Sequence[EncodedSlate]) -> Batch:
         """Right-pad encoded slates into one :class:`Batch` (pad id :attr:`pad_id`).
@@ -192,6 +203,7 @@ class PromptBuilder:
             n_items=np.array([len(r.readout) for r in rows], dtype=np.int64),
             truncated=[r.truncated for r in rows],
             history_dropped=[r.history_dropped for r in rows],
+            context_positions=np.array([r.context_end for r in rows], dtype=np.int64),
         )
 
     def encode(self, slates: Sequence[dict]) -> Batch:

@@ -103,7 +103,7 @@ def slate_scores(engine: Engine, batch: Batch) -> list[np.ndarray]:
 
     Raises: ShapeError / EngineError from the engine.
     """
-    scores = engine.run(batch.input_ids, batch.readout_positions, batch.item_mask)
+    scores = engine.run(batch.input_ids, batch.readout_positions, batch.item_mask, batch.context_positions)
     return [scores[b, : int(n)] for b, n in enumerate(batch.n_items)]
 
 
@@ -143,7 +143,7 @@ class Ranker:
     def scores(self, batch: Batch) -> np.ndarray:
         """Run the engine on an encoded batch: ``[B, N, K]`` float32."""
         self.engine.activate()
-        return self.engine.run(batch.input_ids, batch.readout_positions, batch.item_mask)
+        return self.engine.run(batch.input_ids, batch.readout_positions, batch.item_mask, batch.context_positions)
 
     def rank_batch(self, slates: Sequence[dict], encoded: Sequence[EncodedSlate] | None = None) -> RankResult:
         """Rank slates in ONE engine call.

@@ -41,7 +41,7 @@ def test_ranker_refuses_non_finite(export_dir, slates):
         def activate(self):
             return self
 
-        def run(self, ids, pos, mask):
+        def run(self, ids, pos, mask, context=None):
             return np.full(mask.shape + (8,), np.nan, np.float32)
 
     r = Ranker.from_path(export_dir)

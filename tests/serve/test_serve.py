@@ -58,13 +58,13 @@ class ControlledEngine(Engine):
     def _deactivate(self):
         self.inner.deactivate()
 
-    def _run(self, input_ids, readout_positions, item_mask):
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None):
         self.calls += 1
         self.entered.release()
         assert self.gate.wait(timeout=30)
         if self.fail_n is not None and item_mask.shape[1] == self.fail_n:
             raise EngineError(f"injected failure on a batch with {self.fail_n} item slots")
-        return self.inner.run(input_ids, readout_positions, item_mask)
+        return self.inner.run(input_ids, readout_positions, item_mask, context_positions)
 
 
 def _server(ranker, **batch) -> tuple[BackgroundServer, object]:
