@@ -1,0 +1,259 @@
+"""The ``hllm calibrate`` pipeline: quantize an FP32 export, gate its rankings, keep it only if it passes.
+
+Steps (each a function below, the CLI only parses options and prints):
+
+1. :func:`prepare_calibration` — load a saved calibration set or draw one from real slates
+   (:mod:`hllm.build.calibration_data`); refused when it overlaps the gate's evaluation slates.
+2. :func:`fp32_reference` — the FP32 export's score matrices on the evaluation slates, computed once
+   (optionally cached in an ``.npz`` keyed by the graph's sha256).
+3. :class:`Attempts` — one quantize (:func:`hllm.build.quantize.quantize_export`) + gate
+   (:func:`hllm.verify.gate.run_gate`) per set of parts kept in float; with ``auto`` the
+   :func:`hllm.build.quantize.sensitivity_ladder` adds parts one at a time
+   (:func:`hllm.build.quantize.auto_exclude`) until the gate passes.
+4. Optional interleaved speed run against FP32 (:func:`hllm.bench.speed.compare_speed`).
+5. The candidate directory is promoted to ``out_dir`` if it passed, else to ``out_dir.FAILED``, with
+   ``calibration_report.json`` and (when drawn here) the calibration set inside it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from hllm.errors import SlateError
+from hllm.verify.gate import GateThresholds
+
+Say = Callable[[str], None]
+#: ``progress(description, total)`` → ``advance(n)``; the CLI draws a bar, library callers may ignore it.
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def _no_bar(_desc: str, _total: int) -> Callable[[int], None]:
+    return lambda n: None
+
+
+@dataclass
+class CalibrateRequest:
+    """Everything one ``hllm calibrate`` run needs (validated by the caller's types).
+
+    Attributes:
+        export_dir: FP32 export. out_dir: quantized export to write. options: QuantOptions.
+        thresholds: the gate. eval_slates: held-out slates (labels optional). eval_source: their file.
+        calibration: a CalibrationSet, or None (dynamic / weight-only need none).
+        calibration_saved: True when it came from a file (then it is not copied into out_dir).
+        auto / max_tries: automatic exclusion. bench_rounds / bench_warmup: speed run (0 = none).
+        threads: ORT intra-op threads. reference_cache: FP32 scores cache (.npz) or None.
+    """
+
+    export_dir: Path
+    out_dir: Path
+    options: object
+    thresholds: GateThresholds
+    eval_slates: list[dict]
+    eval_source: str
+    calibration: object = None
+    calibration_saved: bool = False
+    auto: bool = False
+    max_tries: int = 6
+    bench_rounds: int = 0
+    bench_warmup: int = 2
+    threads: int | None = None
+    reference_cache: Path | None = None
+
+
+def prepare_calibration(artefact, builder, backend: str, calibration: Path | None, calib_slates: Path | None,
+                        count: int, seed: int, batch_size: int, eval_ids: Sequence[str], say: Say = _quiet):
+    """The calibration set of a run: loaded from ``calibration``, drawn from ``calib_slates``, or None
+    for the backends that need none (``ort-dynamic``, ``ort-weight-only``; data given to them is ignored
+    with a message).
+
+    Raises: SlateError (another prompt spec, overlap with the evaluation slates, no data for a backend
+        that needs it).
+    """
+    from hllm.build.calibration_data import build_calibration_set
+    from hllm.formats.calibration_set import load_calibration_set
+    from hllm.runtime.slates import read_slates
+    from hllm.verify.gate import check_disjoint
+
+    needs_data = backend not in ("ort-dynamic", "ort-weight-only")
+    calib = None
+    if calibration is not None:
+        calib = load_calibration_set(calibration)
+        if calib.meta.get("prompt") != artefact.prompt.to_dict():
+            raise SlateError(f"calibration set {calibration} was encoded with another prompt spec than {artefact.path}")
+    elif calib_slates is not None and not needs_data:
+        say(f"--backend {backend} uses no calibration data: --calib-slates ignored")
+    elif calib_slates is not None:
+        calib = build_calibration_set(read_slates(calib_slates), builder, count, seed, batch_size,
+                                      exclude_ids=eval_ids, source=calib_slates,
+                                      tokenizer_path=artefact.tokenizer_path)
+        say(f"calibration set: {len(calib.slate_ids)} slates from {calib_slates} (seed {seed})")
+    elif needs_data:
+        raise SlateError(f"--backend {backend} needs calibration data: pass --calib-slates (e.g. the train split) "
+                         "or --calibration")
+    if calib is not None:
+        check_disjoint(calib.slate_ids, [{"slate_id": i} for i in eval_ids])
+    return calib
+
+
+def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = _no_bar, say: Say = _quiet):
+    """FP32 score matrices on the evaluation slates (from ``req.reference_cache`` when it exists).
+
+    Returns ``(scores, seconds)``. Raises: ParityError for a cache of another graph or other slates.
+    """
+    from hllm.verify.gate import cpu_ranker, load_reference, reference_scores, save_reference
+
+    t0 = time.perf_counter()
+    cache = req.reference_cache
+    if cache is not None and cache.is_file():
+        say(f"FP32 reference scores from {cache}")
+        return load_reference(cache, req.eval_slates, sha), time.perf_counter() - t0
+    advance = progress("FP32 reference on eval slates", len(req.eval_slates))
+    ref = reference_scores(cpu_ranker(req.export_dir, req.threads), req.eval_slates, on_progress=advance)
+    if cache is not None:
+        save_reference(cache, ref, req.eval_slates, sha)
+    return ref, time.perf_counter() - t0
+
+
+@dataclass
+class Attempts:
+    """Quantize + gate variants of one run into a staging directory; remembers each gate report.
+
+    ``attempt(parts)`` → ``(passed, record)`` is the callable :func:`hllm.build.quantize.auto_exclude`
+    drives. ``reports[parts]`` holds the gate dict of every variant that produced a graph.
+    """
+
+    req: CalibrateRequest
+    ref_scores: list
+    staging: Path
+    cache: Path
+    say: Say = _quiet
+    progress: Progress = _no_bar
+    reports: dict = field(default_factory=dict)
+
+    def attempt(self, parts: tuple[str, ...]) -> tuple[bool, dict]:
+        from hllm.build.quantize import NothingToQuantize, QuantOptions, quantize_export
+        from hllm.verify.gate import run_gate
+
+        req, o = self.req, self.req.options
+        opts = QuantOptions(**{**o.__dict__, "exclude": tuple(parts)})
+        self.say(f"quantizing ({o.backend} {o.precision}, kept in float: {', '.join(parts) or 'nothing'})")
+        try:
+            res = quantize_export(req.export_dir, self.staging, opts, req.calibration,
+                                  cache_path=self.cache if o.backend == "ort-static" else None)
+        except NothingToQuantize as e:
+            if not req.auto:
+                raise
+            self.say(f"excluding {', '.join(parts) or 'nothing'} leaves nothing to quantize: stopping")
+            return False, {"error": str(e), "stop": True}
+        self.say(f"quantized {res.summary['quantized_nodes']} nodes, {len(res.excluded_nodes)} kept in float "
+                 f"({res.seconds:.0f} s)")
+        advance = self.progress(f"gate ({o.precision}) on eval slates", len(req.eval_slates))
+        rep = run_gate(self.ref_scores, self.staging, req.eval_slates, req.thresholds,
+                       req.calibration.slate_ids if req.calibration is not None else (),
+                       on_progress=advance, threads=req.threads)
+        d = {**rep.to_dict(), "quantized_nodes": res.summary["quantized_nodes"],
+             "kept_float_nodes": len(res.excluded_nodes)}
+        self.reports[tuple(parts)] = d
+        delta = d["recall@10_delta"]
+        self.say(f"top-1 {d['top1_agreement']:.3f}  tau {d['kendall_tau_mean']:.3f}  ΔR@10 "
+                 f"{'n/a' if delta is None else f'{delta:+.4f}'}  → {'pass' if rep else 'FAIL'}")
+        return rep.passed, {k: d[k] for k in ("top1_agreement", "kendall_tau_mean", "recall@10_delta",
+                                              "quantized_nodes", "kept_float_nodes", "failures")}
+
+    def search(self) -> tuple[bool, tuple[str, ...], dict]:
+        """The requested exclusions, then (``auto``) the sensitivity ladder. Returns (passed, parts,
+        auto record or {}). Raises NothingToQuantize when no try produced a graph."""
+        import onnx
+
+        from hllm.build.quantize import NothingToQuantize, auto_exclude, calibration_ranges, sensitivity_ladder
+
+        req, start = self.req, tuple(self.req.options.exclude)
+        ok, rec = self.attempt(start)
+        tries, parts, ladder = [{"excluded": list(start), "passed": ok, **rec}], start, []
+        if req.auto and not ok and req.max_tries > 1 and not rec.get("stop"):
+            from hllm.runtime.artefact import resolve
+
+            model = onnx.load(str(resolve(req.export_dir).path), load_external_data=False)
+            ladder = sensitivity_ladder(model, calibration_ranges(self.cache) if self.cache.is_file() else None)
+            del model
+            nxt = next((p for p in ladder if p not in start), None)
+            if nxt is not None:
+                ok, parts, more = auto_exclude(self.attempt, ladder, start=start + (nxt,), max_tries=req.max_tries - 1)
+                tries += more
+        if parts not in self.reports:  # every try stopped before a graph existed
+            raise NothingToQuantize(tries[-1].get("error") or "no quantized graph was produced")
+        return ok, parts, ({"ladder": ladder, "tries": tries} if req.auto else {})
+
+
+def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no_bar) -> tuple[dict, Path]:
+    """Run the whole pipeline (module doc). Returns ``(report dict, directory written)``; the report's
+    ``passed`` says whether the directory is ``out_dir`` (passed) or ``out_dir.FAILED``.
+
+    Raises: FileExistsError never (the caller checks ``--overwrite``); SlateError / EngineError /
+        ExportError / NothingToQuantize from the steps.
+    """
+    from hllm.build.quantize import QuantOptions
+    from hllm.files import atomic_write_json, promote_dir
+    from hllm.runtime.artefact import resolve
+
+    art = resolve(req.export_dir)
+    sha = art.meta.get("onnx_sha256")
+    ref, ref_s = fp32_reference(req, sha, progress, say)
+    out = Path(req.out_dir)
+    staging = out.parent / f".{out.name}.candidate"
+    cache = out.parent / f".{out.name}.calib-cache.json"
+    cache.unlink(missing_ok=True)  # ranges are recomputed from this run's calibration data
+    try:
+        attempts = Attempts(req, ref, staging, cache, say, progress)
+        passed, parts, auto = attempts.search()
+        result = _result(req, attempts.reports[parts], passed, parts, ref_s, QuantOptions, auto)
+        if req.bench_rounds > 0:
+            result.update(_speed(req, staging, say))
+        dest = out if passed else out.with_name(out.name + ".FAILED")
+        if req.calibration is not None and not req.calibration_saved:
+            req.calibration.save(staging / "calibration")
+        atomic_write_json(staging / "calibration_report.json", result)
+        promote_dir(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        cache.unlink(missing_ok=True)
+    return result, dest
+
+
+def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, auto: dict) -> dict:
+    o, evals, calib = req.options, req.eval_slates, req.calibration
+    ids = [str(s.get("slate_id", "")) for s in evals]
+    r = {
+        "precision": o.precision, "backend": o.backend, "target": o.target, "passed": passed,
+        "top1_agreement": final["top1_agreement"], "kendall_tau_mean": final["kendall_tau_mean"],
+        "recall@10_delta": final["recall@10_delta"], "excluded_parts": list(parts), "gate": final,
+        "eval_slates": {"file": req.eval_source, "count": len(evals), "first_id": ids[0], "last_id": ids[-1]},
+        "calibration": None if calib is None else {k: calib.meta.get(k) for k in
+                                                    ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")},
+        "options": QuantOptions(**{**o.__dict__, "exclude": tuple(parts)}).to_dict(),
+        "reference": str(req.export_dir), "reference_seconds": round(ref_s, 1),
+    }
+    if auto:
+        r["auto"] = auto
+    return r
+
+
+def _speed(req: CalibrateRequest, staging: Path, say: Say) -> dict:
+    from hllm.bench.machine import describe_machine
+    from hllm.bench.speed import compare_speed
+
+    p = req.options.precision
+    say(f"timing {p} vs fp32 interleaved ({req.bench_rounds} rounds)")
+    evals = req.eval_slates[: max(1, min(len(req.eval_slates), req.bench_rounds))]
+    sp = compare_speed({"fp32": req.export_dir, p: staging}, evals, rounds=req.bench_rounds,
+                       warmup=req.bench_warmup, threads=req.threads)
+    return {"speed": sp, "speedup_vs_fp32": sp["speedup_vs_fp32"][p],
+            "machine": describe_machine(shared=True, note="CPU cores shared with other processes during the run")}
