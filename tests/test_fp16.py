@@ -34,8 +34,8 @@ def _session(model):
 
 
 @pytest.fixture(scope="module")
-def fp32_model(export_dir):
-    return load_onnx(export_dir / "model.onnx")
+def fp32_model(standard_export_dir):
+    return load_onnx(standard_export_dir / "model.onnx")
 
 
 @pytest.fixture(scope="module")

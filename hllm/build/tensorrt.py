@@ -25,6 +25,24 @@ from hllm.formats.profiles import Profile, validate_profiles
 HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
 
 
+def check_standard_graph(art) -> None:
+    """Refuse what TensorRT cannot take: anything but an ONNX export, or a graph with ops outside the
+    ONNX standard (the ``ort-cpu`` flavour's ONNX Runtime contrib ops, :func:`hllm.build.fusion.nonstandard_ops`).
+
+    Args: art: a resolved :class:`hllm.runtime.artefact.Artifact`.
+    Raises: EngineError naming the ops and the export to run instead.
+    """
+    from hllm.build.fusion import nonstandard_ops
+
+    if art.kind != "onnx":
+        raise EngineError(f"{art.path} is a {art.kind}, not an ONNX export: run `hllm export --flavour standard` first")
+    bad = nonstandard_ops(art.path)
+    if bad:
+        raise EngineError(f"{art.path} is a {art.meta.get('flavour', 'non-standard')} graph with ONNX Runtime contrib "
+                          f"ops TensorRT cannot parse ({', '.join(f'{k} ×{v}' for k, v in sorted(bad.items()))}): "
+                          "export the checkpoint with `hllm export --flavour standard` and build from that")
+
+
 def build_plan(
     model: str | os.PathLike,
     plan_path: str | os.PathLike,
@@ -54,14 +72,14 @@ def build_plan(
         workspace_gb: workspace memory-pool limit (default: TensorRT's, the device memory).
         trt, device: the ``tensorrt`` module and build GPU (default: import / query them); tests pass stubs.
     Returns: the sidecar dict written.
-    Raises: EngineError (TensorRT missing, bad profile, parse or build failure), FileExistsError.
+    Raises: EngineError (TensorRT missing, not a standard-ONNX export, bad profile, parse or build
+        failure), FileExistsError.
     """
     from hllm.runtime.artefact import resolve
 
     say = progress or (lambda msg: None)
     art = resolve(model)
-    if art.kind != "onnx":
-        raise EngineError(f"{model} is a {art.kind}, not an ONNX export: run `hllm export` first")
+    check_standard_graph(art)
     k = art.num_positions
     validate_profiles(profiles, k)
     if not 0 <= int(opt_level) <= 5:
