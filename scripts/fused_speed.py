@@ -100,7 +100,8 @@ def _attention_graph(kind: str, h: int, hkv: int, dh: int):
     q, k, v = f("q", ["B", "S", h * dh]), f("k", ["B", "S", h * dh]), f("v", ["B", "S", h * dh])
     if kind == "gqa":
         k, v = f("k", ["B", "S", hkv * dh]), f("v", ["B", "S", hkv * dh])
-        ins = [q, k, v, oh.make_tensor_value_info("seqlens_k", T.INT32, ["B"]), oh.make_tensor_value_info("total", T.INT32, [])]
+        ins = [q, k, v, oh.make_tensor_value_info("seqlens_k", T.INT32, ["B"]),
+               oh.make_tensor_value_info("total", T.INT32, [])]
         nodes = [oh.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total"], ["o", "pk", "pv"],
                               domain="com.microsoft", num_heads=h, kv_num_heads=hkv)]
     elif kind in ("mha", "mha_causal_bias"):
@@ -142,7 +143,8 @@ def attention_alone(args, seq: int) -> dict:
     calls = {k: (lambda i, k=k: sess[k].run(None, feeds[k])) for k in feeds}
     samples = time_interleaved(calls, rounds=args.attention_rounds, warmup=2, unit=1e3)
     med = {k: float(np.median(v)) for k, v in samples.items()}
-    return {"seq_len": seq, "heads": h, "kv_heads": hkv, "head_dim": dh, "ms": {k: summarize(v) for k, v in samples.items()},
+    return {"seq_len": seq, "heads": h, "kv_heads": hkv, "head_dim": dh,
+            "ms": {k: summarize(v) for k, v in samples.items()},
             "gqa_causal_over_mha_full": round(med["gqa"] / med["mha"], 3),
             "mha_causal_bias_over_mha_full": round(med["mha_causal_bias"] / med["mha"], 3),
             "decomposed_over_gqa": round(med["decomposed"] / med["gqa"], 3)}

@@ -32,6 +32,14 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+from onnxscript.optimizer import optimize
+from onnxscript.rewriter import pattern
+
+from hllm.errors import ExportError
+
 FLAVOURS = ("ort-cpu", "standard")
 FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's temporary fusion ops; none may survive
 
@@ -40,8 +48,6 @@ def nonstandard_ops(model) -> dict[str, int]:
     """``{"domain:op": count}`` of the nodes of ``model`` (``onnx.ModelProto``, ``onnx_ir.Model`` or a
     path, loaded without external data) that are not ONNX standard ops (``onnx.defs``): contrib ops in
     ``com.microsoft`` and ORT's ``SimplifiedLayerNormalization``, which it registers in the ONNX domain."""
-    import onnx
-
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(str(model), load_external_data=False)
     if isinstance(model, onnx.ModelProto):
@@ -66,16 +72,19 @@ def op_counts(model) -> dict[str, int]:
     return dict(Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.all_nodes()))
 
 
-def _nan_guard_rule():
-    from onnxscript.rewriter import pattern
+def _scalar(v):
+    """The value of a one-element constant (initializer or ``Constant`` output), else None."""
+    t = ir.convenience.get_const_tensor(v) if v is not None else None
+    return t.numpy().reshape(-1)[0].item() if t is not None and t.size == 1 else None
 
+
+def _nan_guard_rule():
     def guarded_softmax(op, x, zero):
         p = op.Softmax(x, _outputs=["p"])
         return op.Where(op.IsNaN(p), zero, p)
 
     def is_zero(context, zero, **_):
-        v = zero.const_value
-        return v is not None and v.size == 1 and float(v.numpy().reshape(())) == 0.0
+        return _scalar(zero) == 0
 
     def softmax(op, x, zero, p):
         return op.Softmax(x, axis=p.producer().attributes.get_int("axis", -1))
@@ -88,10 +97,6 @@ def clean_standard(model) -> dict[str, int]:
     docstring): drop the softmax NaN guards, and read every shape the graph computes from the graph
     inputs (:func:`_shapes_from_inputs`) so that the per-layer causal masks become one shared mask.
     Returns the counts of both rewrites."""
-    import onnx_ir.passes.common as common_passes
-    from onnxscript.optimizer import optimize
-    from onnxscript.rewriter import pattern
-
     n = pattern.RewriteRuleSet([_nan_guard_rule()]).apply_to_model(model)
     common_passes.ShapeInferencePass()(model)
     shapes = _shapes_from_inputs(model)
@@ -106,17 +111,12 @@ def fuse_for_ort(model) -> dict[str, int]:
 
     Raises: ExportError if an onnxscript temporary fusion op survives (the graph would not load).
     """
-    import onnx_ir.passes.common as common_passes
-    from onnxscript.optimizer import optimize
-    from onnxscript.rewriter import pattern
     from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
     from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
     from onnxscript.rewriter.ort_fusions.sdpa_via_mha import replace_sdpa_by_mha
     from onnxscript.rewriter.ort_fusions.skip_normalization import (fuse_skip_layer_normalization,
                                                                      fuse_skip_rms_normalization)
-
-    from hllm.errors import ExportError
 
     counts = clean_standard(model)
     common_passes.ShapeInferencePass()(model)
@@ -144,8 +144,6 @@ def _shapes_from_inputs(model) -> int:
     SDPA lowering reads the batch and sequence length from the attention tensors themselves
     (``Shape(query)`` for the causal mask and the repeat-KV); rewired to the graph inputs, those
     tensors have no other use and the attention core can be replaced as a whole. Returns the count."""
-    import onnx_ir as ir
-
     source = {}
     for inp in model.graph.inputs:
         for axis, d in enumerate(inp.shape or ()):
@@ -196,32 +194,24 @@ def _rotary_angles(cos4):
 def _is_causal_mask(mask) -> bool:
     """``Where(Equal(Trilu(ones[S, S], upper=0), 0), lowest, 0)``: the exporter's causal mask
     (``torch_lib`` ``_causal_attention_mask``), square, lower triangle (diagonal included) visible."""
-    from onnxscript.rewriter import _ir_utils
-
     where = mask.producer()
     if where is None or where.op_type != "Where" or mask.shape is None or mask.shape.rank() != 2:
         return False
     if mask.shape[0] != mask.shape[1]:
         return False
     eq = where.inputs[0].producer()
-    lowest, zero = (_ir_utils.get_singleton_value(v) for v in where.inputs[1:])
+    lowest, zero = (_scalar(v) for v in where.inputs[1:])
     if eq is None or eq.op_type != "Equal" or lowest is None or zero != 0 or lowest > -1e30:
         return False
     tri = eq.inputs[0].producer()
-    if tri is None or tri.op_type != "Trilu" or _ir_utils.get_singleton_value(eq.inputs[1]) != 0:
+    if tri is None or tri.op_type != "Trilu" or _scalar(eq.inputs[1]) != 0:
         return False
     upper = tri.attributes.get_int("upper", 1)
     k = tri.inputs[1] if len(tri.inputs) > 1 else None
-    return upper == 0 and (k is None or _ir_utils.get_singleton_value(k) == 0)
+    return upper == 0 and (k is None or _scalar(k) == 0)
 
 
-def _attention_rule_base():
-    from onnxscript.rewriter import pattern
-
-    return pattern.RewriteRuleClassBase
-
-
-class CausalGroupQueryAttention(_attention_rule_base()):
+class CausalGroupQueryAttention(pattern.RewriteRuleClassBase):
     """One decoder layer's attention core → ``com.microsoft.GroupQueryAttention``.
 
     Pattern (after onnxscript's RMSNorm, rotary and SDPA fusions), per projection ``x ∈ {q, k}``::
@@ -237,8 +227,6 @@ class CausalGroupQueryAttention(_attention_rule_base()):
         self._grouped = grouped  # True: K/V heads repeated to the query heads (H > Hkv); False: H == Hkv
 
     def pattern(self, op, q_bsd, k_bsd, v_bsd, cos, sin, mask, k_axes, v_axes):
-        from onnxscript.rewriter import pattern
-
         def heads(x, name):
             x4 = op.Reshape(x, pattern.ANY_VALUE, _outputs=[f"{name}4"])
             normed = op.SimplifiedLayerNormalization(x4, pattern.ANY_VALUE, axis=-1, _outputs=[f"{name}_norm"])
@@ -257,18 +245,18 @@ class CausalGroupQueryAttention(_attention_rule_base()):
                        _domain=FUSION_DOMAIN, _outputs=["attn"])
         return op.Reshape(op.Transpose(attn, perm=[0, 2, 1, 3]), pattern.ANY_VALUE, _outputs=["out"])
 
-    def check(self, context, q_bsd, k_bsd, v_bsd, cos, sin, mask, q4, k4, v4, out, k_axes=None, v_axes=None, **_):
-        from onnxscript.rewriter import _ir_utils, pattern
-
+    def check(self, context, q_bsd, k_bsd, v_bsd, cos, sin, mask, q4, k4, v4, out, k_axes=None, v_axes=None,
+              **_):
         result = pattern.MatchResult()
         shapes = [x.shape for x in (q_bsd, k_bsd, v_bsd, q4, k4, v4, out)]
         if any(s is None for s in shapes) or [s.rank() for s in shapes] != [3, 3, 3, 4, 4, 4, 3]:
             return result.fail("q/k/v/output ranks are not [B,S,D] / [B,S,H,Dh]")
         h, hkv, dh = q4.shape[2], k4.shape[2], q4.shape[3]
-        if not all(isinstance(d, int) for d in (h, hkv, dh)) or h % hkv or k4.shape[3] != dh or v4.shape[2:] != k4.shape[2:]:
+        if (not all(isinstance(d, int) for d in (h, hkv, dh)) or h % hkv or k4.shape[3] != dh
+                or v4.shape[2:] != k4.shape[2:]):
             return result.fail("head counts / head sizes unknown or inconsistent", [q4, k4, v4])
         for axes in (k_axes, v_axes):  # repeat-KV must put the copies of kv head j at heads j*G .. j*G+G-1
-            if axes is not None and _ir_utils.get_singleton_value(axes) != 2:
+            if axes is not None and _scalar(axes) != 2:
                 return result.fail("repeat-KV does not unsqueeze axis 2", axes)
         if self._grouped == (h == hkv):
             return result.fail("key/value heads are not repeated to the query heads", [k4, v4])
@@ -283,8 +271,6 @@ class CausalGroupQueryAttention(_attention_rule_base()):
         return result
 
     def rewrite(self, op, q_bsd, k_bsd, v_bsd, cos, sin, attn, q_norm=None, k_norm=None, **_):
-        import onnx_ir as ir
-
         h, hkv, dh = self._heads
         to_3d = op.Constant(value_ints=[0, 0, -1])
 

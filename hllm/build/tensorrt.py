@@ -35,7 +35,8 @@ def check_standard_graph(art) -> None:
     from hllm.build.fusion import nonstandard_ops
 
     if art.kind != "onnx":
-        raise EngineError(f"{art.path} is a {art.kind}, not an ONNX export: run `hllm export --flavour standard` first")
+        raise EngineError(f"{art.path} is a {art.kind}, not an ONNX export: "
+                          "run `hllm export --flavour standard` first")
     bad = nonstandard_ops(art.path)
     if bad:
         raise EngineError(f"{art.path} is a {art.meta.get('flavour', 'non-standard')} graph with ONNX Runtime contrib "
