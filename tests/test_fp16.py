@@ -160,6 +160,7 @@ def test_emulated_fp16_export_ranks_like_fp32(fp16_export, merged_checkpoint):
 
     meta = json.loads((fp16_export / "export.json").read_text())
     assert meta["precision"] == "fp16" and meta["fp32_islands"] == list(DEFAULT_ISLANDS)
+    assert meta["flavour"] == "standard"  # the TensorRT input: --precision fp16 defaults to it
     assert meta["fp16"]["validation"]["nonfinite"] == 0
     model = load_onnx(fp16_export / "model.onnx")
     assert fp32_islands_check(model) == []
