@@ -174,3 +174,17 @@ def test_causal_sdpa_patch_keeps_pytorch_scores(checkpoints):
         with causal_sdpa_export():
             patched = model(*args)
     assert torch.allclose(ref, patched, atol=1e-6)
+
+
+def test_cli_export_flavour_option(checkpoints, tmp_path, capsys):
+    from hllm.cli.app import main
+
+    out = tmp_path / "e"
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(checkpoints["qwen2"]), str(out), "--flavour", "standard", "--slates", ""])
+    assert e.value.code in (0, None)
+    assert "(standard," in capsys.readouterr().out
+    assert json.loads((out / "export.json").read_text())["flavour"] == "standard"
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(checkpoints["qwen2"]), str(tmp_path / "x"), "--flavour", "tensorrt", "--slates", ""])
+    assert e.value.code == 2 and "flavour must be one of ort-cpu, standard" in capsys.readouterr().err
