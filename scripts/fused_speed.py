@@ -9,10 +9,10 @@ GEMM peak measured in the same run, max |ΔM| vs eager and whether the LAPJV per
 writes everything (with CPU flags and library versions) to a JSON file.
 
 ``--attention`` adds a micro-benchmark of one layer's attention core alone at the slate's length
-(ONNX Runtime, same threads, interleaved): the fused causal ``GroupQueryAttention`` against
-``MultiHeadAttention`` without mask (full S×S work) and with an additive causal bias, and the
-standard-graph decomposition (MatMul, mask Add, Softmax, MatMul). If GQA does only the causal
-(lower) half, it takes about half the time of the unmasked MHA.
+(ONNX Runtime, same threads, interleaved): the fused causal ``GroupQueryAttention`` against the same
+op with ``causal=0`` (every key: full S×S work), ``MultiHeadAttention`` without mask and with an
+additive causal bias, and the standard-graph decomposition (MatMul, mask Add, Softmax, MatMul). If
+GQA does only the causal (lower) half, it takes about half the time of ``causal=0``.
 
     PYTHONPATH=$PWD python scripts/fused_speed.py --torch CKPT --onnx today=DIR --onnx standard=DIR \\
         --onnx fused=DIR --slates examples/beauty-eval-sample.jsonl.gz --out /tmp/fused_speed.json
@@ -91,19 +91,20 @@ def engines_side_by_side(args) -> dict:
 
 
 def _attention_graph(kind: str, h: int, hkv: int, dh: int):
-    """One attention core as an ONNX model: ``gqa`` (causal, com.microsoft), ``mha`` (no mask),
+    """One attention core as an ONNX model: ``gqa`` (causal, com.microsoft), ``gqa_full`` (the same op
+    with ``causal=0``: every key), ``mha`` (no mask),
     ``mha_causal_bias`` (additive [1,1,S,S] bias), ``decomposed`` (standard ops, float causal mask)."""
     from onnx import TensorProto as T
     from onnx import helper as oh
 
     f = lambda name, shape: oh.make_tensor_value_info(name, T.FLOAT, shape)  # noqa: E731
     q, k, v = f("q", ["B", "S", h * dh]), f("k", ["B", "S", h * dh]), f("v", ["B", "S", h * dh])
-    if kind == "gqa":
+    if kind in ("gqa", "gqa_full"):
         k, v = f("k", ["B", "S", hkv * dh]), f("v", ["B", "S", hkv * dh])
         ins = [q, k, v, oh.make_tensor_value_info("seqlens_k", T.INT32, ["B"]),
                oh.make_tensor_value_info("total", T.INT32, [])]
         nodes = [oh.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total"], ["o", "pk", "pv"],
-                              domain="com.microsoft", num_heads=h, kv_num_heads=hkv)]
+                              domain="com.microsoft", num_heads=h, kv_num_heads=hkv, causal=int(kind == "gqa"))]
     elif kind in ("mha", "mha_causal_bias"):
         ins = [q, k, v] + ([f("bias", [1, 1, "S", "S"])] if kind == "mha_causal_bias" else [])
         inputs = ["q", "k", "v"] + (["", "", "bias"] if kind == "mha_causal_bias" else [])
@@ -131,11 +132,13 @@ def attention_alone(args, seq: int) -> dict:
     feeds = {
         "gqa": {"q": r(1, seq, h * dh), "k": r(1, seq, hkv * dh), "v": r(1, seq, hkv * dh),
                 "seqlens_k": np.array([seq - 1], np.int32), "total": np.array(seq, np.int32)},
+        "gqa_full": None,
         "mha": {"q": r(1, seq, h * dh), "k": r(1, seq, h * dh), "v": r(1, seq, h * dh)},
         "mha_causal_bias": {"q": r(1, seq, h * dh), "k": r(1, seq, h * dh), "v": r(1, seq, h * dh),
                             "bias": causal[None, None]},
         "decomposed": {"q": r(1, h, seq, dh) / dh**0.5, "kt": r(1, h, dh, seq), "v": r(1, h, seq, dh), "bias": causal},
     }
+    feeds["gqa_full"] = feeds["gqa"]
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = args.threads
     sess = {k: ort.InferenceSession(_attention_graph(k, h, hkv, dh).SerializeToString(), opts,
@@ -145,6 +148,7 @@ def attention_alone(args, seq: int) -> dict:
     med = {k: float(np.median(v)) for k, v in samples.items()}
     return {"seq_len": seq, "heads": h, "kv_heads": hkv, "head_dim": dh,
             "ms": {k: summarize(v) for k, v in samples.items()},
+            "gqa_causal_over_gqa_full": round(med["gqa"] / med["gqa_full"], 3),
             "gqa_causal_over_mha_full": round(med["gqa"] / med["mha"], 3),
             "mha_causal_bias_over_mha_full": round(med["mha_causal_bias"] / med["mha"], 3),
             "decomposed_over_gqa": round(med["decomposed"] / med["gqa"], 3)}
@@ -192,7 +196,8 @@ def main(argv=None) -> None:
         a = doc["attention_alone"]
         print(f"attention core alone (S={a['seq_len']}, H={a['heads']}, Hkv={a['kv_heads']}, Dh={a['head_dim']}), "
               "median ms: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in a["ms"].items()))
-        print(f"  GQA causal / MHA full = {a['gqa_causal_over_mha_full']}; MHA+causal bias / MHA full = "
+        print(f"  GQA causal / GQA causal=0 = {a['gqa_causal_over_gqa_full']}; GQA causal / MHA full = "
+              f"{a['gqa_causal_over_mha_full']}; MHA+causal bias / MHA full = "
               f"{a['mha_causal_bias_over_mha_full']}; decomposed / GQA = {a['decomposed_over_gqa']}")
     print(f"→ {args.out}")
 
