@@ -37,8 +37,9 @@ def tiny_tokenizer(path: Path, vocab_size: int = 320) -> Path:
     return path
 
 
-def tiny_config(family: str, vocab_size: int):
-    """A 2-layer config of ``family`` (qwen3, qwen2, llama): hidden 32, 4 heads, 2 KV heads."""
+def tiny_config(family: str, vocab_size: int, **overrides):
+    """A 2-layer config of ``family`` (qwen3, qwen2, llama): hidden 32, 4 heads, 2 KV heads;
+    ``overrides`` replace any of these (e.g. ``head_dim=16``)."""
     from transformers import AutoConfig
 
     common = dict(
@@ -53,17 +54,16 @@ def tiny_config(family: str, vocab_size: int):
         bos_token_id=0,
         eos_token_id=0,
     )
-    if family == "qwen3":
-        return AutoConfig.for_model("qwen3", head_dim=16, tie_word_embeddings=False, **common)
-    if family == "qwen2":
-        return AutoConfig.for_model("qwen2", tie_word_embeddings=False, **common)
-    if family == "llama":
-        return AutoConfig.for_model("llama", head_dim=8, tie_word_embeddings=True, **common)
+    own = {"qwen3": dict(head_dim=16, tie_word_embeddings=False), "qwen2": dict(tie_word_embeddings=False),
+           "llama": dict(head_dim=8, tie_word_embeddings=True)}
+    if family in own:
+        return AutoConfig.for_model(family, **{**common, **own[family], **overrides})
     raise ValueError(f"unknown family {family!r}")
 
 
-def tiny_backbone(out_dir: Path, family: str = "qwen3", seed: int = 0) -> Path:
-    """Write a random tiny causal LM of ``family`` with a tokenizer.json to ``out_dir``."""
+def tiny_backbone(out_dir: Path, family: str = "qwen3", seed: int = 0, **overrides) -> Path:
+    """Write a random tiny causal LM of ``family`` (config :func:`tiny_config` with ``overrides``) with a
+    tokenizer.json to ``out_dir``."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
@@ -73,7 +73,7 @@ def tiny_backbone(out_dir: Path, family: str = "qwen3", seed: int = 0) -> Path:
     tiny_tokenizer(out_dir / "tokenizer.json")
     vocab = Tokenizer.from_file(str(out_dir / "tokenizer.json")).get_vocab_size()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab, **overrides), dtype=torch.float32)
     model.save_pretrained(str(out_dir))
     return out_dir
 

@@ -55,11 +55,20 @@ def merged_checkpoint(tiny_dir, lora_checkpoint) -> Path:
 
 @pytest.fixture(scope="session")
 def export_dir(tiny_dir, merged_checkpoint) -> Path:
-    """ONNX export (fp32, opset 20) of the merged tiny checkpoint."""
+    """ONNX export (fp32, opset 20, default flavour ort-cpu: fused contrib ops) of the merged tiny checkpoint."""
     from hllm.build.onnx import export_onnx
 
     export_onnx(merged_checkpoint, tiny_dir / "export")
     return tiny_dir / "export"
+
+
+@pytest.fixture(scope="session")
+def standard_export_dir(tiny_dir, merged_checkpoint) -> Path:
+    """ONNX export, flavour standard (only ai.onnx ops: the TensorRT / FP16 / quantization input)."""
+    from hllm.build.onnx import export_onnx
+
+    export_onnx(merged_checkpoint, tiny_dir / "export-standard", flavour="standard")
+    return tiny_dir / "export-standard"
 
 
 @pytest.fixture

@@ -16,6 +16,13 @@ https://pytorch.org/docs/stable/onnx_export.html). The example input has batch 2
 an example with batch 1 silently specialises the batch dimension to 1. Weights go to external data
 (``model.onnx.data``, referenced relative to the model file) when the model is over 2 GB.
 
+Two flavours (:mod:`hllm.build.fusion`), both exported under
+:func:`hllm.build.export_patches.causal_sdpa_export` (SDPA with ``is_causal``: no materialised mask, no
+``Where(IsNaN)`` guard): ``ort-cpu`` (default) rewrites each decoder attention into
+``com.microsoft.GroupQueryAttention`` and the RMSNorms into ``(Skip)SimplifiedLayerNormalization`` for
+ONNX Runtime; ``standard`` keeps only ``ai.onnx`` ops (TensorRT, other runtimes; ``--precision fp16``
+needs it). The sidecar records which (``flavour``).
+
 After export the graph validates itself in ONNX Runtime against PyTorch at shapes different from the
 traced one (B=1 N=1; B=3 with unequal lengths; B=2 N=K; plus real slates when given) and the export
 fails (nothing written) past ``atol``. A sidecar ``export.json`` records source checkpoint hash,
@@ -35,6 +42,7 @@ import torch
 
 from hllm.formats.checkpoint import load_manifest
 from hllm.formats.graph import graph_io_specs
+from hllm.build.fusion import FLAVOURS
 from hllm.errors import CheckpointError, ExportError
 from hllm.files import atomic_dir, sha256_file, sha256_tree
 from hllm.formats.export import write_export
@@ -103,6 +111,7 @@ def export_onnx(
     precision: str = "fp32",
     fp32_islands: Sequence[str] | None = None,
     fp16_min_tau: float = 0.9,
+    flavour: str | None = None,
 ) -> ExportReport:
     """Export a checkpoint (without adapter: merge first) to ``out_dir/model.onnx`` and validate it.
 
@@ -121,6 +130,8 @@ def export_onnx(
             ≥ ``fp16_min_tau`` over the validation rows (|ΔM| is recorded, not enforced).
         fp32_islands: islands kept in float32 (default:
             :data:`hllm.build.fp16.DEFAULT_ISLANDS`).
+        flavour: ``ort-cpu`` (fused ONNX Runtime graph) or ``standard`` (only ``ai.onnx`` ops); default
+            ``standard`` with ``precision="fp16"`` (a TensorRT input), else ``ort-cpu``.
     Raises:
         CheckpointError: the checkpoint has an adapter. ExportError: export or validation failed.
     """
@@ -131,6 +142,11 @@ def export_onnx(
     say = progress or (lambda msg: None)
     if precision not in ("fp32", "fp16"):
         raise ExportError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
+    flavour = flavour or ("standard" if precision == "fp16" else "ort-cpu")
+    if flavour not in FLAVOURS:
+        raise ExportError(f"flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
+    if precision == "fp16" and flavour != "standard":
+        raise ExportError("--precision fp16 writes a TensorRT input: export it with --flavour standard")
     m = load_manifest(ckpt)
     if m.adapter_path is not None:
         raise CheckpointError(f"{m.root} has a LoRA adapter: run `hllm merge` first and export the merged checkpoint")
@@ -139,8 +155,8 @@ def export_onnx(
     t0 = time.perf_counter()
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         onnx_path = tmp / ONNX_NAME
-        say(f"tracing with the dynamo exporter (opset {opset})")
-        _export(model, onnx_path, opset, k, m.dims.vocab_size)
+        say(f"tracing with the dynamo exporter (opset {opset}), {flavour} graph")
+        fusion = _export(model, onnx_path, opset, k, m.dims.vocab_size, flavour, m.dims.num_layers)
         export_s = time.perf_counter() - t0
         say("validating in ONNX Runtime against PyTorch")
         batches = validation_batches(m.dims.vocab_size, k)
@@ -172,6 +188,8 @@ def export_onnx(
         write_export(tmp, {
             "onnx": ONNX_NAME,
             "precision": precision,
+            "flavour": flavour,
+            "fusion": fusion,
             **({"fp32_islands": fp16_meta["islands"], "fp16": fp16_meta} if fp16_meta else {}),
             "opset": opset,
             "num_positions": k,
@@ -249,8 +267,15 @@ def checkpoint_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int) -> None:
+def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, flavour: str = "standard",
+            num_layers: int | None = None) -> dict:
+    """Trace ``model`` (causal SDPA patch on), rewrite it into ``flavour`` and save it to ``path``.
+    Returns the rewrite and op counts. Raises ExportError if tracing fails, a ``standard`` graph holds a
+    non-standard op or an ``IsNaN``, or the fused graph lacks one GroupQueryAttention per decoder layer."""
     from torch.export import Dim
+
+    from hllm.build.export_patches import causal_sdpa_export
+    from hllm.build.fusion import clean_standard, fuse_for_ort, nonstandard_ops, op_counts
 
     ex = synthetic_batch(np.random.default_rng(1), vocab, [32, 27], [min(4, k), min(3, k)])
     args = tuple(torch.from_numpy(x) for x in ex.inputs().values())
@@ -261,17 +286,28 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int) 
         "item_mask": {0: batch, 1: items},
     }
     try:
-        prog = torch.onnx.export(
-            model,
-            args,
-            dynamo=True,
-            input_names=["input_ids", "readout_positions", "item_mask"],
-            output_names=["scores"],
-            opset_version=opset,
-            dynamic_shapes=dynamic_shapes,
-            optimize=True,
-        )
+        with causal_sdpa_export():
+            prog = torch.onnx.export(
+                model,
+                args,
+                dynamo=True,
+                input_names=["input_ids", "readout_positions", "item_mask"],
+                output_names=["scores"],
+                opset_version=opset,
+                dynamic_shapes=dynamic_shapes,
+                optimize=True,
+            )
     except Exception as e:  # the exporter raises many kinds; keep the message
         raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {e}") from e
+    counts = fuse_for_ort(prog.model) if flavour == "ort-cpu" else clean_standard(prog.model)
+    ops = op_counts(prog.model)
+    if flavour == "standard" and (nonstandard_ops(prog.model) or "ai.onnx:IsNaN" in ops):
+        raise ExportError(f"the standard graph holds non-standard ops {nonstandard_ops(prog.model)} "
+                          f"or IsNaN ({ops.get('ai.onnx:IsNaN', 0)})")
+    gqa = ops.get("com.microsoft:GroupQueryAttention", 0)
+    if flavour == "ort-cpu" and num_layers is not None and gqa != num_layers:
+        raise ExportError(f"attention fusion matched {gqa} of {num_layers} decoder layers ({counts}): "
+                          "export with --flavour standard")
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     prog.save(str(path), external_data=size >= TWO_GB)
+    return {"rewrites": counts, "ops": dict(sorted(ops.items()))}

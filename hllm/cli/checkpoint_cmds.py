@@ -89,6 +89,10 @@ def export_cmd(
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
     precision: str = typer.Option("fp32", help="fp32, or fp16: FP16 graph with FP32 islands (for strongly typed TensorRT) plus its CPU emulation."),
     fp32_islands: Optional[str] = typer.Option(None, help="With --precision fp16: comma list of FP32 islands (rmsnorm,rotary,softmax,layernorm,scores; 'none'). Default: all."),
+    flavour: Optional[str] = typer.Option(None, help="ort-cpu: fused graph for ONNX Runtime (GroupQueryAttention, "
+                                          "SimplifiedLayerNormalization contrib ops); standard: only ai.onnx ops, for "
+                                          "TensorRT (`hllm build`) and other runtimes. Default: standard with --precision "
+                                          "fp16, else ort-cpu."),
 ) -> None:
     """Export prefill + readout + head as ONE ONNX graph and validate it in ONNX Runtime at untraced shapes."""
     from hllm.build.onnx import export_onnx
@@ -99,10 +103,12 @@ def export_cmd(
     sample = read_slates(slates, limit=2) if slates and slates.is_file() else []  # "" → Path(".") → skip
     with step("exporting to ONNX and validating"):
         rep = export_onnx(checkpoint, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
-                          precision=precision, fp32_islands=parse_islands(fp32_islands))
+                          precision=precision, fp32_islands=parse_islands(fp32_islands), flavour=flavour)
     for v in rep.validation:
         out.print(f"  {v['shape']:<12} B={v['batch']} S={v['seq']} N={v['items']}  max|Δ|={v['max_abs_diff']:.2e}")
-    out.print(f"exported → {rep.out_dir} ({rep.onnx_bytes / 1e6:.1f} MB, opset {rep.opset}); max|Δ| {rep.max_abs_diff:.2e} ≤ {atol:g}")
+    flavour = json.loads((Path(out_dir) / "export.json").read_text())["flavour"]
+    out.print(f"exported → {rep.out_dir} ({flavour}, {rep.onnx_bytes / 1e6:.1f} MB, opset {rep.opset}); "
+              f"max|Δ| {rep.max_abs_diff:.2e} ≤ {atol:g}")
     if precision == "fp16":
         meta = rep.fp16
         v = meta["validation"]

@@ -12,7 +12,7 @@ from hllm.cli.app import app, out, step
 
 @app.command("build")
 def build_cmd(
-    model: Path = typer.Argument(..., help="Export directory (or its model.onnx) from `hllm export` (use --precision fp16)."),
+    model: Path = typer.Argument(..., help="Export directory (or its model.onnx) from `hllm export --flavour standard` (fp16: --precision fp16)."),
     plan: Path = typer.Argument(..., help="TensorRT plan to write (sidecar <plan>.json and tokenizer beside it)."),
     profile: Optional[List[str]] = typer.Option(
         None, "--profile", "-p",
@@ -30,9 +30,11 @@ def build_cmd(
     """Build a strongly typed TensorRT plan (TensorRT 10.x / 11.x) with optimization profiles and a metadata sidecar."""
     from hllm.formats.plan import target_settings
     from hllm.formats.profiles import Profile, default_profile, validate_profiles
+    from hllm.build.tensorrt import check_standard_graph
     from hllm.runtime.artefact import resolve
 
     art = resolve(model)
+    check_standard_graph(art)
     k = art.num_positions
     profiles = [Profile.parse(p) for p in profile] if profile else [default_profile(k, art.prompt.max_seq_len, max_batch)]
     validate_profiles(profiles, k)

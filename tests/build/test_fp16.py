@@ -34,8 +34,8 @@ def _session(model):
 
 
 @pytest.fixture(scope="module")
-def fp32_model(export_dir):
-    return load_onnx(export_dir / "model.onnx")
+def fp32_model(standard_export_dir):
+    return load_onnx(standard_export_dir / "model.onnx")
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +160,7 @@ def test_emulated_fp16_export_ranks_like_fp32(fp16_export, merged_checkpoint):
 
     meta = json.loads((fp16_export / "export.json").read_text())
     assert meta["precision"] == "fp16" and meta["fp32_islands"] == list(DEFAULT_ISLANDS)
+    assert meta["flavour"] == "standard"  # the TensorRT input: --precision fp16 defaults to it
     assert meta["fp16"]["validation"]["nonfinite"] == 0
     model = load_onnx(fp16_export / "model.onnx")
     assert fp32_islands_check(model) == []

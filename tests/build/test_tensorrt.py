@@ -298,7 +298,7 @@ def test_real_tensorrt_dispatch():
 
 
 @pytest.mark.parametrize("version, flags", [("10.13.0", 2), ("11.4.0", 0)])
-def test_build_recipe(export_dir, tmp_path, version, flags):
+def test_build_recipe(standard_export_dir, tmp_path, version, flags):
     from hllm.build.tensorrt import build_plan
 
     trt, rec = _fake_trt(version, fp16_flag=version.startswith("10"))
@@ -306,7 +306,7 @@ def test_build_recipe(export_dir, tmp_path, version, flags):
     cache.write_bytes(b"old")
     plan = tmp_path / "tiny.plan"
     profiles = [Profile.parse("1:1:4/2:64:128/1:8:8"), Profile.parse("1:2:2/2:256:512/1:8:8")]
-    meta = build_plan(export_dir, plan, profiles, timing_cache=cache, opt_level=5, target="a100", trt=trt, device=H100)
+    meta = build_plan(standard_export_dir, plan, profiles, timing_cache=cache, opt_level=5, target="a100", trt=trt, device=H100)
     assert ("create_network", flags) in rec.calls
     assert not any(c[0] == "set_flag" for c in rec.calls)  # no FP16/INT8 weak-typing flag, ever
     assert ("config", "builder_optimization_level", 5) in rec.calls
@@ -319,7 +319,7 @@ def test_build_recipe(export_dir, tmp_path, version, flags):
     assert side == json.loads(sidecar_path(plan).read_text()) and side["tensorrt_version"] == version
     assert side["compute_capability"] == "9.0" and side["hardware_compatibility"] == "ampere_plus"
     assert side["target"] == "a100" and side["builder_optimization_level"] == 5 and len(side["profiles"]) == 2
-    export = json.loads((export_dir / "export.json").read_text())
+    export = json.loads((standard_export_dir / "export.json").read_text())
     assert side["onnx_sha256"] == export["onnx_sha256"] and side["precision"] == export["precision"]
     assert side["source_checkpoint"] == export["source_checkpoint"] and meta == {k: side[k] for k in meta}
     assert side["timing_cache"] == {"path": str(cache), "reused": True}
@@ -333,51 +333,74 @@ def test_build_recipe(export_dir, tmp_path, version, flags):
     assert ranker.engine.name == "tensorrt" and ranker.builder.max_items == 8
 
 
-def test_build_refuses_bad_profile_before_tensorrt(export_dir, tmp_path):
+def test_build_refuses_bad_profile_before_tensorrt(standard_export_dir, tmp_path):
     from hllm.build.tensorrt import build_plan
 
     trt, rec = _fake_trt("10.13.0")
     with pytest.raises(EngineError, match="exceeds the head's K=8"):
-        build_plan(export_dir, tmp_path / "x.plan", [Profile.parse("1:1:1/2:64:64/1:8:9")], trt=trt, device=A100)
+        build_plan(standard_export_dir, tmp_path / "x.plan", [Profile.parse("1:1:1/2:64:64/1:8:9")], trt=trt, device=A100)
     assert rec.calls == [] and not (tmp_path / "x.plan").exists()
 
 
-def test_build_refuses_existing_plan(export_dir, tmp_path):
+def test_build_refuses_a_fused_graph_before_tensorrt(export_dir, tmp_path):
+    """The default export (flavour ort-cpu) holds ONNX Runtime contrib ops: build names them and the fix."""
+    from hllm.build.tensorrt import build_plan
+
+    assert json.loads((export_dir / "export.json").read_text())["flavour"] == "ort-cpu"
+    trt, rec = _fake_trt("10.13.0")
+    with pytest.raises(EngineError, match=r"com\.microsoft:GroupQueryAttention ×2.*hllm export --flavour standard"):
+        build_plan(export_dir, tmp_path / "x.plan", [default_profile(8, 64)], trt=trt, device=A100)
+    with pytest.raises(EngineError, match="--flavour standard"):
+        build_plan(export_dir / "model.onnx", tmp_path / "x.plan", [default_profile(8, 64)], trt=trt, device=A100)
+    assert rec.calls == [] and not (tmp_path / "x.plan").exists()
+
+
+def test_cli_build_refuses_a_fused_graph(export_dir):
+    from typer.testing import CliRunner
+
+    from hllm.cli import app
+
+    r = CliRunner().invoke(app, ["build", str(export_dir), "x.plan", "--dry-run"])
+    assert r.exit_code != 0 and isinstance(r.exception, EngineError)
+    assert "--flavour standard" in str(r.exception)
+
+
+def test_build_refuses_existing_plan(standard_export_dir, tmp_path):
     from hllm.build.tensorrt import build_plan
 
     trt, _ = _fake_trt("11.4.0", fp16_flag=False)
     plan = tmp_path / "x.plan"
     plan.write_bytes(b"good")
     with pytest.raises(FileExistsError):
-        build_plan(export_dir, plan, [default_profile(8, 64)], trt=trt, device=A100)
+        build_plan(standard_export_dir, plan, [default_profile(8, 64)], trt=trt, device=A100)
     assert plan.read_bytes() == b"good"
 
 
 @pytest.mark.skipif(_trt_importable(), reason="checks the message shown when tensorrt is missing")
-def test_engine_without_tensorrt_says_how_to_install(export_dir, tmp_path):
+def test_engine_without_tensorrt_says_how_to_install(standard_export_dir, tmp_path):
     from hllm.build.tensorrt import build_plan
     from hllm.engines.tensorrt import TensorRTEngine
 
     trt, _ = _fake_trt("10.13.0")
     plan = tmp_path / "m.plan"
-    build_plan(export_dir, plan, [default_profile(8, 64)], trt=trt, device=A100)
+    build_plan(standard_export_dir, plan, [default_profile(8, 64)], trt=trt, device=A100)
     with pytest.raises(EngineError, match="TensorRT is not importable.*pypi.nvidia.com"):
         TensorRTEngine(plan, 8).activate()
     with pytest.raises(EngineError, match="not found"):
         TensorRTEngine(tmp_path / "none.plan", 8).activate()
 
 
-def test_cli_build_dry_run_and_bad_profile(export_dir):
+def test_cli_build_dry_run_and_bad_profile(standard_export_dir):
     from typer.testing import CliRunner
 
     from hllm.cli import app
 
-    r = CliRunner().invoke(app, ["build", str(export_dir), "x.plan", "--dry-run", "--target", "a100",
+    r = CliRunner().invoke(app, ["build", str(standard_export_dir), "x.plan", "--dry-run", "--target", "a100",
                                  "--profile", "1:1:4/2:64:128/1:8:8", "--profile", "1/8:512:1024/8"])
     assert r.exit_code == 0, r.output
     assert "profile 0: batch 1:1:4  seq 2:64:128  items 1:8:8" in r.output
     assert "profile 1: batch 1:1:1  seq 8:512:1024  items 8:8:8" in r.output
-    r = CliRunner().invoke(app, ["build", str(export_dir), "x.plan", "--dry-run", "--profile", "1:1:4/2:64:128/1:8:80"])
+    r = CliRunner().invoke(app, ["build", str(standard_export_dir), "x.plan", "--dry-run", "--profile", "1:1:4/2:64:128/1:8:80"])
     assert r.exit_code != 0 and isinstance(r.exception, EngineError)
 
 
