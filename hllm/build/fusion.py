@@ -40,7 +40,7 @@ from onnxscript.rewriter import pattern
 
 from hllm.errors import ExportError
 
-FLAVOURS = ("ort-cpu", "standard")
+from hllm.formats.export import FLAVOURS  # noqa: E402,F401  (the one list of graph flavours)
 FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's temporary fusion ops; none may survive
 
 

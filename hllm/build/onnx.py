@@ -74,19 +74,22 @@ class ExportReport:
 
 
 def synthetic_batch(rng: np.random.Generator, vocab: int, lengths: Sequence[int], n_items: Sequence[int]) -> Batch:
-    """A right-padded random batch: ``lengths[b]`` tokens and ``n_items[b]`` distinct readout positions
-    (sorted, inside the real tokens) per row. Used to validate exports at untraced shapes."""
+    """A right-padded random batch: ``lengths[b]`` tokens, ``n_items[b]`` distinct readout positions
+    (sorted, inside the real tokens) and a context position before the first readout, per row. Used to
+    validate exports at untraced shapes. Raises ValueError if a row has fewer tokens than items."""
     b, s, n = len(lengths), max(lengths), max(n_items)
     ids = np.zeros((b, s), dtype=np.int64)
     pos = np.zeros((b, n), dtype=np.int64)
     mask = np.zeros((b, n), dtype=bool)
+    ctx = np.zeros(b, dtype=np.int64)
     for i, (L, k) in enumerate(zip(lengths, n_items)):
         if k > L:
             raise ValueError(f"row {i}: {k} items need at least {k} tokens, got {L}")
         ids[i, :L] = rng.integers(0, vocab, L)
         pos[i, :k] = np.sort(rng.choice(L, size=k, replace=False))
         mask[i, :k] = True
-    return Batch(ids, pos, mask, np.array(lengths), np.array(n_items))
+        ctx[i] = rng.integers(0, pos[i, 0] + 1)
+    return Batch(ids, pos, mask, np.array(lengths), np.array(n_items), context_positions=ctx)
 
 
 def validation_batches(vocab: int, k: int, seed: int = 0) -> list[tuple[str, Batch]]:
@@ -137,8 +140,6 @@ def export_onnx(
     """
     import time
 
-    from hllm.engines.ort import OnnxRuntimeEngine
-
     say = progress or (lambda msg: None)
     if precision not in ("fp32", "fp16"):
         raise ExportError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
@@ -151,7 +152,7 @@ def export_onnx(
     if m.adapter_path is not None:
         raise CheckpointError(f"{m.root} has a LoRA adapter: run `hllm merge` first and export the merged checkpoint")
     model = load_model(m)
-    k = m.num_positions
+    k, context = m.num_positions, model.reads_context
     t0 = time.perf_counter()
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         onnx_path = tmp / ONNX_NAME
@@ -163,17 +164,7 @@ def export_onnx(
         if slates:
             builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=k)
             batches.append(("real_slates", builder.encode(list(slates)[:2])))
-        results = []
-        refs = []
-        with OnnxRuntimeEngine(onnx_path, k) as eng, torch.inference_mode():
-            for name, b in batches:
-                ref = model(*(torch.from_numpy(x) for x in b.inputs().values())).numpy()
-                refs.append(ref)
-                got = eng.run(b.input_ids, b.readout_positions, b.item_mask)
-                diff = float(np.abs(ref - got).max())
-                results.append({"shape": name, "batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
-                                "items": int(b.item_mask.shape[1]), "max_abs_diff": diff,
-                                "nonfinite": int((~np.isfinite(got)).sum())})
+        results, refs = _validate(model, onnx_path, k, batches, context)
         worst = max(r["max_abs_diff"] for r in results)
         bad = [r for r in results if not (r["max_abs_diff"] <= atol) or r["nonfinite"]]
         if bad:
@@ -181,37 +172,62 @@ def export_onnx(
         fp16_meta = None
         if precision == "fp16":
             say("rewriting to FP16 with FP32 islands and validating its CPU emulation")
-            fp16_meta = _to_fp16(onnx_path, batches, refs, fp32_islands, fp16_min_tau)
+            fp16_meta = _to_fp16(onnx_path, batches, refs, fp32_islands, fp16_min_tau, context)
         shutil.copy2(m.tokenizer_path, tmp / "tokenizer.json")
-        inputs, outputs = graph_io_specs(k)
         onnx_bytes = sum(p.stat().st_size for p in tmp.glob(f"{ONNX_NAME}*"))
-        write_export(tmp, {
-            "onnx": ONNX_NAME,
-            "precision": precision,
-            "flavour": flavour,
-            "fusion": fusion,
-            **({"fp32_islands": fp16_meta["islands"], "fp16": fp16_meta} if fp16_meta else {}),
-            "opset": opset,
-            "num_positions": k,
-            "head": m.head.kind,
-            "backbone": {"model_type": m.dims.model_type, "hidden_size": m.dims.hidden_size,
-                         "num_layers": m.dims.num_layers, "vocab_size": m.dims.vocab_size},
-            "prompt": m.prompt.to_dict(),
-            "tokenizer": "tokenizer.json",
-            "tokenizer_sha256": sha256_file(tmp / "tokenizer.json"),
-            "pad_id": PromptBuilder(load_tokenizer(tmp / "tokenizer.json"), m.prompt).pad_id,
-            "source_checkpoint": {"path": str(m.root), "sha256": checkpoint_hash(m.root)},
-            "onnx_sha256": sha256_file(onnx_path),
-            "onnx_bytes": onnx_bytes,
-            "validation": {"atol": atol, "max_abs_diff": worst, "shapes": results},
-            "inputs": [t.to_dict() for t in inputs],
-            "outputs": [t.to_dict() for t in outputs],
-            "versions": library_versions(),
-        })
+        write_export(tmp, _sidecar(m, tmp, onnx_path, precision, flavour, fusion, fp16_meta, context, onnx_bytes,
+                                   {"atol": atol, "max_abs_diff": worst, "shapes": results}))
     return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2), fp16_meta)
 
 
-def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float) -> dict:
+def _sidecar(m, tmp: Path, onnx_path: Path, precision: str, flavour: str, fusion: dict, fp16_meta: dict | None,
+             context: bool, onnx_bytes: int, validation: dict) -> dict:
+    """The ``export.json`` dict of an export (:mod:`hllm.formats.export` validates and writes it)."""
+    k = m.num_positions
+    inputs, outputs = graph_io_specs(k, context)
+    return {
+        "onnx": ONNX_NAME,
+        "precision": precision,
+        "flavour": flavour,
+        "fusion": fusion,
+        **({"fp32_islands": fp16_meta["islands"], "fp16": fp16_meta} if fp16_meta else {}),
+        "opset": fusion.pop("opset"),
+        "num_positions": k,
+        "head": m.head.kind,
+        "backbone": {"model_type": m.dims.model_type, "hidden_size": m.dims.hidden_size,
+                     "num_layers": m.dims.num_layers, "vocab_size": m.dims.vocab_size},
+        "prompt": m.prompt.to_dict(),
+        "tokenizer": "tokenizer.json",
+        "tokenizer_sha256": sha256_file(tmp / "tokenizer.json"),
+        "pad_id": PromptBuilder(load_tokenizer(tmp / "tokenizer.json"), m.prompt).pad_id,
+        "source_checkpoint": {"path": str(m.root), "sha256": checkpoint_hash(m.root)},
+        "onnx_sha256": sha256_file(onnx_path),
+        "onnx_bytes": onnx_bytes,
+        "validation": validation,
+        "inputs": [x.to_dict() for x in inputs],
+        "outputs": [x.to_dict() for x in outputs],
+        "versions": library_versions(),
+    }
+
+
+def _validate(model, onnx_path: Path, k: int, batches, context: bool) -> tuple[list[dict], list[np.ndarray]]:
+    """PyTorch vs ONNX Runtime on each validation batch: per batch ``{shape, batch, seq, items,
+    max_abs_diff, nonfinite}`` and the reference scores ``[B, N, K]``."""
+    from hllm.engines.ort import OnnxRuntimeEngine
+
+    results, refs = [], []
+    with OnnxRuntimeEngine(onnx_path, k, context=context) as eng, torch.inference_mode():
+        for name, b in batches:
+            ref = model(*(torch.from_numpy(x) for x in b.inputs(context).values())).numpy()
+            refs.append(ref)
+            got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
+            results.append({"shape": name, "batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
+                            "items": int(b.item_mask.shape[1]), "max_abs_diff": float(np.abs(ref - got).max()),
+                            "nonfinite": int((~np.isfinite(got)).sum())})
+    return results, refs
+
+
+def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: bool = False) -> dict:
     """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
     from hllm.engines.ort import OnnxRuntimeEngine
     from hllm.build.fp16 import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
@@ -230,9 +246,9 @@ def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float) -> dict:
     save_onnx(fp16, onnx_path)
     del fp16
     rows = []
-    with OnnxRuntimeEngine(emu_path, refs[0].shape[-1]) as eng:
+    with OnnxRuntimeEngine(emu_path, refs[0].shape[-1], context=context) as eng:
         for (name, b), ref in zip(batches, refs):
-            got = eng.run(b.input_ids, b.readout_positions, b.item_mask)
+            got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
             for j, n in enumerate(b.n_items):
                 r = compare_slate(ref[j, :n], got[j, :n], f"{name}[{j}]")
                 rows.append({k: r[k] for k in ("slate_id", "n_items", "max_abs_diff", "nonfinite", "kendall_tau",
@@ -277,21 +293,26 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     from hllm.build.export_patches import causal_sdpa_export
     from hllm.build.fusion import clean_standard, fuse_for_ort, nonstandard_ops, op_counts
 
+    from hllm.formats.graph import input_names
+
+    context = model.reads_context
     ex = synthetic_batch(np.random.default_rng(1), vocab, [32, 27], [min(4, k), min(3, k)])
-    args = tuple(torch.from_numpy(x) for x in ex.inputs().values())
+    args = tuple(torch.from_numpy(x) for x in ex.inputs(context).values())
     batch, seq, items = Dim("batch", min=1, max=1024), Dim("seq", min=2, max=65536), Dim("items", min=1, max=4096)
     dynamic_shapes = {
         "input_ids": {0: batch, 1: seq},
         "readout_positions": {0: batch, 1: items},
         "item_mask": {0: batch, 1: items},
     }
+    if context:
+        dynamic_shapes["context_positions"] = {0: batch}
     try:
         with causal_sdpa_export():
             prog = torch.onnx.export(
                 model,
                 args,
                 dynamo=True,
-                input_names=["input_ids", "readout_positions", "item_mask"],
+                input_names=list(input_names(context)),
                 output_names=["scores"],
                 opset_version=opset,
                 dynamic_shapes=dynamic_shapes,
@@ -308,6 +329,10 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     if flavour == "ort-cpu" and num_layers is not None and gqa != num_layers:
         raise ExportError(f"attention fusion matched {gqa} of {num_layers} decoder layers ({counts}): "
                           "export with --flavour standard")
+    imports = prog.model.opset_imports  # onnx_ir: {domain: version}
+    real_opset = imports.get("", imports.get("ai.onnx"))
+    if real_opset != opset:  # the exporter may silently raise the opset (hardening: record what the graph has)
+        raise ExportError(f"asked for opset {opset} but the exporter wrote opset {real_opset}: use --opset {real_opset}")
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     prog.save(str(path), external_data=size >= TWO_GB)
-    return {"rewrites": counts, "ops": dict(sorted(ops.items()))}
+    return {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": real_opset}

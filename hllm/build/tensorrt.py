@@ -19,6 +19,7 @@ from pathlib import Path
 from hllm.engines.tensorrt import device_info, import_tensorrt, trt_api
 from hllm.errors import EngineError
 from hllm.files import atomic_path, sha256_file
+from hllm.formats.graph import sidecar_reads_context
 from hllm.formats.plan import DeviceInfo, target_settings, write_sidecar
 from hllm.formats.profiles import Profile, validate_profiles
 
@@ -29,7 +30,7 @@ def check_standard_graph(art) -> None:
     """Refuse what TensorRT cannot take: anything but an ONNX export, or a graph with ops outside the
     ONNX standard (the ``ort-cpu`` flavour's ONNX Runtime contrib ops, :func:`hllm.build.fusion.nonstandard_ops`).
 
-    Args: art: a resolved :class:`hllm.runtime.artefact.Artifact`.
+    Args: art: a resolved :class:`hllm.runtime.artefact.Artefact`.
     Raises: EngineError naming the ops and the export to run instead.
     """
     from hllm.build.fusion import nonstandard_ops
@@ -85,7 +86,7 @@ def build_plan(
     validate_profiles(profiles, k)
     if not 0 <= int(opt_level) <= 5:
         raise EngineError(f"--opt-level must be 0..5, got {opt_level}")
-    precision = art.meta.get("precision", "fp32")
+    precision = art.precision.value
     plan_path = Path(plan_path)
     if plan_path.exists() and not overwrite:
         raise FileExistsError(f"{plan_path} exists (use --overwrite)")
@@ -111,7 +112,7 @@ def build_plan(
         config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_LEVELS[hc])
     for p in profiles:
         prof = builder.create_optimization_profile()
-        for name, (mn, opt, mx) in p.shapes().items():
+        for name, (mn, opt, mx) in p.shapes(sidecar_reads_context(art.meta)).items():
             prof.set_shape(name, mn, opt, mx)
         if config.add_optimization_profile(prof) < 0:
             raise EngineError(f"TensorRT rejected optimization profile {p}")
@@ -162,6 +163,8 @@ def build_plan(
         "source_checkpoint": m.get("source_checkpoint"),
         "num_positions": k,
         "head": m.get("head"),
+        "inputs": m.get("inputs"),
+        "outputs": m.get("outputs"),
         "prompt": m["prompt"],
         "tokenizer": tok_name,
         "timing_cache": {"path": str(cache_path), "reused": cache_reused} if cache_path else None,
