@@ -19,18 +19,26 @@ def train_cmd(
     target: str = typer.Option("clicks", help="clicks | teacher | clicks+teacher (see docs/training.md)."),
     teacher: Optional[Path] = typer.Option(None, help="Teacher permutations JSONL (hllm teacher output)."),
     max_slates: Optional[int] = typer.Option(None, help="Use only the first this many training slates."),
+    val_slates: int = typer.Option(0, help="Hold out the last this many of them and record AUC/Recall@k on them (learning curve)."),
+    val_every: int = typer.Option(50, help="Validate every this many steps (with --val-slates)."),
     sample_items: Optional[int] = typer.Option(None, help="Train on sub-slates of this many candidates (clicked + random others)."),
     head: str = typer.Option("self_attention", help="Head kind: linear, self_attention or slot_query."),
     positions: int = typer.Option(50, "--positions", "-k", help="K: rank positions (largest slate)."),
     head_dim: int = typer.Option(512, help="Head width d_model (paper 512)."),
     head_heads: int = typer.Option(8, help="Head attention heads."),
     head_ff: int = typer.Option(1024, help="Head feed-forward width."),
+    context_readout: bool = typer.Option(False, "--context-readout/--no-context-readout",
+                                         help="The head also reads the user context (last user-context token; beyond the paper)."),
     lora_rank: int = typer.Option(8, help="LoRA rank on all linear projections (paper 64); 0 = frozen backbone (Track 2)."),
     lora_layers: Optional[int] = typer.Option(None, help="LoRA on the last this many layers only; lower layers are cached once."),
     steps: int = typer.Option(100, help="Optimizer steps."),
     batch_size: int = typer.Option(1, help="Slates per forward pass."),
     accum: int = typer.Option(8, help="Gradient accumulation: forwards per optimizer step."),
-    lr: float = typer.Option(1e-4, help="AdamW learning rate (constant)."),
+    lr: float = typer.Option(1e-4, help="AdamW (peak) learning rate."),
+    lr_schedule: str = typer.Option("constant", help="constant or cosine (linear warm-up, then cosine decay)."),
+    warmup_steps: int = typer.Option(0, help="Warm-up steps of the cosine schedule."),
+    min_lr_ratio: float = typer.Option(0.0, help="Cosine schedule floor, as a fraction of --lr."),
+    weight_decay: float = typer.Option(0.0, help="AdamW weight decay."),
     tau: float = typer.Option(1.0, help="Sinkhorn temperature τ."),
     sinkhorn_iters: int = typer.Option(20, help="Sinkhorn iterations L."),
     seed: int = typer.Option(0, help="Seed of init and data order."),
@@ -39,7 +47,7 @@ def train_cmd(
     history_tokens: int = typer.Option(320, help="User-context token budget of the prompt."),
     max_history: int = typer.Option(10, help="Most recent history items used."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
-    resume: bool = typer.Option(False, help="Continue from OUT_DIR/training_state.pt."),
+    resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state (training_state.json + .safetensors)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
 ) -> None:
     """Train a checkpoint with the Sinkhorn loss (paper §3.3): LoRA or frozen backbone + any head.
@@ -55,9 +63,12 @@ def train_cmd(
     spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
     cfg = TrainConfig(
         backbone=str(backbone.resolve()), slates=str(slates), out_dir=str(out_dir), target=target,
-        teacher=str(teacher) if teacher else None, max_slates=max_slates, sample_items=sample_items,
-        head_kind=head, num_positions=positions, head_kwargs=dict(d_model=head_dim, num_heads=head_heads, ff_dim=head_ff),
+        teacher=str(teacher) if teacher else None, max_slates=max_slates, val_slates=val_slates, val_every=val_every,
+        sample_items=sample_items, head_kind=head, num_positions=positions,
+        head_kwargs=dict(d_model=head_dim, num_heads=head_heads, ff_dim=head_ff,
+                         **({"context": True} if context_readout else {})),
         lora_rank=lora_rank, lora_layers=lora_layers, steps=steps, batch_size=batch_size, accum=accum, lr=lr,
+        lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay,
         tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
         features=str(features) if features else None,
     )
@@ -72,12 +83,24 @@ def train_cmd(
             if plain and (done % 25 == 0 or done == total):
                 console.print(f"cached {done}/{total} slates")
 
+        clock = {"t0": None, "first": 0}
+
         def on_step(step: int, loss: float) -> None:
+            import time
+
+            if clock["t0"] is None:
+                clock["t0"], clock["first"] = time.perf_counter(), step
             bar.update(task, completed=step, description=f"training loss {loss:.4f}")
             if plain and (step % 5 == 0 or step == steps):
-                console.print(f"step {step}/{steps} loss {loss:.4f}")
+                done = step - clock["first"]
+                eta = (time.perf_counter() - clock["t0"]) / max(1, done) * (steps - step)
+                console.print(f"step {step}/{steps} loss {loss:.4f} eta {eta / 60:.1f} min")
 
-        res = train(cfg, resume=resume, on_step=on_step, on_cache=on_cache)
+        def on_validation(rec: dict) -> None:
+            console.print(f"step {rec['step']}: held-out AUC {rec['auc']:.4f}  R@10 {rec['recall@10']:.4f}  "
+                          f"NDCG@10 {rec['ndcg@10']:.4f} ({rec['slates']} slates)")
+
+        res = train(cfg, resume=resume, on_step=on_step, on_cache=on_cache, on_validation=on_validation)
     tail = res.losses[-10:]
     out.print(
         f"trained → {res.out_dir}: {res.steps} steps on {res.train_slates} slates; "
