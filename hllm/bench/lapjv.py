@@ -196,7 +196,28 @@ def bench_solvers(
     batch_us = {k.split(": ", 1)[1]: summarize([v / bsz for v in samples.pop(k)], 2)
                 for k in [k for k in samples if k.startswith("batch: ")]}
 
-    # correctness: same optimum for every solver (and the runtime path) on every matrix
+    correct, gap, ties = _check_optima(mats, costs, solvers, dtypes, n, warmup)
+    return {
+        "n_items": n,
+        "family": family,
+        "matrices": count,
+        "warmup": warmup,
+        "solvers_us": {k: summarize(v, 2) for k, v in samples.items() if k != "runtime decode()"},
+        "runtime_decode_us": summarize(samples["runtime decode()"], 2),
+        "runtime_decode_batch_us_per_slate": batch_us["decode_batch()"],
+        "batch_us_per_slate": batch_us,
+        "batch_size": bsz,
+        "correct": bool(correct),
+        "max_objective_gap": float(gap),
+        "tie_differences": ties,
+    }
+
+
+def _check_optima(mats, costs, solvers, dtypes, n: int, warmup: int) -> tuple[bool, float, int]:
+    """Whether every solver (and the runtime path) reached the same optimum on every measured matrix:
+    (correct, largest objective gap, matrices where solvers returned different tied permutations)."""
+    from hllm.runtime.decode import decode
+
     gap, ties, correct = 0.0, 0, True
     for i, m in enumerate(mats[warmup:], start=warmup):
         rankings = {"runtime": decode(m, n)}
@@ -217,20 +238,7 @@ def bench_solvers(
             correct = correct and worst_gap <= 1e-5 * n * max(1.0, abs(best))
         if len({tuple(r.tolist()) for r in rankings.values()}) > 1:
             ties += 1
-    return {
-        "n_items": n,
-        "family": family,
-        "matrices": count,
-        "warmup": warmup,
-        "solvers_us": {k: summarize(v, 2) for k, v in samples.items() if k != "runtime decode()"},
-        "runtime_decode_us": summarize(samples["runtime decode()"], 2),
-        "runtime_decode_batch_us_per_slate": batch_us["decode_batch()"],
-        "batch_us_per_slate": batch_us,
-        "batch_size": bsz,
-        "correct": bool(correct),
-        "max_objective_gap": float(gap),
-        "tie_differences": ties,
-    }
+    return correct, gap, ties
 
 
 def fastest(record: dict, dtype: str | None = None) -> tuple[str, float]:

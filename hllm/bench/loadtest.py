@@ -187,6 +187,11 @@ def compare_batching(
                 samples[name].append(s)
                 log(f"round {r + 1}/{rounds} {name}: {len(s['lat'])}/{s['sent']} ok in {s['wall']:.1f} s")
             offset += per[r]
+    return _mode_results(modes, samples, apps, load_s, ranker, rounds, log)
+
+
+def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, rounds: int, log) -> dict:
+    """Per mode: the load summary, its options and engine batches; plus whether both modes ranked alike."""
     out: dict = {}
     for name in modes:
         res = _summary(samples[name])

@@ -26,17 +26,38 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_flags() -> list[str]:
+#: The CPU features that decide which GEMM kernels run (fp32 AVX2/AVX-512, int8 VNNI, bf16).
+CPU_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
+                "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
+    """The :data:`CPU_FEATURES` this CPU has (from /proc/cpuinfo; empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
-                    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "f16c")
-                    return [w for w in wanted if w in flags]
+                    return [w for w in CPU_FEATURES if w in flags]
     except OSError:
         pass
     return []
+
+
+def bf16_support() -> tuple[bool, str]:
+    """Whether this CPU has bfloat16 matrix instructions (AVX512_BF16 or AMX-BF16), and a sentence
+    saying which it has (for messages and benchmark JSON)."""
+    have = cpu_flags()
+    ok = "avx512_bf16" in have or "amx_bf16" in have
+    return ok, (f"bf16 GEMM instructions: {'yes' if ok else 'none'} (CPU features: {', '.join(have) or 'unknown'})")
+
+
+def int8_dot_support() -> tuple[bool, str]:
+    """Whether this CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8); without
+    them ONNX Runtime's int8 GEMMs widen to int16 and gain little over fp32."""
+    have = cpu_flags()
+    ok = any(f in have for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    return ok, f"int8 dot-product instructions: {'yes' if ok else 'none'} (CPU features: {', '.join(have) or 'unknown'})"
 
 
 def _memory_gb() -> float | None:
@@ -87,7 +108,7 @@ def describe_machine(shared: bool | None = None, note: str | None = None) -> dic
         load = None
     return {
         "cpu": _cpu_model(),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": usable,
         "memory_gb": _memory_gb(),

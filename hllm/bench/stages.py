@@ -55,7 +55,7 @@ def model_dims(model: str | os.PathLike):
 
 
 @dataclass
-class _Model:
+class _Contender:
     label: str
     path: str
     ranker: object
@@ -102,16 +102,14 @@ def bench_stages(
         ``tokens_per_s``, ``gflops``, ``peak_fraction``, ``load_s``.
     Raises: HllmError subclasses from loading or running a model; SlateError if a slate is too small.
     """
-    from hllm.engines.base import check_inputs
     from hllm.runtime import Ranker
-    from hllm.runtime.decode import decode_batch
 
-    opened: list[_Model] = []
+    opened: list[_Contender] = []
     for path in models:
         t0 = time.perf_counter()
         ranker = Ranker.from_path(path, threads=threads)
         ranker.engine.activate()
-        opened.append(_Model(f"{ranker.engine.name}:{path}", str(path), ranker, model_dims(path), time.perf_counter() - t0))
+        opened.append(_Contender(f"{ranker.engine.name}:{path}", str(path), ranker, model_dims(path), time.perf_counter() - t0))
     grid = list(configs) if configs else [(n, b) for n in n_items for b in batch_sizes]
     records = []
     try:
@@ -124,32 +122,9 @@ def bench_stages(
                         on_call(f"warm-up {m.ranker.engine.name} N={n} B={b}")
                 m.samples = {k: [] for k in (*STAGES, "lapjv_us", "engine_io", "tokens", "flops")}
             for r in range(runs):
-                batch = batches[warmup + r]
                 k = r % len(opened)
                 for m in opened[k:] + opened[:k]:
-                    res = m.ranker.rank_batch(batch)
-                    st = res.times
-                    enc = m.ranker.builder.encode(batch)  # same inputs again, for the io-check timing
-                    scores = np.zeros((*enc.item_mask.shape, m.ranker.engine.num_positions), dtype=np.float32)
-                    for j, sj in enumerate(res.scores):  # the padded [B, N, K] the engine returned
-                        scores[j, : len(sj)] = sj
-                    t0 = time.perf_counter()
-                    check_inputs(enc.input_ids, enc.readout_positions, enc.item_mask)
-                    np.asarray(scores, dtype=np.float32)
-                    io = (time.perf_counter() - t0) * 1e3
-                    t0 = time.perf_counter()
-                    decode_batch(scores, enc.n_items)
-                    lap_us = (time.perf_counter() - t0) * 1e6 / len(batch)
-                    s = m.samples
-                    s["prompt"].append(st.prompt_ms)
-                    s["engine"].append(st.engine_ms)
-                    s["decode_output"].append(st.decode_ms)
-                    s["total"].append(st.total_ms)
-                    s["lapjv_us"].append(lap_us)
-                    s["engine_io"].append(io)
-                    s["tokens"].append(int(enc.lengths.sum()))
-                    if m.dims is not None:
-                        s["flops"].append(sum(prefill_flops(m.dims, L) for L in enc.lengths))
+                    _measure(m, batches[warmup + r])
                     if on_call:
                         on_call(f"{m.ranker.engine.name} N={n} B={b}")
             for m in opened:
@@ -160,7 +135,34 @@ def bench_stages(
     return records
 
 
-def _record(m: _Model, n: int, b: int, runs: int, warmup: int, peak: float | None) -> dict:
+def _measure(m: "_Contender", batch: list[dict]) -> None:
+    """One measured call of model ``m`` on ``batch``: its stage clock, plus the input check and the
+    LAPJV decode timed on their own; appended to ``m.samples``."""
+    from hllm.engines.base import check_inputs
+    from hllm.runtime.decode import decode_batch
+
+    res = m.ranker.rank_batch(batch)
+    st = res.times
+    enc = m.ranker.builder.encode(batch)  # same inputs again, for the io-check timing
+    scores = np.zeros((*enc.item_mask.shape, m.ranker.engine.num_positions), dtype=np.float32)
+    for j, sj in enumerate(res.scores):  # the padded [B, N, K] the engine returned
+        scores[j, : len(sj)] = sj
+    t0 = time.perf_counter()
+    check_inputs(enc.input_ids, enc.readout_positions, enc.item_mask)
+    np.asarray(scores, dtype=np.float32)
+    io = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    decode_batch(scores, enc.n_items)
+    lap_us = (time.perf_counter() - t0) * 1e6 / len(batch)
+    s = m.samples
+    for key, v in (("prompt", st.prompt_ms), ("engine", st.engine_ms), ("decode_output", st.decode_ms),
+                   ("total", st.total_ms), ("lapjv_us", lap_us), ("engine_io", io), ("tokens", int(enc.lengths.sum()))):
+        s[key].append(v)
+    if m.dims is not None:
+        s["flops"].append(sum(prefill_flops(m.dims, L) for L in enc.lengths))
+
+
+def _record(m: _Contender, n: int, b: int, runs: int, warmup: int, peak: float | None) -> dict:
     s = m.samples
     stats = {k: summarize(s[k], 3) for k in STAGES}
     med = {k: v["median"] for k, v in stats.items()}

@@ -86,26 +86,37 @@ def bench_versus_ar(
         calls["ar_unconstrained"] = lambda s: run_ar(False, s)
 
     try:
-        warm = subslate(slates[0], min(n_items, WARMUP_ITEMS))
-        for name, fn in calls.items():  # warm-up on slate 0, cut short (discarded)
-            fn(warm)
-            if on_call:
-                on_call(f"warm-up {name}")
-        per_slate = []
-        names = list(calls)
-        for i, s in enumerate(subs[1:]):
-            k = i % len(names)
-            row = {"slate_id": s.get("slate_id"), "order": names[k:] + names[:k]}
-            for name in row["order"]:
-                row[name] = calls[name](s)
-                if on_call:
-                    on_call(name)
-            row["hllm_prompt_tokens"] = int(rankers[0][1].builder.encode([s]).lengths[0])
-            per_slate.append(row)
+        per_slate = _interleaved(calls, subs, slates[0], n_items, rankers[0][1], on_call)
     finally:
         for _, r in rankers:
             r.engine.deactivate()
+    return _summary(per_slate, rankers, hllm_models, ar_model, n_items, unconstrained)
 
+
+def _interleaved(calls: dict, subs: list[dict], first: dict, n_items: int, ranker, on_call) -> list[dict]:
+    """Warm every contender up on a short cut of ``first``, then run them on each measured slate
+    (``subs[1:]``), rotating their order slate by slate."""
+    warm = subslate(first, min(n_items, WARMUP_ITEMS))
+    for name, fn in calls.items():  # warm-up on slate 0, cut short (discarded)
+        fn(warm)
+        if on_call:
+            on_call(f"warm-up {name}")
+    per_slate = []
+    names = list(calls)
+    for i, s in enumerate(subs[1:]):
+        k = i % len(names)
+        row = {"slate_id": s.get("slate_id"), "order": names[k:] + names[:k]}
+        for name in row["order"]:
+            row[name] = calls[name](s)
+            if on_call:
+                on_call(name)
+        row["hllm_prompt_tokens"] = int(ranker.builder.encode([s]).lengths[0])
+        per_slate.append(row)
+    return per_slate
+
+
+def _summary(per_slate: list[dict], rankers, hllm_models, ar_model, n_items: int, unconstrained: bool) -> dict:
+    """The ``versus_ar`` record (see :func:`bench_versus_ar`) from the per-slate rows."""
     main = rankers[0][0]
     hl = [row[main]["ms"] for row in per_slate]
     arc = [row["ar_constrained"]["ms"] for row in per_slate]

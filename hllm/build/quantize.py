@@ -110,6 +110,13 @@ class QuantOptions:
         """Raise :class:`EngineError` naming the bad option (backend, precision, target)."""
         if self.backend not in BACKENDS:
             raise EngineError(f"unknown quantization backend {self.backend!r}; one of {list(BACKENDS)}")
+        if self.precision == "bf16":
+            from hllm.bench.machine import bf16_support
+
+            ok, what = bf16_support()
+            raise EngineError(f"bf16 on CPU needs AVX512_BF16 or AMX; {what}. " + (
+                "ONNX Runtime's CPU provider has no x86 bf16 GEMM path either: run bf16 with the PyTorch engine "
+                "or a runtime with bf16 CPU kernels" if ok else "This machine cannot run a bf16 engine: use int8."))
         if self.precision not in PRECISIONS:
             raise EngineError(f"unknown precision {self.precision!r}; one of {list(PRECISIONS)}")
         if self.precision == "fp8" and self.backend != "modelopt":

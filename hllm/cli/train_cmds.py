@@ -200,6 +200,7 @@ def features_cmd(
     history_tokens: int = typer.Option(320, help="User-context token budget of the prompt."),
     max_history: int = typer.Option(10, help="Most recent history items used."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+    source: Optional[Path] = typer.Option(None, "--from", help="Continue from this cache of the same slates at a lower layer and keep only the readout + context rows (needs --layer L)."),
 ) -> None:
     """Cache frozen backbone hidden states of slates once, for hllm train / hllm eval --features.
 
@@ -221,7 +222,10 @@ def features_cmd(
             if plain and (done % 25 == 0 or done == total):
                 console.print(f"cached {done}/{total} slates")
 
-        cache = build_cache(backbone, rows, out_dir, layer, spec.to_dict(), positions, threads, on_progress)
+        from hllm.training.features import FeatureCache
+
+        src = FeatureCache.open(source) if source is not None else None
+        cache = build_cache(backbone, rows, out_dir, layer, spec.to_dict(), positions, threads, on_progress, src)
     out.print(f"feature cache → {cache.root}: {len(cache)} slates, hidden state entering layer {cache.layer} of {cache.num_layers}")
 
 
