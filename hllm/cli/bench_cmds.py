@@ -27,7 +27,7 @@ def _print_table(t: Table) -> None:
     else:
         from rich.console import Console
 
-        Console(width=160).print(t)
+        Console(width=160, file=out.file).print(t)  # out.file: stderr when stdout carries data (--json, -o -)
 
 
 def _ints(text: str, what: str, most: int = MAX_ITEMS) -> list[int]:

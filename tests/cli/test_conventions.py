@@ -220,6 +220,10 @@ def test_json_summaries(export_dir, merged_checkpoint, tmp_path, capsys):
     assert code == 0 and json.loads(out)["rankers"]["random"]["slates"] == 3
     code, out, err = run(["rank", str(export_dir), "-s", str(src), "-o", "-", "--json"], capsys)
     assert code == 2 and "only one thing can go to stdout" in err
+    code, out, err = run(["bench", "lapjv", "-n", "3,4", "--families", "gaussian", "--matrices", "2", "-o", "-"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)  # the table went to stderr, the document alone to stdout
+    assert doc["kind"] == "lapjv" and [r["n_items"] for r in doc["records"]] == [3, 4] and "LAP solve" in err
 
 
 # -- exit-code policy ---------------------------------------------------------------------------------------
