@@ -45,18 +45,26 @@ def train_cmd(
     objective: str = choice_opt("clicks", OBJECTIVES, "--objective", help="Training target (see docs/training.md)."),
     teacher: Optional[Path] = typer.Option(None, help="Teacher permutations JSONL (hllm teacher output)."),
     limit: Optional[int] = limit_opt(None, "Use only the first LIMIT training slates."),
+    val_slates: int = typer.Option(0, min=0, max=1_000_000, help="Hold out the last this many of them and record AUC/Recall@k on them (learning curve)."),
+    val_every: int = typer.Option(50, min=1, max=10_000_000, help="Validate every this many steps (with --val-slates)."),
     sample_items: Optional[int] = typer.Option(None, min=1, max=MAX_ITEMS, help="Train on sub-slates of this many candidates (clicked + random others)."),
     head: str = choice_opt("self_attention", HEAD_KINDS, "--head", help="Head kind (paper §3.3)."),
     positions: int = positions_opt(),
     head_dim: int = typer.Option(512, min=1, max=65536, help="Head width d_model (paper 512)."),
     head_heads: int = typer.Option(8, min=1, max=1024, help="Head attention heads."),
     head_ff: int = typer.Option(1024, min=1, max=262144, help="Head feed-forward width."),
+    context_readout: bool = typer.Option(False, "--context-readout/--no-context-readout",
+                                         help="The head also reads the user context (last user-context token; beyond the paper)."),
     lora_rank: int = typer.Option(8, min=0, max=4096, help="LoRA rank on all linear projections (paper 64); 0 = frozen backbone (Track 2)."),
     lora_layers: Optional[int] = typer.Option(None, min=1, max=10_000, help="LoRA on the last this many layers only; lower layers are cached once."),
     steps: int = typer.Option(100, min=1, max=10_000_000, help="Optimizer steps."),
     batch_size: int = batch_opt(1, "Slates per forward pass."),
     accum: int = typer.Option(8, min=1, max=100_000, help="Gradient accumulation: forwards per optimizer step."),
-    lr: float = typer.Option(1e-4, min=0.0, max=10.0, help="AdamW learning rate (constant)."),
+    lr: float = typer.Option(1e-4, min=0.0, max=10.0, help="AdamW (peak) learning rate."),
+    lr_schedule: str = choice_opt("constant", ("constant", "cosine"), "--lr-schedule", help="constant, or cosine (linear warm-up, then cosine decay)."),
+    warmup_steps: int = typer.Option(0, min=0, max=10_000_000, help="Warm-up steps of the cosine schedule."),
+    min_lr_ratio: float = typer.Option(0.0, min=0.0, max=1.0, help="Cosine schedule floor, as a fraction of --lr."),
+    weight_decay: float = typer.Option(0.0, min=0.0, max=10.0, help="AdamW weight decay."),
     tau: float = typer.Option(1.0, min=1e-6, max=1e6, help="Sinkhorn temperature τ."),
     sinkhorn_iters: int = typer.Option(20, min=1, max=10_000, help="Sinkhorn iterations L."),
     seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of init and data order."),
@@ -65,7 +73,7 @@ def train_cmd(
     history_tokens: int = typer.Option(320, min=1, max=MAX_SEQ, help="User-context token budget of the prompt."),
     max_history: int = typer.Option(10, min=0, max=10_000, help="Most recent history items used."),
     threads: Optional[int] = threads_opt("torch intra-op threads."),
-    resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state."),
+    resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state (training_state.json + .safetensors)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
     target: Optional[str] = hidden_alias("--target"),
     max_slates: Optional[int] = hidden_alias("--max-slates"),
@@ -92,9 +100,12 @@ def train_cmd(
     spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
     cfg = TrainConfig(
         backbone=str(backbone.resolve()), slates=str(slates), out_dir=str(out_dir), target=target,
-        teacher=str(teacher) if teacher else None, max_slates=max_slates, sample_items=sample_items,
-        head_kind=head, num_positions=positions, head_kwargs=dict(d_model=head_dim, num_heads=head_heads, ff_dim=head_ff),
+        teacher=str(teacher) if teacher else None, max_slates=max_slates, val_slates=val_slates, val_every=val_every,
+        sample_items=sample_items, head_kind=head, num_positions=positions,
+        head_kwargs=dict(d_model=head_dim, num_heads=head_heads, ff_dim=head_ff,
+                         **({"context": True} if context_readout else {})),
         lora_rank=lora_rank, lora_layers=lora_layers, steps=steps, batch_size=batch_size, accum=accum, lr=lr,
+        lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay,
         tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
         features=str(features) if features else None,
     )
@@ -109,12 +120,24 @@ def train_cmd(
             if plain and (done % 25 == 0 or done == total):
                 console.print(f"cached {done}/{total} slates")
 
+        clock = {"t0": None, "first": 0}
+
         def on_step(step: int, loss: float) -> None:
+            import time
+
+            if clock["t0"] is None:
+                clock["t0"], clock["first"] = time.perf_counter(), step
             bar.update(task, completed=step, description=f"training loss {loss:.4f}")
             if plain and (step % 5 == 0 or step == steps):
-                console.print(f"step {step}/{steps} loss {loss:.4f}")
+                done = step - clock["first"]
+                eta = (time.perf_counter() - clock["t0"]) / max(1, done) * (steps - step)
+                console.print(f"step {step}/{steps} loss {loss:.4f} eta {eta / 60:.1f} min")
 
-        res = train(cfg, resume=resume, on_step=on_step, on_cache=on_cache)
+        def on_validation(rec: dict) -> None:
+            console.print(f"step {rec['step']}: held-out AUC {rec['auc']:.4f}  R@10 {rec['recall@10']:.4f}  "
+                          f"NDCG@10 {rec['ndcg@10']:.4f} ({rec['slates']} slates)")
+
+        res = train(cfg, resume=resume, on_step=on_step, on_cache=on_cache, on_validation=on_validation)
     tail = res.losses[-10:]
     out.print(
         f"trained → {res.out_dir}: {res.steps} steps on {res.train_slates} slates; "

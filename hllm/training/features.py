@@ -8,11 +8,17 @@ maths is the full forward split in two (checked against it in the tests), at ``(
 
 Layout of a cache directory::
 
-    meta.json            backbone config hash, layer c, prompt spec, slate ids (written last)
-    00000.npz ...        per slate: ``hidden [S, D]`` float32, ``readout [N]`` int64
+    meta.json            version, backbone fingerprint, layer c, prompt spec, slate ids, rows_only (written last)
+    00000.npz ...        per slate: ``hidden [S, D]`` float32, ``readout [N]`` int64, ``context`` int64 scalar
 
 Each slate file is written atomically, so an interrupted run resumes where it stopped; ``meta.json``
 marks a complete cache. Size: S·D·4 bytes per slate (≈3 MB for a 1,300-token slate at D=576).
+
+A **rows-only** cache (``rows_only``: made from another cache with ``source=``) keeps only the rows a
+head reads — the N readout rows then the context row, ``readout = 0..N-1``, ``context = N`` — about
+115 KB per slate. Decoder layers mix tokens, so a rows-only cache is only valid at ``layer = L``
+(after the last layer: only the per-token final norm is left), the frozen-backbone case.
+Version-1 caches (no ``context`` key) still load; their context position is recomputed from the prompt.
 """
 
 from __future__ import annotations
@@ -30,7 +36,19 @@ from hllm.errors import CheckpointError, HllmError
 from hllm.files import atomic_path, atomic_write_json
 
 META = "meta.json"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
+
+
+@dataclass(frozen=True)
+class CachedSlate:
+    """One cached slate: ``hidden [S, D]`` (or ``[N + 1, D]`` rows-only) float32 entering the cache's
+    layer, ``readout [N]`` int64 positions into it, ``context`` the user-context row (None in a
+    version-1 cache: recompute it from the prompt)."""
+
+    hidden: np.ndarray
+    readout: np.ndarray
+    context: int | None
 
 
 def backbone_fingerprint(backbone: str | os.PathLike) -> str:
@@ -48,7 +66,7 @@ class FeatureCache:
     """A complete cache directory (see module doc), opened read-only.
 
     Attributes: root, layer (hidden state entering this decoder layer), num_layers (L of the
-    backbone), prompt (PromptSpec dict), slate_ids (file order), fingerprint.
+    backbone), prompt (PromptSpec dict), slate_ids (file order), fingerprint, rows_only.
     """
 
     root: Path
@@ -57,6 +75,7 @@ class FeatureCache:
     prompt: dict
     slate_ids: list[str]
     fingerprint: str
+    rows_only: bool = False
 
     @classmethod
     def open(cls, root: str | os.PathLike) -> "FeatureCache":
@@ -65,19 +84,26 @@ class FeatureCache:
         meta_path = root / META
         if not meta_path.is_file():
             raise CheckpointError(f"{root} is not a complete feature cache (no {META}; rerun `hllm features` to finish it)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("version") != VERSION:
-            raise CheckpointError(f"{meta_path}: feature cache version {meta.get('version')} (this hllm reads {VERSION})")
-        return cls(root, int(meta["layer"]), int(meta["num_layers"]), meta["prompt"], list(meta["slate_ids"]),
-                   meta["fingerprint"])
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if meta.get("version") not in READABLE:
+                raise CheckpointError(f"{meta_path}: feature cache version {meta.get('version')} "
+                                      f"(this hllm reads {READABLE})")
+            return cls(root, int(meta["layer"]), int(meta["num_layers"]), meta["prompt"],
+                       [str(s) for s in meta["slate_ids"]], str(meta["fingerprint"]), bool(meta.get("rows_only")))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{meta_path} is not a feature cache manifest: {type(e).__name__}: {e}") from None
 
     def __len__(self) -> int:
         return len(self.slate_ids)
 
-    def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Slate ``i``: (hidden ``[S, D]`` float32, readout positions ``[N]`` int64)."""
-        with np.load(self.root / f"{i:05d}.npz") as z:
-            return z["hidden"], z["readout"]
+    def get(self, i: int) -> CachedSlate:
+        """Slate ``i`` (file order). Raises CheckpointError for a missing or unreadable file."""
+        try:
+            with np.load(self.root / f"{i:05d}.npz", allow_pickle=False) as z:
+                return CachedSlate(z["hidden"], z["readout"], int(z["context"]) if "context" in z else None)
+        except (OSError, KeyError, ValueError) as e:
+            raise CheckpointError(f"feature cache {self.root}: slate file {i:05d}.npz unreadable: {e}") from None
 
     def check(self, backbone: str | os.PathLike, prompt: dict, slate_ids: Sequence[str]) -> list[int]:
         """Indices in this cache of ``slate_ids``; raise CheckpointError unless the cache matches this
@@ -96,60 +122,104 @@ class FeatureCache:
 
 def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: str | os.PathLike, layer: int,
                 prompt: dict, max_items: int, threads: int | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> FeatureCache:
-    """Run decoder layers ``0..layer-1`` of ``backbone`` (fp32, batch 1, no padding) on each slate's
-    prompt and store the hidden state entering ``layer``; resumes an interrupted run.
+                on_progress: Callable[[int, int], None] | None = None,
+                source: FeatureCache | None = None) -> FeatureCache:
+    """Store the hidden state entering decoder layer ``layer`` of each slate's prompt (fp32, batch 1, no
+    padding); resumes an interrupted run.
+
+    Without ``source`` the prompt runs through layers ``0..layer-1``. With ``source`` (a cache of the
+    same backbone, prompt and slates at a lower layer) only layers ``source.layer..layer-1`` run, and the
+    result is rows-only (module doc): ``layer`` must then be L.
 
     Args:
         backbone: HF model directory. slates: validated slate dicts. out_dir: cache directory.
         layer: 0 ≤ layer ≤ L (L = after the last layer, before the final norm).
         prompt: PromptSpec dict. max_items: K (slates with more candidates are refused).
         threads: torch intra-op threads. on_progress: called with (slates done, total).
-    Raises: HllmError for a bad layer; CheckpointError when ``out_dir`` holds a different cache.
+    Raises: HllmError for a bad layer; CheckpointError when ``out_dir`` holds a different cache or
+        ``source`` does not match.
     """
     import torch
 
     from hllm.formats.architectures import backbone_dims, read_config
-    from hllm.formats.prompt import PromptSpec
-    from hllm.model.hllm import load_backbone, run_layers
+    from hllm.model.hllm import load_backbone
     from hllm.model.threads import torch_threads
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     n_layers = backbone_dims(read_config(Path(backbone))).num_layers
     if not 0 <= layer <= n_layers:
         raise HllmError(f"layer must be in 0..{n_layers}, got {layer}")
+    if source is not None and (layer != n_layers or source.layer > layer):
+        raise HllmError(f"a cache made from another cache keeps only the readout rows: --layer must be {n_layers} "
+                        f"(all layers) and ≥ the source's layer {source.layer}")
     out = Path(out_dir)
     ids = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
     meta = {"version": VERSION, "layer": layer, "num_layers": n_layers, "prompt": prompt, "slate_ids": ids,
-            "fingerprint": backbone_fingerprint(backbone), "backbone": str(Path(backbone).resolve())}
-    if (out / META).is_file():
-        old = json.loads((out / META).read_text())
-        if {k: v for k, v in old.items() if k != "backbone"} != {k: v for k, v in meta.items() if k != "backbone"}:
-            raise CheckpointError(f"{out} already holds a different feature cache")
-        return FeatureCache.open(out)
-    out.mkdir(parents=True, exist_ok=True)
-    partial = out / "partial.json"  # what an unfinished run was making: refuse to mix runs
-    pmeta = {k: v for k, v in meta.items() if k != "backbone"}
-    if partial.is_file() and json.loads(partial.read_text()) != pmeta:
-        raise CheckpointError(f"{out} holds an unfinished cache of other slates/options; remove it first")
-    atomic_write_json(partial, pmeta)
-    builder = PromptBuilder(load_tokenizer(backbone), PromptSpec.from_dict(prompt), max_items=max_items)
+            "fingerprint": backbone_fingerprint(backbone), "rows_only": source is not None,
+            "backbone": str(Path(backbone).resolve())}
+    done = _open_or_start(out, meta)
+    if done is not None:
+        return done
+    index = source.check(backbone, prompt, ids) if source is not None else None
+    encode = _encoder(backbone, prompt, max_items)
     model = load_backbone(backbone)
-    model.eval()
     with torch_threads(threads), torch.inference_mode():
         for i, s in enumerate(slates):
             path = out / f"{i:05d}.npz"
             if not path.is_file():
-                b = builder.encode([s])
-                h = run_layers(model, torch.from_numpy(b.input_ids), 0, layer)
+                src = None if source is None else (source.get(index[i]), source.layer)
+                row = _cache_one(model, encode(s), layer, src)
                 with atomic_path(path) as tmp:
                     with open(tmp, "wb") as f:
-                        np.savez(f, hidden=h[0].numpy(), readout=b.readout_positions[0].astype(np.int64))
+                        np.savez(f, **row)
             if on_progress:
                 on_progress(i + 1, len(slates))
     atomic_write_json(out / META, meta)
-    partial.unlink()
+    (out / "partial.json").unlink()
     return FeatureCache.open(out)
+
+
+def _open_or_start(out: Path, meta: dict) -> "FeatureCache | None":
+    """The finished cache at ``out`` if it is this one; None after marking an (un)started run of it.
+    Raises CheckpointError when ``out`` holds another cache or another unfinished run."""
+    pmeta = {k: v for k, v in meta.items() if k != "backbone"}
+    if (out / META).is_file():
+        old = json.loads((out / META).read_text())
+        if {k: v for k, v in old.items() if k != "backbone"} != pmeta:
+            raise CheckpointError(f"{out} already holds a different feature cache")
+        return FeatureCache.open(out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "partial.json"  # what an unfinished run was making: refuse to mix runs
+    if partial.is_file() and json.loads(partial.read_text()) != pmeta:
+        raise CheckpointError(f"{out} holds an unfinished cache of other slates/options; remove it first")
+    atomic_write_json(partial, pmeta)
+    return None
+
+
+def _encoder(backbone, prompt: dict, max_items: int):
+    from hllm.formats.prompt import PromptSpec
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+    builder = PromptBuilder(load_tokenizer(backbone), PromptSpec.from_dict(prompt), max_items=max_items)
+    return builder.encode_one
+
+
+def _cache_one(model, enc, layer: int, src: tuple[CachedSlate, int] | None) -> dict:
+    """The arrays stored for one encoded slate: the full sequence, or rows-only from ``src`` =
+    (the slate in the source cache, the source's layer)."""
+    import torch
+
+    from hllm.model.hllm import run_layers
+
+    if src is None:
+        h = run_layers(model, torch.tensor([enc.ids]), 0, layer)[0].numpy()
+        return {"hidden": h, "readout": np.asarray(enc.readout, np.int64), "context": np.int64(enc.context_end)}
+    cached, start = src
+    if cached.readout.tolist() != enc.readout or cached.hidden.shape[0] != len(enc.ids):
+        raise CheckpointError("the source cache's slate does not match its prompt (other tokenizer or prompt?)")
+    h = run_layers(model, torch.from_numpy(cached.hidden)[None], start, layer)[0].numpy()
+    rows = list(enc.readout) + [enc.context_end]
+    n = len(enc.readout)
+    return {"hidden": h[rows], "readout": np.arange(n, dtype=np.int64), "context": np.int64(n)}
 
 
 def _adapted_layers(backbone) -> set[int]:
@@ -164,14 +234,36 @@ def _adapted_layers(backbone) -> set[int]:
     return out
 
 
+def context_positions(cache: FeatureCache, cached: Sequence[CachedSlate], slates: Sequence[dict] | None) -> list[int]:
+    """The user-context row of each cached slate: stored (version 2) or recomputed from the slate's
+    prompt (version 1). Raises CheckpointError when a version-1 entry has no slate to recompute from."""
+    out, encode = [], None
+    for j, c in enumerate(cached):
+        if c.context is not None:
+            out.append(c.context)
+            continue
+        if slates is None:
+            raise CheckpointError(f"feature cache {cache.root} (version 1) stores no context position: pass the slates")
+        if encode is None:
+            from hllm.formats.prompt import PromptSpec
+            from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+            backbone = json.loads((cache.root / META).read_text()).get("backbone")
+            encode = PromptBuilder(load_tokenizer(backbone), PromptSpec.from_dict(cache.prompt)).encode_one
+        out.append(encode(slates[j]).context_end)
+    return out
+
+
 def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: Sequence[str],
-                      threads: int | None = None, on_progress: Callable[[int, int], None] | None = None):
+                      threads: int | None = None, on_progress: Callable[[int, int], None] | None = None,
+                      slates: Sequence[dict] | None = None):
     """Score matrices of a checkpoint on cached slates: layers ``cache.layer..L-1`` (with the adapter
-    unmerged, as the PyTorch reference), final norm, readout, head. Same maths as the checkpoint's
-    full forward (checked in the tests); at ``(L-c)/L`` of its cost.
+    unmerged, as the PyTorch reference), final norm, readout, (context), head. Same maths as the
+    checkpoint's full forward (checked in the tests); at ``(L-c)/L`` of its cost.
 
     Args:
         ckpt: checkpoint directory. cache: an open cache holding the slates ``slate_ids``.
+        slates: the slates themselves (needed only for a context-reading head on a version-1 cache).
     Yields: per slate, ``[N, K]`` float32 score matrix (numpy).
     Raises: CheckpointError when the cache does not match the checkpoint's backbone or prompt, or the
         adapter changes a layer below ``cache.layer`` (those layers were cached without it).
@@ -189,10 +281,14 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     if below:
         raise CheckpointError(f"{ckpt}: the adapter changes layers {below[:5]}…, below the cached layer {cache.layer}")
     for done, i in enumerate(index, 1):
-        h_np, pos_np = cache.get(i)
+        c = cache.get(i)
+        ctx = None
+        if model.reads_context:
+            ctx = torch.tensor(context_positions(cache, [c], None if slates is None else [slates[done - 1]]))
         with torch_threads(threads), torch.inference_mode():
-            mask = torch.ones(1, len(pos_np), dtype=torch.bool)
-            m = model.forward_from(torch.from_numpy(h_np)[None], cache.layer, torch.from_numpy(pos_np)[None], mask)
+            mask = torch.ones(1, len(c.readout), dtype=torch.bool)
+            m = model.forward_from(torch.from_numpy(c.hidden)[None], cache.layer, torch.from_numpy(c.readout)[None],
+                                   mask, ctx)
         yield m[0].numpy()
         if on_progress:
             on_progress(done, len(slate_ids))

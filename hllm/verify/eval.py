@@ -60,7 +60,8 @@ def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: 
         from hllm.training.features import FeatureCache, scores_from_cache
 
         ids = [str(s.get("slate_id")) for s in slates]
-        scores = scores_from_cache(p, FeatureCache.open(features), ids, on_progress=lambda done, total: advance(1))
+        scores = scores_from_cache(p, FeatureCache.open(features), ids, on_progress=lambda done, total: advance(1),
+                                   slates=slates)
         return name, "checkpoint+features", [decode(m, len(s["candidates"])).tolist() for s, m in zip(slates, scores)]
     with Ranker.from_path(p, batch_size=batch_size) as ranker:
         return name, kind, [r.order for r in ranker.rank(slates, on_progress=advance)]

@@ -17,6 +17,7 @@ from hllm.training.trainer import train
 from tests.training.test_training import _cfg as train_cfg
 
 PROMPT = PromptSpec().to_dict()
+TINY_HEAD_CTX = dict(d_model=32, num_heads=4, ff_dim=64)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def _cache(backbone, slates_path, out, layer):
 def test_training_from_a_cache_equals_training_without(backbones, train_file, tmp_path, lora_rank, layer):
     bb = backbones["llama"]  # 2 layers; LoRA on the top one starts at layer 1
     cache = _cache(bb, train_file, tmp_path / "cache", layer)
-    assert len(cache) == 5 and cache.layer == layer and cache.get(0)[0].dtype == np.float32
+    assert len(cache) == 5 and cache.layer == layer and cache.get(0).hidden.dtype == np.float32
     a = train(_cfg(bb, train_file, tmp_path / "a", lora_rank=lora_rank))
     b = train(_cfg(bb, train_file, tmp_path / "b", lora_rank=lora_rank, features=str(tmp_path / "cache")))
     assert b.losses == pytest.approx(a.losses, abs=1e-5)
@@ -118,7 +119,7 @@ def test_an_interrupted_cache_resumes(backbones, train_file, tmp_path):
         FeatureCache.open(part)
     resumed = _cache(bb, train_file, part, 1)
     for i in range(5):
-        np.testing.assert_array_equal(resumed.get(i)[0], full.get(i)[0])
+        np.testing.assert_array_equal(resumed.get(i).hidden, full.get(i).hidden)
 
 
 def test_cli_features_and_eval_from_features(backbones, train_file, tmp_path, capsys):
@@ -148,3 +149,32 @@ def test_cli_features_and_eval_from_features(backbones, train_file, tmp_path, ca
     assert {k: a[k] for k in ("auc", "recall@1", "ndcg@10")} == {k: b[k] for k in ("auc", "recall@1", "ndcg@10")}
     code, _, err = run(["eval", str(ck), "--slates", str(train_file), "--features", str(tmp_path / "nope")])
     assert code == 2 and "not a complete feature cache" in err
+
+
+def test_rows_only_cache_trains_the_context_head_like_the_full_path(backbones, train_file, tmp_path):
+    """A frozen-backbone head with the user-context readout: trained from a rows-only cache (made from a
+    layer-1 cache) it reaches the same losses and weights as trained from the prompts, and the
+    checkpoint scores slates from the cache as its full forward does."""
+    from hllm.model.hllm import load_model
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+    bb = backbones["qwen3"]
+    low = _cache(bb, train_file, tmp_path / "low", 1)
+    rows = build_cache(bb, read_slates(train_file), tmp_path / "rows", 2, PROMPT, 8, threads=1, source=low)
+    assert rows.rows_only and rows.get(0).hidden.shape[0] == len(rows.get(0).readout) + 1 == rows.get(0).context + 1
+    head = {"context": True}
+    kw = dict(lora_rank=0, lora_layers=None, head_kwargs={**TINY_HEAD_CTX, **head})
+    a = train(_cfg(bb, train_file, tmp_path / "a", **kw))
+    b = train(_cfg(bb, train_file, tmp_path / "b", features=str(tmp_path / "rows"), **kw))
+    assert b.losses == pytest.approx(a.losses, abs=1e-5)
+    slates = read_slates(train_file)
+    got = list(scores_from_cache(tmp_path / "b", rows, [s["slate_id"] for s in slates]))
+    model = load_model(tmp_path / "b")
+    builder = PromptBuilder(load_tokenizer(bb), PromptSpec(), max_items=8)
+    for s, m in zip(slates, got):
+        enc = builder.encode([s])
+        with torch.no_grad():
+            want = model(*(torch.from_numpy(x) for x in enc.inputs(context=True).values()))[0].numpy()
+        np.testing.assert_allclose(m, want, atol=1e-5)
+    with pytest.raises(HllmError, match="--layer must be"):
+        build_cache(bb, read_slates(train_file), tmp_path / "bad", 1, PROMPT, 8, source=low)

@@ -34,17 +34,18 @@ def test_gradients_reach_only_lora_and_head(backbones, train_file, tmp_path):
     ids = torch.randint(1, 100, (2, 12))
     items = model.full(ids)[:, [3, 7, 11]]
     model.head(items, torch.ones(2, 3, dtype=torch.bool)).pow(2).sum().backward()
-    with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    named = dict(model.model.named_parameters())
+    with_grad = {n for n, p in named.items() if p.grad is not None and p.grad.abs().sum() > 0}
     assert with_grad, "nothing learned"
     assert all(("lora_" in n) or n.startswith("head.") for n in with_grad), with_grad
     assert any("lora_B" in n for n in with_grad) and any(n.startswith("head.") for n in with_grad)
-    frozen = [n for n, p in model.named_parameters() if "lora_" not in n and not n.startswith("head.")]
-    assert frozen and all(not dict(model.named_parameters())[n].requires_grad for n in frozen)
+    frozen = [n for n in named if "lora_" not in n and not n.startswith("head.")]
+    assert frozen and all(not named[n].requires_grad for n in frozen)
 
 
 def test_frozen_backbone_trains_only_the_head(backbones, train_file, tmp_path):
     model, _, _ = build_model(_cfg(backbones["llama"], train_file, tmp_path / "x", lora_rank=0))
-    assert {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad} == {"head"}
+    assert {n.split(".")[0] for n, p in model.model.named_parameters() if p.requires_grad} == {"head"}
 
 
 def test_top_layer_split_equals_full_forward(backbones, train_file, tmp_path):
@@ -162,3 +163,43 @@ def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
 
     code, _, err = _run(["eval", f"teach={teacher}", "--slates", str(train_file)], capsys)  # 6 slates, teacher has 3
     assert code == 2 and "no ranking" in err
+
+
+def test_training_state_holds_no_pickle(backbones, train_file, tmp_path):
+    from hllm.training.state import STATE_JSON, STATE_TENSORS
+
+    train(_cfg(backbones["llama"], train_file, tmp_path / "s", steps=1))
+    names = {p.name for p in (tmp_path / "s").iterdir()}
+    assert {STATE_TENSORS, STATE_JSON} <= names and not any(n.endswith((".pt", ".pkl", ".bin")) for n in names)
+    json.loads((tmp_path / "s" / STATE_JSON).read_text())  # plain JSON
+    # a crafted file where the state should be is refused with a message, never unpickled
+    (tmp_path / "s" / STATE_TENSORS).write_bytes(b"\x80\x04cos\nsystem\n(S'touch pwned'\ntR.")
+    from hllm.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="unreadable training state"):
+        train(_cfg(backbones["llama"], train_file, tmp_path / "s", steps=2), resume=True)
+
+
+def test_no_pickle_loading_in_the_package():
+    """No torch.load / pickle.load anywhere in hllm (enforced, hardening issue)."""
+    import re
+    from pathlib import Path
+
+    import hllm
+
+    root = Path(hllm.__file__).parent
+    bad = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
+           for i, line in enumerate(p.read_text().splitlines(), 1)
+           if re.search(r"\btorch\.load\(|\bpickle\.loads?\(|allow_pickle\s*=\s*True|weights_only\s*=\s*False", line)]
+    assert not bad, bad
+
+
+def test_cosine_schedule_and_learning_curve(backbones, train_file, tmp_path):
+    cfg = _cfg(backbones["llama"], train_file, tmp_path / "v", steps=4, lr=1e-2, lr_schedule="cosine",
+               warmup_steps=2, min_lr_ratio=0.1, val_slates=2, val_every=2, lora_rank=0)
+    assert [round(cfg.lr_at(s), 6) for s in range(4)] == [0.005, 0.01, 0.01, round(0.01 * (0.1 + 0.9 * 0.5), 6)]
+    res = train(cfg)
+    assert [r["step"] for r in res.validation] == [2, 4]
+    assert all(0.0 <= r["auc"] <= 1.0 and r["slates"] == 2 for r in res.validation)
+    prov = json.loads((tmp_path / "v" / "hllm.json").read_text())["provenance"]
+    assert prov["validation"] == res.validation and prov["val_slates"] == 2
