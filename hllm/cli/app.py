@@ -159,10 +159,9 @@ def choice_opt(default: Optional[str], choices: Sequence[str], *names: str, help
                         callback=_choice_check(names[0], choices), autocompletion=lambda: list(choices))
 
 
-def slates_opt(required: bool = False, help: str = "Slates, JSONL or JSONL.gz ('-' = stdin).") -> Any:
-    """``--slates/-s``: the slates a command reads. Optional ones default to the packaged sample."""
-    if required:
-        return typer.Option(..., "--slates", "-s", help=help)
+def slates_opt(help: str = "Slates, JSONL or JSONL.gz ('-' = stdin).") -> Any:
+    """``--slates/-s``: the slates a command reads, defaulting to the packaged sample (``train``, ``features``
+    and ``teacher`` declare theirs as required)."""
     return typer.Option(None, "--slates", "-s", help=f"{help} Default: the packaged 100-slate Amazon Beauty sample.")
 
 

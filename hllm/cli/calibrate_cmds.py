@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, app, batch_opt, check_output_dir, check_output_file, choice_opt, console,
+from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console,
                           data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt,
                           pick, progress, quiet_libraries, slates_file, slates_opt, threads_opt, write_json_out)
 from hllm.build.quantize import BACKENDS, PRECISIONS

@@ -11,7 +11,6 @@ import gzip
 import io
 import json
 import os
-import re
 import signal
 import sys
 import typing
