@@ -46,6 +46,7 @@ from hllm.build.fusion import FLAVOURS
 from hllm.errors import CheckpointError, ExportError
 from hllm.files import atomic_dir, sha256_file, sha256_tree
 from hllm.formats.export import write_export
+from hllm.formats.interop import onnx_metadata_props
 from hllm.formats.provenance import library_versions
 from hllm.model.hllm import load_model
 from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
@@ -157,7 +158,9 @@ def export_onnx(
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         onnx_path = tmp / ONNX_NAME
         say(f"tracing with the dynamo exporter (opset {opset}), {flavour} graph")
-        fusion = _export(model, onnx_path, opset, k, m.dims.vocab_size, flavour, m.dims.num_layers)
+        props = onnx_metadata_props(k, flavour, m.prompt.to_dict(), context,
+                                    PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt).pad_id)
+        fusion = _export(model, onnx_path, opset, k, m.dims.vocab_size, flavour, m.dims.num_layers, props)
         export_s = time.perf_counter() - t0
         say("validating in ONNX Runtime against PyTorch")
         batches = validation_batches(m.dims.vocab_size, k)
@@ -235,12 +238,18 @@ def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: b
     from hllm.verify.parity import compare_slate
 
     islands = tuple(DEFAULT_ISLANDS if islands is None else islands)
-    fp16, rep = convert_to_fp16(load_onnx(onnx_path), islands)
+    src = load_onnx(onnx_path)
+    fp16, rep = convert_to_fp16(src, islands)
     problems = fp32_islands_check(fp16)
     if problems:
         raise ExportError(f"FP16 graph breaks its FP32 islands: {problems[:5]}")
+    _keep_metadata(src, fp16)
+    del src
     emu_path = onnx_path.with_name(EMULATED_NAME)
-    save_onnx(emulate_fp16(fp16), emu_path)
+    emulated = emulate_fp16(fp16)
+    _keep_metadata(fp16, emulated)
+    save_onnx(emulated, emu_path)
+    del emulated
     for p in onnx_path.parent.glob(f"{ONNX_NAME}*"):
         p.unlink()
     save_onnx(fp16, onnx_path)
@@ -272,6 +281,15 @@ def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: b
     }
 
 
+def _keep_metadata(src, dst) -> None:
+    """Copy model-level ``metadata_props`` of ``src`` that ``dst`` lacks (onnx.ModelProto; the FP16 rewrite
+    builds a new model)."""
+    have = {p.key for p in dst.metadata_props}
+    for p in src.metadata_props:
+        if p.key not in have:
+            dst.metadata_props.add(key=p.key, value=p.value)
+
+
 def checkpoint_hash(root: Path) -> str:
     """sha256 over a checkpoint: its files plus its backbone directory's files."""
     m = load_manifest(root)
@@ -284,8 +302,9 @@ def checkpoint_hash(root: Path) -> str:
 
 
 def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, flavour: str = "standard",
-            num_layers: int | None = None) -> dict:
-    """Trace ``model`` (causal SDPA patch on), rewrite it into ``flavour`` and save it to ``path``.
+            num_layers: int | None = None, metadata: dict[str, str] | None = None) -> dict:
+    """Trace ``model`` (causal SDPA patch on), rewrite it into ``flavour`` and save it to ``path`` with the
+    model-level ``metadata_props`` ``metadata`` (:func:`hllm.formats.interop.onnx_metadata_props`).
     Returns the rewrite and op counts. Raises ExportError if tracing fails, a ``standard`` graph holds a
     non-standard op or an ``IsNaN``, or the fused graph lacks one GroupQueryAttention per decoder layer."""
     from torch.export import Dim
@@ -333,6 +352,7 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     real_opset = imports.get("", imports.get("ai.onnx"))
     if real_opset != opset:  # the exporter may silently raise the opset (hardening: record what the graph has)
         raise ExportError(f"asked for opset {opset} but the exporter wrote opset {real_opset}: use --opset {real_opset}")
+    prog.model.metadata_props.update(metadata or {})
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     prog.save(str(path), external_data=size >= TWO_GB)
     return {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": real_opset}

@@ -1,39 +1,85 @@
-"""The Typer application object and shared CLI helpers (console, progress, errors).
+"""The Typer application, the exit-code policy, and the option conventions every command shares.
 
-Commands live in small modules (``hllm/cli/*_cmds.py``) that register on :data:`app`; ``main``
-runs it so that every :class:`hllm.errors.HllmError` (and a refused overwrite) becomes one line on
-stderr and exit code 2, a missing optional dependency prints its ``pip install 'hllm[EXTRA]'`` line
-(:mod:`hllm.extras`) and exits 2, a failed check (parity, gate) exits 1, and tracebacks appear only with
-``--debug``.
+Commands live in small modules (``hllm/cli/*_cmds.py``) that register on :data:`app` and build their
+options from the factories here, so one concept has one name, one help text and one bound everywhere
+(the naming table in README.md, "CLI conventions"). :func:`main` runs the app and owns the exit-code
+policy (README.md, "Exit codes"; docs/hardening.md):
+
+====  ==========================================================================================
+0     success
+1     a check failed: parity thresholds, the calibration gate, LAP solvers disagreeing
+2     bad input, usage or environment: an :class:`hllm.errors.HllmError`, a refused overwrite, a
+      usage error (unknown option, value out of range), a file system error (missing file, no
+      space, read-only, permission), a missing optional dependency (its ``pip install`` line)
+70    internal error (``EX_SOFTWARE``, sysexits.h): always a bug; rerun with ``--debug``
+130   interrupted by SIGINT (Ctrl-C)
+143   terminated by SIGTERM (raised as :class:`Terminated` so atomic writes clean up)
+====  ==========================================================================================
+
+Every error is ONE line on stderr starting with ``error:``; tracebacks only with ``hllm --debug`` (or
+``HLLM_DEBUG=1``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import re
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+from hllm.errors import HllmError
 
 app = typer.Typer(
     name="hllm",
     help="hLLM reranker toolkit: checkpoint → merged backbone → ONNX / TensorRT → lean runtime, with parity.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+console = Console(stderr=True, soft_wrap=True)  # progress, notes, errors
+out = Console(soft_wrap=True)  # results for people; moved to stderr when stdout carries data (--json, -o -)
 
-#: The committed sample of real eval slates used by default (see examples/README.md).
-DEFAULT_SLATES = Path("examples/beauty-eval-sample.jsonl.gz")
+# -- exit codes (one place) ---------------------------------------------------------------------------
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2  # bad input, usage or environment
+EXIT_SOFTWARE = 70  # sysexits.h EX_SOFTWARE: an internal error, always a bug
+EXIT_SIGINT = 130  # 128 + SIGINT
+EXIT_SIGTERM = 143  # 128 + SIGTERM
 
-_state = {"debug": False}
+# -- bounds of count options ----------------------------------------------------------------------------
+CPUS = os.cpu_count() or 1
+#: --threads: more intra-op threads than 4× the cores only slows an engine down (and 10⁵ threads take the machine).
+MAX_THREADS = 4 * CPUS
+#: --workers (Ray actors, one engine each): like --threads, at most 4× the cores.
+MAX_WORKERS = 4 * CPUS
+#: --batch-size: the exported graph's batch dimension is declared ≤ 1024 (hllm.build.onnx, Dim("batch")).
+MAX_BATCH = 1024
+#: K, --n-items: the graph's items dimension is declared ≤ 4096 (hllm.build.onnx, Dim("items")).
+MAX_ITEMS = 4096
+#: prompt lengths: the graph's seq dimension is declared ≤ 65536 (hllm.build.onnx, Dim("seq")).
+MAX_SEQ = 65536
+
+_state: dict[str, Any] = {"debug": False}
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread (like KeyboardInterrupt for SIGINT) so ``finally`` blocks run:
+    atomic writes (:mod:`hllm.files`) remove their temporary files and staging directories."""
 
 
 def _print_version(value: bool) -> None:
@@ -46,10 +92,10 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (also: HLLM_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
-    _state["debug"] = debug
+    _state["debug"] = _state["debug"] or debug
     quiet_libraries()
 
 
@@ -69,15 +115,19 @@ def quiet_libraries() -> None:
 
 
 def progress() -> Progress:
-    """A rich progress bar on stderr (count, elapsed time)."""
+    """A rich progress bar on stderr: count, elapsed time and ETA. Off when stderr is not a terminal (a log
+    file gets the result lines, not bar redraws; an error stays the one line of stderr)."""
     return Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=console,
         transient=False,
+        disable=not console.is_terminal,
     )
 
 
@@ -92,44 +142,344 @@ def step(description: str) -> Iterator[None]:
     console.print(f"[green]✓[/] {description} ({time.perf_counter() - t0:.1f} s)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``hllm``)."""
-    # typer 0.29 vendors its own click: its usage errors derive from typer.exceptions.TyperException,
+# -- option factories: one name, one help text, one bound per concept (README "CLI conventions") -----------
+
+def _choice_check(name: str, choices: Sequence[str]) -> Callable:
+    def check(value):
+        if value is None or value in choices:
+            return value
+        raise typer.BadParameter(f"{name.lstrip('-')} must be one of {', '.join(choices)}, got {value!r}")
+    return check
+
+
+def choice_opt(default: Optional[str], choices: Sequence[str], *names: str, help: str) -> Any:
+    """A string option whose ``--help`` lists its choices and whose completion offers them."""
+    choices = tuple(choices)
+    return typer.Option(default, *names, metavar="[" + "|".join(choices) + "]", help=help,
+                        callback=_choice_check(names[0], choices), autocompletion=lambda: list(choices))
+
+
+def slates_opt(help: str = "Slates, JSONL or JSONL.gz ('-' = stdin).") -> Any:
+    """``--slates/-s``: the slates a command reads, defaulting to the packaged sample (``train``, ``features``
+    and ``teacher`` declare theirs as required)."""
+    return typer.Option(None, "--slates", "-s", help=f"{help} Default: the packaged 100-slate Amazon Beauty sample.")
+
+
+def limit_opt(default: Optional[int] = None, help: str = "Use only the first LIMIT slates.") -> Any:
+    """``--limit``: how many slates (the first ones of ``--slates``); ≥ 1."""
+    return typer.Option(default, "--limit", min=1, help=help)
+
+
+def batch_opt(default: int = 1, help: str = "Slates per engine call.") -> Any:
+    """``--batch-size/-b``: slates per engine call (at most), 1..1024."""
+    return typer.Option(default, "--batch-size", "-b", min=1, max=MAX_BATCH, help=help)
+
+
+def threads_opt(help: str = "Intra-op threads of the engine.") -> Any:
+    """``--threads``: 1..4×cores."""
+    return typer.Option(None, "--threads", min=1, max=MAX_THREADS, help=f"{help} At most {MAX_THREADS} (4 × cores).")
+
+
+def out_opt(required: bool = False, help: str = "File to write (atomic; '-' = stdout).") -> Any:
+    """``--out/-o``: the records or report a command writes (rankings, reports, metrics, inputs)."""
+    return typer.Option(... if required else None, "--out", "-o", help=help)
+
+
+def json_opt() -> Any:
+    """``--json``: a machine-readable summary on stdout; the human output moves to stderr."""
+    return typer.Option(False, "--json", help="Print a machine-readable JSON summary on stdout (human output → stderr).")
+
+
+def overwrite_opt(what: str = "the output") -> Any:
+    return typer.Option(False, "--overwrite", help=f"Replace {what} if it exists.")
+
+
+def positions_opt(default: int = 50) -> Any:
+    """``--positions/-k``: K, rank positions of the head."""
+    return typer.Option(default, "--positions", "-k", min=1, max=MAX_ITEMS, help="K: rank positions (largest slate).")
+
+
+def hidden_alias(name: str) -> Any:
+    """A deprecated spelling kept working but not shown in ``--help`` (the README's naming table lists them)."""
+    return typer.Option(None, name, hidden=True)
+
+
+def pick(new: Any, old: Any, new_default: Any = None) -> Any:
+    """The value of an option or of its deprecated alias (the alias wins only if the new one was left at default)."""
+    return old if old is not None and new == new_default else new
+
+
+# -- slates in, data out ---------------------------------------------------------------------------------
+
+def is_std(path: Optional[os.PathLike | str]) -> bool:
+    """``-`` (stdin for inputs, stdout for outputs)."""
+    return path is not None and str(path) == "-"
+
+
+def slates_file(path: Optional[Path], option: str = "--slates") -> Path:
+    """A slates path for code that reads the file itself: the packaged sample when ``path`` is None;
+    ``-`` is refused (that code cannot read stdin). Raises SlateError if the file does not exist."""
+    from hllm.errors import SlateError
+
+    if path is None:
+        from hllm.data import sample_slates
+
+        return sample_slates()
+    if is_std(path):
+        raise typer.BadParameter(f"this command cannot read slates from stdin; give {option} a file")
+    if not Path(path).is_file():
+        raise SlateError(f"slates file not found: {path}" + (" (a directory)" if Path(path).is_dir() else ""))
+    return Path(path)
+
+
+def load_slates(path: Optional[Path], limit: Optional[int] = None) -> list[dict]:
+    """Read ``--slates``: a file (:func:`hllm.runtime.slates.read_slates`), ``-`` (stdin, plain or gzip) or
+    None (the packaged sample). Raises SlateError (messages name ``<stdin>`` and the line)."""
+    from hllm.errors import SlateError
+
+    if not is_std(path):
+        return _read_slates(slates_file(path), limit, str(path or "the packaged sample"))
+    src = getattr(sys.stdin, "buffer", None)
+    if src is None:
+        raise SlateError("stdin is not readable")
+    with tempfile.TemporaryDirectory(prefix="hllm-stdin-") as tmp:  # one validator: spool, then read_slates
+        head = src.read(2)
+        spool = Path(tmp) / ("stdin.jsonl.gz" if head == b"\x1f\x8b" else "stdin.jsonl")
+        with open(spool, "wb") as f:
+            f.write(head)
+            shutil.copyfileobj(src, f)
+        try:
+            return _read_slates(spool, limit, "<stdin>")
+        except SlateError as e:
+            raise SlateError(str(e).replace(str(spool), "<stdin>")) from None
+
+
+def _read_slates(path: Path, limit: Optional[int], name: str) -> list[dict]:
+    """:func:`hllm.runtime.slates.read_slates`, with undecodable files and an empty result as SlateError."""
+    import gzip
+    import zlib
+
+    from hllm.errors import SlateError
+    from hllm.runtime.slates import read_slates
+
+    try:
+        rows = read_slates(path, limit=limit)
+    except (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile, RecursionError) as e:
+        what = {UnicodeDecodeError: "not UTF-8 text", EOFError: "a truncated gzip file",
+                RecursionError: "JSON nested too deeply"}.get(type(e), "not a readable gzip file")
+        raise SlateError(f"{name}: cannot read slates: {what} ({type(e).__name__})") from None
+    if not rows:
+        raise SlateError(f"{name}: no slates (the input is empty)")
+    return rows
+
+
+def data_to_stdout(json_flag: bool, *outputs: Optional[os.PathLike | str]) -> None:
+    """Called before a command's work when ``--json`` or an output ``-`` puts data on stdout: the human
+    output (``out``) moves to stderr. Refuses two things on stdout at once."""
+    n = int(bool(json_flag)) + sum(is_std(p) for p in outputs)
+    if n > 1:
+        raise typer.BadParameter("only one thing can go to stdout: drop --json or write the other output to a file")
+    if n:
+        out.file = sys.stderr
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document on stdout (``--json``, ``-o -``); NaN is written as null."""
+    sys.stdout.write(json.dumps(_finite(obj), indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json_out(path: Optional[os.PathLike | str], obj: Any) -> None:
+    """Write a JSON report to ``path`` atomically, or to stdout for ``-``; nothing for None."""
+    if path is None:
+        return
+    if is_std(path):
+        emit_json(obj)
+    else:
+        from hllm.files import atomic_write_json
+
+        atomic_write_json(path, obj)
+
+
+def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:
+    """Write JSONL records to ``path`` atomically (gzip for .gz), or to stdout for ``-``."""
+    if is_std(path):
+        for r in records:
+            sys.stdout.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        return
+    from hllm.runtime.slates import write_jsonl
+
+    write_jsonl(path, records)
+
+
+# -- output locations, checked before the work -------------------------------------------------------------
+# A local version of the check the hardening branch adds as hllm.files.check_writable: used until it lands.
+
+def _writable_parent(p: Path, what: str) -> None:
+    """The nearest existing ancestor of ``p`` must be a writable directory on a device with free space."""
+    parent = p.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise HllmError(f"{what} {p}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise HllmError(f"{what} {p}: cannot write in {parent} (permission denied or read-only file system)")
+    try:
+        if shutil.disk_usage(parent).free == 0:
+            raise HllmError(f"{what} {p}: no space left on the device holding {parent}")
+    except OSError:
+        pass
+
+
+def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") -> None:
+    """Refuse, before any work, an output file that cannot be written: a directory, a device / pipe /
+    socket (the atomic rename would replace it), or a location without a writable directory.
+    ``-`` (stdout) and None pass. A symbolic link is judged by its target. Raises HllmError."""
+    if path is None or is_std(path):
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise HllmError(f"{what} {p} is a directory; give a file name")
+    if p.exists() and not p.is_file():
+        raise HllmError(f"{what} {p} is not a regular file (a device, pipe or socket); write to a file or '-'")
+    _writable_parent(p, what)
+
+
+def check_output_dir(path: os.PathLike | str, overwrite: bool = False, what: str = "output directory",
+                     resumable: bool = False) -> None:
+    """Refuse, before any work, an output directory that would fail at the end: an existing one without
+    ``--overwrite`` (unless ``resumable``), a file in its place, or a location without a writable directory.
+    Raises FileExistsError (exists) or HllmError."""
+    p = Path(path)
+    if is_std(p):
+        raise HllmError(f"{what} cannot be stdout ('-'); give a directory")
+    if p.exists():
+        if not p.is_dir():
+            raise HllmError(f"{what} {p} exists and is not a directory")
+        if not (overwrite or resumable):
+            raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
+    _writable_parent(p, what)
+
+
+# -- the entry point: one exit-code policy ----------------------------------------------------------------
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", str(text)).strip()
+
+
+def _error(message: str) -> None:
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/] {escape(_one_line(message))}", highlight=False)  # escape: 'hllm[serve]' is not markup
+
+
+def _os_message(e: OSError) -> str:
+    where = f": {e.filename}" if getattr(e, "filename", None) else ""
+    return f"{e.strerror or e}{where}"
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point (``hllm``): run the app, exit with the policy's code (module docstring)."""
+    sys.exit(run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Run ``hllm ARGV`` and return its exit code (module docstring); with ``--debug`` errors propagate."""
+    _state["debug"] = os.environ.get("HLLM_DEBUG", "") not in ("", "0")
+    out.file = None  # back to stdout (a previous in-process run may have moved it)
+    quiet_libraries()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _run(argv)
+    finally:
+        out.file = None
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: Optional[list[str]]) -> int:
+    # typer 0.29 vendors its own click: usage errors derive from typer.exceptions.TyperException,
     # and `raise typer.Exit(code)` is typer.exceptions.Exit (not the click package's classes).
     from typer.exceptions import Abort, Exit, TyperException
 
-    from hllm.errors import HllmError
-    from rich.markup import escape
-
     from hllm.extras import missing_message
 
-    quiet_libraries()
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = app(args=argv, prog_name="hllm", standalone_mode=False)
+    except SystemExit as e:  # click exits 1 itself when the reader of stdout went away (EPIPE): not our error
+        cause = e.__context__
+        if isinstance(cause, OSError) and cause.errno == errno.EPIPE:
+            return EXIT_OK
+        raise
     except Exit as e:
-        sys.exit(e.exit_code)
-    except TyperException as e:  # usage errors: missing argument, unknown option or command
-        show = getattr(e, "show", None)
-        show() if show else console.print(f"[red]error:[/] {e.format_message()}")
-        sys.exit(2)
-    except (Abort, KeyboardInterrupt):
-        console.print("aborted")
-        sys.exit(130)
+        return e.exit_code
+    except Abort:
+        _error("aborted")
+        return EXIT_SIGINT
+    except TyperException as e:  # usage: missing argument, unknown option or command, value out of range
+        if type(e).__name__ == "NoArgsIsHelpError":  # `hllm` or `hllm bench` alone: the help was printed
+            return EXIT_USAGE
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        _error(f"{e.format_message()}{hint}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error("interrupted (SIGINT); nothing partial was left in place of an output")
+        return EXIT_SIGINT
+    except Terminated:
+        _error("terminated (SIGTERM); nothing partial was left in place of an output")
+        return EXIT_SIGTERM
     except (HllmError, FileExistsError) as e:
         if _state["debug"]:
             raise
-        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False)  # escape: 'hllm[serve]' is not markup
-        sys.exit(2)
+        _error(str(e))
+        return EXIT_USAGE
     except ModuleNotFoundError as e:  # an optional dependency: name the extra that brings it
         message = missing_message(e)
         if message is None or _state["debug"]:
-            raise
-        console.print(f"[red]error:[/] {escape(message)}", highlight=False)
-        sys.exit(2)
-    except Exception as e:  # a bug: say so, keep the traceback behind --debug
+            return _internal(e)
+        _error(message)
+        return EXIT_USAGE
+    except OSError as e:  # the environment: no such file, no space, read-only, permission, address in use
         if _state["debug"]:
             raise
-        console.print(f"[red]internal error:[/] {type(e).__name__}: {e} (rerun with --debug for the traceback)")
-        sys.exit(1)
-    # With standalone_mode=False click returns the code of `raise typer.Exit(code)` instead of exiting.
-    sys.exit(rv if isinstance(rv, int) else 0)
+        _error(_os_message(e) if e.errno != errno.ENOSPC else f"no space left on the device: {_os_message(e)}")
+        return EXIT_USAGE
+    except MemoryError:
+        if _state["debug"]:
+            raise
+        _error("out of memory (lower --batch-size or --limit)")
+        return EXIT_USAGE
+    except Exception as e:  # a bug
+        return _internal(e)
+    # With standalone_mode=False click returns the code of `raise typer.Exit(code)` instead of exiting; it turns
+    # KeyboardInterrupt (SIGINT) into Exit(130) itself.
+    if rv == EXIT_SIGINT:
+        _error("interrupted (SIGINT); nothing partial was left in place of an output")
+    return rv if isinstance(rv, int) else EXIT_OK
+
+
+def _internal(e: BaseException) -> int:
+    if _state["debug"]:
+        raise e
+    _error(f"internal error (a bug in hllm, please report it): {type(e).__name__}: {e} — rerun with --debug for the traceback")
+    return EXIT_SOFTWARE

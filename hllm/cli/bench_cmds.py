@@ -9,7 +9,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
+from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, emit_json,
+                          hidden_alias, json_opt, limit_opt, load_slates, out, pick, progress, quiet_libraries,
+                          slates_opt, threads_opt, write_json_out)
 
 bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -25,49 +27,67 @@ def _print_table(t: Table) -> None:
     else:
         from rich.console import Console
 
-        Console(width=160).print(t)
+        Console(width=160, file=out.file).print(t)  # out.file: stderr when stdout carries data (--json, -o -)
 
 
-def _ints(text: str, what: str) -> list[int]:
+def _ints(text: str, what: str, most: int = MAX_ITEMS) -> list[int]:
+    """Comma-separated integers within 1..``most``. Raises HllmError naming the option."""
     from hllm.errors import HllmError
 
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise HllmError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise HllmError(f"{what} must be positive integers, got {text!r}")
+    if not vals or min(vals) < 1 or max(vals) > most:
+        raise HllmError(f"{what} must be integers within 1..{most}, got {text!r}")
+    if len(vals) > 64:
+        raise HllmError(f"{what}: at most 64 values, got {len(vals)}")
     return vals
+
+
+def _finish(out_path: Path, doc: dict, json_out: bool) -> None:
+    """Write the benchmark JSON (atomic, or stdout for '-') and, with --json, print it."""
+    write_json_out(out_path, doc)
+    if str(out_path) != "-":
+        out.print(f"→ {out_path}")
+    if json_out:
+        emit_json(doc)
 
 
 @bench_app.command("stages")
 def stages_cmd(
     models: List[Path] = typer.Argument(..., help="Checkpoint dirs, export dirs / .onnx, or .plan files (run interleaved)."),
-    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Real slates, JSONL or JSONL.gz."),
+    slates: Optional[Path] = slates_opt(help="Real slates, JSONL or JSONL.gz ('-' = stdin)."),
     n_items: str = typer.Option("10,25,50", "--n-items", "-n", help="Sub-slate sizes N (comma-separated)."),
-    batch_sizes: str = typer.Option("1", "--batch-sizes", "-b", help="Batch sizes (comma-separated), each at every N."),
-    large_batch: Optional[int] = typer.Option(None, help="Also run this batch size at the largest N only."),
-    runs: int = typer.Option(3, help="Measured calls per model and configuration."),
-    warmup: int = typer.Option(1, help="Warm-up calls per model and configuration (discarded)."),
-    threads: Optional[int] = typer.Option(None, help="Engine intra-op threads."),
-    peak_size: int = typer.Option(2048, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
-    out_path: Path = typer.Option(Path("results/bench/stages.json"), "--out", "-o", help="JSON to write (atomic)."),
+    batch_sizes: str = typer.Option("1", "--batch-sizes", "-b", help=f"Batch sizes (comma-separated, each ≤ {MAX_BATCH}), each at every N."),
+    large_batch: Optional[int] = typer.Option(None, min=1, max=MAX_BATCH, help="Also run this batch size at the largest N only."),
+    runs: int = typer.Option(3, min=1, max=100_000, help="Measured calls per model and configuration."),
+    warmup: int = typer.Option(1, min=0, max=10_000, help="Warm-up calls per model and configuration (discarded)."),
+    threads: Optional[int] = threads_opt(),
+    peak_size: int = typer.Option(2048, min=0, max=8192, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
+    out_path: Path = typer.Option(Path("results/bench/stages.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
+    json_out: bool = json_opt(),
 ) -> None:
     """Per-stage latency (prompt, engine, LAPJV decode, total) on real sub-slates, with the GEMM peak."""
     from hllm.bench.machine import matmul_peak
-    from hllm.bench.report import document, write_document
+    from hllm.bench.report import document
     from hllm.bench.stages import bench_stages
-    from hllm.runtime import read_slates
+
+    from hllm.runtime.artefact import resolve
 
     quiet_libraries()
-    ns, bs = _ints(n_items, "--n-items"), _ints(batch_sizes, "--batch-sizes")
+    ns, bs = _ints(n_items, "--n-items"), _ints(batch_sizes, "--batch-sizes", MAX_BATCH)
     configs = [(n, b) for n in ns for b in bs]
     if large_batch:
         configs.append((max(ns), large_batch))
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
+    for m in models:
+        resolve(m)
     need = max(b for _, b in configs) * (runs + warmup)
-    data = read_slates(slates, limit=need)
+    data = load_slates(slates, limit=need)
     peak = matmul_peak(peak_size) if peak_size else None
     if peak:
         console.print(f"fp32 GEMM peak ({peak_size}³): {peak['peak_gflops']} GFLOP/s")
@@ -77,10 +97,9 @@ def stages_cmd(
         recs = bench_stages(models, data, runs=runs, warmup=warmup, threads=threads,
                             peak_gflops=peak["peak_gflops"] if peak else None, configs=configs,
                             on_call=lambda _: bar.advance(task))
-    doc = document("stages", recs, shared, note, matmul_peak=peak, slates_file=str(slates))
-    write_document(out_path, doc)
+    doc = document("stages", recs, shared, note, matmul_peak=peak, slates_file=str(slates or "packaged sample"))
     print_stages(recs)
-    out.print(f"→ {out_path}")
+    _finish(out_path, doc, json_out)
 
 
 def print_stages(recs: list[dict]) -> None:
@@ -101,35 +120,41 @@ def print_stages(recs: list[dict]) -> None:
 def lapjv_cmd(
     n_items: str = typer.Option("10,50,150", "--n-items", "-n", help="Square sizes N (comma-separated)."),
     families: str = typer.Option("gaussian,planted,rank1", help="Score-matrix families (see hllm.bench.lapjv)."),
-    matrices: int = typer.Option(200, help="Measured matrices per (N, family); N ≥ 150 uses a quarter."),
+    matrices: int = typer.Option(200, min=1, max=100_000, help="Measured matrices per (N, family); N ≥ 150 uses a quarter."),
     model: Optional[Path] = typer.Option(None, "--model", help="Also time the real score matrices of this hLLM artefact."),
-    model_slates: int = typer.Option(8, help="Real slates scored by --model (per N ≤ its K and slate size)."),
-    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Real slates for --model."),
-    out_path: Path = typer.Option(Path("results/bench/lapjv.json"), "--out", "-o", help="JSON to write (atomic)."),
+    limit: int = limit_opt(8, "Real slates scored by --model (the first ones; per N ≤ its K and slate size)."),
+    slates: Optional[Path] = slates_opt(help="Real slates for --model ('-' = stdin)."),
+    out_path: Path = typer.Option(Path("results/bench/lapjv.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
+    json_out: bool = json_opt(),
+    model_slates: Optional[int] = hidden_alias("--model-slates"),
 ) -> None:
     """Compare LAP solvers (lap.lapjv, scipy, others installed) and the runtime's decode path."""
     from hllm.bench.lapjv import BATCH, FAMILIES, available_solvers, bench_solvers
-    from hllm.bench.report import document, write_document
+    from hllm.bench.report import document
     from hllm.errors import HllmError
     from hllm.runtime.decode import SOLVER
 
+    limit = pick(limit, model_slates, 8)
+    if limit < 1:
+        raise typer.BadParameter("--limit must be ≥ 1")
     fams = [f.strip() for f in families.split(",") if f.strip()]
     bad = [f for f in fams if f not in FAMILIES]
-    if bad:
+    if bad or not fams:
         raise HllmError(f"unknown matrix families {bad}; choose from {list(FAMILIES)}")
+    ns = _ints(n_items, "--n-items", 1000)
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
     solvers = available_solvers()
-    ns = _ints(n_items, "--n-items")
     real: dict[int, list] = {}
     if model is not None:
         from hllm.bench.lapjv import model_score_matrices
-        from hllm.runtime import read_slates
         from hllm.runtime.artefact import resolve
 
         quiet_libraries()
         k = resolve(model).num_positions
-        data = read_slates(slates, limit=model_slates)
+        data = load_slates(slates, limit=limit)
         fits = [n for n in ns if n <= k and all(len(s["candidates"]) >= n for s in data)]
         from hllm.cli.app import step
 
@@ -147,7 +172,6 @@ def lapjv_cmd(
             recs.append(rec)
             bar.advance(task)
     doc = document("lapjv", recs, shared, note, runtime_solver=SOLVER, solvers=[s.name for s in solvers])
-    write_document(out_path, doc)
     t = Table(title="LAP solve, median µs per slate (float64 cost | float32 cost)")
     t.add_column("N", justify="right")
     t.add_column("family")
@@ -166,7 +190,7 @@ def lapjv_cmd(
                 "yes" if r["correct"] else "NO"]
         t.add_row(*row)
     _print_table(t)
-    out.print(f"→ {out_path}")
+    _finish(out_path, doc, json_out)
     if not all(r["correct"] for r in recs):
         console.print("[red]solvers disagree on the optimum[/]")
         raise typer.Exit(1)
@@ -212,33 +236,44 @@ def scaling_cmd(
 @bench_app.command("versus-ar")
 def versus_ar_cmd(
     models: List[Path] = typer.Argument(..., help="hLLM artefacts (checkpoint / export); the first one gives `speedup`."),
-    ar_model: Path = typer.Option(Path("work/smollm2"), "--ar", help="Causal LM dir of the same backbone (AR teacher)."),
-    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Real slates, JSONL or JSONL.gz."),
-    count: int = typer.Option(3, help="Measured slates (one more is used for warm-up)."),
+    ar_model: Path = typer.Option(..., "--ar", help="Causal LM dir of the same backbone (AR teacher), e.g. work/smollm2."),
+    slates: Optional[Path] = slates_opt(help="Real slates, JSONL or JSONL.gz ('-' = stdin)."),
+    limit: int = limit_opt(3, "Measured slates (the first ones; one more is used for warm-up)."),
     n_items: str = typer.Option("50", "--n-items", "-n", help="Slate sizes N (comma-separated)."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads of every engine and of torch."),
+    threads: Optional[int] = threads_opt("Intra-op threads of every engine and of torch."),
     unconstrained: bool = typer.Option(True, help="Also run unconstrained greedy decoding."),
-    out_path: Path = typer.Option(Path("results/bench/versus_ar.json"), "--out", "-o", help="JSON to write (atomic)."),
+    out_path: Path = typer.Option(Path("results/bench/versus_ar.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
+    json_out: bool = json_opt(),
+    count: Optional[int] = hidden_alias("--count"),
 ) -> None:
     """hLLM single pass vs greedy autoregressive ranking, interleaved per slate (paper Table 2)."""
-    from hllm.bench.report import document, write_document
+    from hllm.bench.report import document
     from hllm.bench.versus_ar import bench_versus_ar
-    from hllm.runtime import read_slates
+    from hllm.errors import HllmError
+    from hllm.runtime.artefact import resolve
 
     quiet_libraries()
-    data = read_slates(slates, limit=count + 1)
-    recs = []
+    limit = pick(limit, count, 3)
+    if limit < 1:
+        raise typer.BadParameter("--limit must be ≥ 1")
     ns = _ints(n_items, "--n-items")
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
+    if not ar_model.is_dir():
+        raise HllmError(f"--ar {ar_model}: not a model directory")
+    for m in models:
+        resolve(m)
+    data = load_slates(slates, limit=limit + 1)
+    recs = []
     calls_per = len(models) + 1 + int(unconstrained)
     with progress() as bar:
         task = bar.add_task("hLLM vs autoregressive", total=len(ns) * calls_per * len(data))
         for n in ns:
             recs.append(bench_versus_ar(models, ar_model, data, n, threads, unconstrained,
                                         on_call=lambda _: bar.advance(task)))
-    doc = document("versus_ar", recs, shared, note, slates_file=str(slates))
-    write_document(out_path, doc)
+    doc = document("versus_ar", recs, shared, note, slates_file=str(slates or "packaged sample"))
     t = Table(title="single pass vs autoregressive (median per slate)")
     for c in ("N", "slates", "hLLM ms", "AR ms", "AR passes", "speed-up", "AR free ms", "free passes", "free invalid"):
         t.add_column(c, justify="right")
@@ -248,33 +283,41 @@ def versus_ar_cmd(
                   f"{r.get('ar_unconstrained_decode_passes', float('nan')):.0f}",
                   f"{r.get('ar_unconstrained_invalid_rate', float('nan')):.0%}")
     _print_table(t)
-    out.print(f"→ {out_path}")
+    _finish(out_path, doc, json_out)
 
 
 @bench_app.command("chart")
 def chart_cmd(
-    stages: Path = typer.Option(Path("results/bench/stages.json"), help="Stage benchmark JSON."),
-    versus: Optional[Path] = typer.Option(Path("results/bench/versus_ar.json"), help="hLLM vs AR JSON (optional)."),
-    n_items: int = typer.Option(50, "--n-items", "-n", help="N of the per-stage panel."),
-    out_path: Path = typer.Option(Path("results/bench/stages.png"), "--out", "-o", help="PNG to write (atomic)."),
+    stages: Path = typer.Option(..., help="Stage benchmark JSON (hllm bench stages -o)."),
+    versus: Optional[Path] = typer.Option(None, help="hLLM vs AR JSON (hllm bench versus-ar -o)."),
+    n_items: int = typer.Option(50, "--n-items", "-n", min=1, max=MAX_ITEMS, help="N of the per-stage panel."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="PNG to write (atomic)."),
 ) -> None:
     """PNG of the per-stage breakdown (+ hLLM vs AR) from the JSON results (needs matplotlib)."""
     from hllm.bench.chart import write_chart
-    from hllm.errors import HllmError
 
-    def load(p: Path) -> dict:
-        try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise HllmError(f"cannot read {p}: {e}") from None
-
-    st = load(stages)
+    check_output_file(out_path)
+    st = _load_doc(stages, ("stages",))
     vs = None
-    if versus is not None and versus.is_file():
-        recs = [r for r in load(versus)["records"] if r["n_items"] == n_items] or load(versus)["records"]
-        vs = recs[0] if recs else None
+    if versus is not None:
+        recs = _load_doc(versus, ("versus_ar",))["records"]
+        vs = ([r for r in recs if r.get("n_items") == n_items] or recs or [None])[0]
     write_chart(st["records"], out_path, vs, n_items=n_items)
     out.print(f"chart → {out_path}")
+
+
+def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
+    """A benchmark JSON of one of ``kinds`` with a list of records. Raises HllmError naming the file."""
+    from hllm.errors import HllmError
+
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
+        raise HllmError(f"cannot read {p}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") not in kinds or not isinstance(doc.get("records"), list):
+        kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        raise HllmError(f"{p} is not a benchmark JSON of kind {' or '.join(kinds)} (kind {kind!r})")
+    return doc
 
 
 @bench_app.command("markdown")
@@ -283,16 +326,10 @@ def markdown_cmd(
 ) -> None:
     """Print the Markdown tables of benchmark JSON files (the figures docs/benchmarks.md shows)."""
     from hllm.bench.markdown import lapjv_table, stages_table, versus_table
-    from hllm.errors import HllmError
 
     render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table}
-    for f in files:
-        try:
-            doc = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise HllmError(f"cannot read {f}: {e}") from None
-        if doc.get("kind") not in render:
-            raise HllmError(f"{f} is not a benchmark JSON (kind {doc.get('kind')!r})")
-        print(f"<!-- from {f} ({doc['created_utc']}, shared machine: {doc.get('shared')}) -->")
+    docs = [(f, _load_doc(f, tuple(render))) for f in files]  # every file checked before any output
+    for f, doc in docs:
+        print(f"<!-- from {f} ({doc.get('created_utc')}, shared machine: {doc.get('shared')}) -->")
         print(render[doc["kind"]](doc))
         print()

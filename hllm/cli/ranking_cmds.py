@@ -9,90 +9,116 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
+from hllm.cli.app import (MAX_WORKERS, app, batch_opt, check_output_file, console, data_to_stdout, emit_json,
+                          hidden_alias, json_opt, limit_opt, load_slates, out, out_opt, pick, progress, quiet_libraries,
+                          slates_file, slates_opt, threads_opt, write_json_out, write_records)
+
+MODEL_HELP = "Checkpoint dir, export dir / .onnx, or TensorRT .plan."
 
 
 @app.command("rank")
 def rank_cmd(
-    model: Path = typer.Argument(..., help="Checkpoint dir, export dir / .onnx, or TensorRT .plan."),
-    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Slates, JSONL or JSONL.gz."),
-    out_path: Path = typer.Option(..., "--out", "-o", help="Rankings JSONL to write (atomic)."),
-    batch_size: int = typer.Option(1, help="Slates per engine call."),
-    limit: Optional[int] = typer.Option(None, help="Rank only the first LIMIT slates."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine (with --ray: per actor, default 1)."),
+    model: Path = typer.Argument(..., help=MODEL_HELP),
+    slates: Optional[Path] = slates_opt(),
+    out_path: Path = out_opt(required=True, help="Rankings JSONL to write (atomic; .gz compresses; '-' = stdout)."),
+    batch_size: int = batch_opt(),
+    limit: Optional[int] = limit_opt(),
+    threads: Optional[int] = threads_opt("Intra-op threads of the engine (with --ray: per actor, default 1)."),
     ray: bool = typer.Option(False, "--ray", help="Rank on Ray Data with one engine per actor (pip install 'hllm[ray]'); same output, same order."),
-    workers: int = typer.Option(2, help="With --ray: number of actors (engines)."),
+    workers: int = typer.Option(2, "--workers", min=1, max=MAX_WORKERS, help=f"With --ray: number of actors (engines), at most {MAX_WORKERS} (4 × cores)."),
+    json_out: bool = json_opt(),
 ) -> None:
     """Rank slates: one prefill pass per batch, LAPJV decode, JSONL rankings out."""
-    from hllm.runtime import Ranker, read_slates, write_jsonl
+    from hllm.runtime import Ranker
+    from hllm.runtime.artefact import resolve
 
     quiet_libraries()
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
     if ray:
-        _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers)
+        _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers, json_out)
         return
-    data = read_slates(slates, limit=limit)
+    resolve(model)  # a bad path fails before reading slates
+    data = load_slates(slates, limit=limit)
     ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads)
     t0 = time.perf_counter()
     with ranker, progress() as bar:
         task = bar.add_task(f"ranking with {ranker.engine.name}", total=len(data))
         res = ranker.rank(data, on_progress=lambda n: bar.advance(task, n))
-    write_jsonl(out_path, (r.to_dict() for r in res))
-    out.print(f"ranked {len(res)} slates with {ranker.engine.name} in {time.perf_counter() - t0:.1f} s → {out_path}")
+    write_records(out_path, (r.to_dict() for r in res))
+    seconds = time.perf_counter() - t0
+    _rank_summary(json_out, len(res), ranker.engine.name, seconds, out_path, model, batch_size)
 
 
-def _rank_on_ray(model: Path, slates: Path, out_path: Path, batch_size: int, limit: Optional[int], threads: Optional[int], workers: int) -> None:
+def _rank_summary(json_out: bool, n: int, engine: str, seconds: float, out_path: Path, model: Path, batch_size: int,
+                  workers: Optional[int] = None) -> None:
+    where = f"on Ray with {workers} actors" if workers else f"with {engine}"
+    out.print(f"ranked {n} slates {where} in {seconds:.1f} s → {out_path}")
+    if json_out:
+        emit_json({"command": "rank", "slates": n, "engine": engine, "model": str(model), "out": str(out_path),
+                   "batch_size": batch_size, "workers": workers, "seconds": round(seconds, 3)})
+
+
+def _rank_on_ray(model: Path, slates: Optional[Path], out_path: Path, batch_size: int, limit: Optional[int],
+                 threads: Optional[int], workers: int, json_out: bool) -> None:
     """``hllm rank --ray``: :func:`hllm.runtime.ray_data.rank_file` (a local Ray instance unless RAY_ADDRESS is set)."""
     from hllm.runtime.artefact import resolve
     from hllm.runtime.ray_data import rank_file
 
-    if workers < 1 or batch_size < 1:
-        raise typer.BadParameter("--workers and --batch-size must be ≥ 1")
+    if str(out_path) == "-":
+        raise typer.BadParameter("--ray writes its rankings to a file: give --out a file name")
+    path = slates_file(slates)
     resolve(model)  # fail on a bad path before starting Ray
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task(f"ranking on Ray ({workers} actors)", total=None)
-        n = rank_file(model, slates, out_path, workers=workers, batch_size=batch_size, threads=threads or 1, limit=limit,
+        n = rank_file(model, path, out_path, workers=workers, batch_size=batch_size, threads=threads or 1, limit=limit,
                       on_progress=lambda k: bar.advance(task, k))
-    out.print(f"ranked {n} slates on Ray with {workers} actors in {time.perf_counter() - t0:.1f} s → {out_path}")
+    _rank_summary(json_out, n, "ray", time.perf_counter() - t0, out_path, model, batch_size, workers)
 
 
 @app.command("parity")
 def parity_cmd(
     reference: Path = typer.Argument(..., help="Reference checkpoint (PyTorch)."),
     test: Path = typer.Argument(..., help="Backend under test: export dir / .onnx, .plan, or checkpoint."),
-    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Slates, JSONL or JSONL.gz."),
-    limit: Optional[int] = typer.Option(None, help="Use only the first LIMIT slates."),
-    batch_size: int = typer.Option(1, help="Slates per engine call."),
-    report: Optional[Path] = typer.Option(None, "--report", "-o", help="JSON report to write (atomic)."),
-    atol: float = typer.Option(1e-4, help="Max allowed max|ΔM|."),
-    min_perm_match: float = typer.Option(1.0, help="Min fraction of identical rankings."),
-    min_top1: float = typer.Option(1.0, help="Min top-1 agreement."),
-    min_tau: float = typer.Option(1.0, help="Min mean Kendall tau."),
+    slates: Optional[Path] = slates_opt(),
+    limit: Optional[int] = limit_opt(),
+    batch_size: int = batch_opt(),
+    out_path: Optional[Path] = out_opt(help="JSON report to write (atomic; '-' = stdout)."),
+    atol: float = typer.Option(1e-4, "--atol", min=0.0, max=1e6, help="Max allowed max|ΔM|."),
+    min_perm_match: float = typer.Option(1.0, min=0.0, max=1.0, help="Min fraction of identical rankings."),
+    min_top1: float = typer.Option(1.0, min=0.0, max=1.0, help="Min top-1 agreement."),
+    min_tau: float = typer.Option(1.0, min=-1.0, max=1.0, help="Min mean Kendall tau."),
     per_slate: bool = typer.Option(False, help="Include per-slate records in the report."),
+    threads: Optional[int] = threads_opt("Intra-op threads of both engines."),
+    json_out: bool = json_opt(),
+    report: Optional[Path] = hidden_alias("--report"),
 ) -> None:
     """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail."""
-    from hllm.files import atomic_write_json
-    from hllm.verify.parity import Thresholds, run_parity
-    from hllm.runtime import read_slates
-
     from hllm.runtime.artefact import resolve
+    from hllm.verify.parity import Thresholds, run_parity
 
     quiet_libraries()
-    data = read_slates(slates, limit=limit)
+    out_path = pick(out_path, report)
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
     resolve(reference), resolve(test)  # fail on a bad path before any progress output
+    data = load_slates(slates, limit=limit)
     th = Thresholds(atol=atol, min_perm_match=min_perm_match, min_top1=min_top1, min_tau=min_tau)
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task("parity (reference + test per slate)", total=len(data))
-        rep = run_parity(reference, test, data, th, batch_size, on_progress=lambda n: bar.advance(task, n))
+        rep = run_parity(reference, test, data, th, batch_size, on_progress=lambda n: bar.advance(task, n),
+                         **({"threads": threads} if threads else {}))
     d = rep.to_dict(per_slate=per_slate)
-    d["slates_file"] = str(slates)
+    d["slates_file"] = "<stdin>" if str(slates) == "-" else str(slates or slates_file(None))
     d["seconds"] = round(time.perf_counter() - t0, 1)
-    if report:
-        atomic_write_json(report, d)
+    write_json_out(out_path, d)
     print_parity(d)
-    if report:
-        out.print(f"report → {report}")
+    if out_path and str(out_path) != "-":
+        out.print(f"report → {out_path}")
+    if json_out:
+        emit_json(d)
     if not rep.passed:
         console.print(f"[red]parity FAILED:[/] {d['failures']}")
         raise typer.Exit(1)

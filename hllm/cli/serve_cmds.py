@@ -8,24 +8,29 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import DEFAULT_SLATES, app, console, out, quiet_libraries
+from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, Terminated, app, check_output_dir, check_output_file, choice_opt, console,
+                          data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out, out_opt,
+                          overwrite_opt, pick, quiet_libraries, slates_opt, threads_opt, write_json_out)
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @app.command("serve")
 def serve_cmd(
     model: Path = typer.Argument(..., help="Export dir / .onnx, TensorRT .plan, or checkpoint dir."),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told otherwise)."),
-    port: int = typer.Option(8000, help="TCP port."),
-    max_batch: int = typer.Option(8, help="Most slates per engine call (micro-batch size)."),
-    max_wait_ms: float = typer.Option(5.0, help="Micro-batch window: how long the oldest request waits for others."),
-    no_batching: bool = typer.Option(False, "--no-batching", help="One engine call per slate (max-batch 1, no wait)."),
-    max_queue: int = typer.Option(64, help="Most requests waiting for the engine; more → 503 + Retry-After."),
-    deadline_ms: float = typer.Option(60_000, help="Default per-request deadline (ms) → 504."),
-    max_body_bytes: int = typer.Option(4 * 1024 * 1024, help="Larger request bodies → 413."),
-    max_slates_per_request: int = typer.Option(32, help="More slates in one request → 413."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine."),
-    graceful_timeout: float = typer.Option(60.0, help="Seconds to drain in-flight requests on SIGTERM."),
-    log_level: str = typer.Option("info", help="uvicorn log level."),
+    port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, max=MAX_BATCH, help="Most slates per engine call (micro-batch size)."),
+    max_wait_ms: float = typer.Option(5.0, min=0.0, max=60_000.0, help="Micro-batch window: how long the oldest request waits for others."),
+    no_batching: bool = typer.Option(False, "--no-batching", help="One engine call per slate (batch size 1, no wait)."),
+    max_queue: int = typer.Option(64, min=1, max=100_000, help="Most requests waiting for the engine; more → 503 + Retry-After."),
+    deadline_ms: float = typer.Option(60_000, min=1.0, max=86_400_000.0, help="Default per-request deadline (ms) → 504."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1, max=1024**3, help="Larger request bodies → 413."),
+    max_slates_per_request: int = typer.Option(32, min=1, max=MAX_BATCH, help="More slates in one request → 413."),
+    threads: Optional[int] = threads_opt(),
+    graceful_timeout: float = typer.Option(60.0, min=0.0, max=3600.0, help="Seconds to drain in-flight requests on SIGTERM."),
+    log_level: str = choice_opt("info", LOG_LEVELS, "--log-level", help="uvicorn log level."),
+    max_batch: Optional[int] = hidden_alias("--max-batch"),
 ) -> None:
     """Serve rankings over HTTP: POST /v1/rank, GET /healthz /readyz /metrics /docs (Ctrl-C or SIGTERM drains)."""
     import logging
@@ -37,6 +42,9 @@ def serve_cmd(
 
     quiet_libraries()
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s %(name)s: %(message)s")
+    max_batch = pick(batch_size, max_batch, 8)
+    if not 1 <= max_batch <= MAX_BATCH:
+        raise typer.BadParameter(f"--batch-size must be within 1..{MAX_BATCH}, got {max_batch}")
     if no_batching:
         max_batch, max_wait_ms = 1, 0.0
     opts = ServeOptions(
@@ -46,46 +54,65 @@ def serve_cmd(
     )
     if not is_loopback(host):
         console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from other machines (it has no auth)")
+    from hllm.runtime.artefact import resolve
+
+    resolve(model)  # a bad path fails before the server starts
     ranker = Ranker.from_path(model, threads=threads)
     application = create_app(ranker, opts, info={"model": str(model)})
     console.print(
         f"serving {model} on http://{host}:{port} (max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms); "
         "the engine loads in the background — GET /readyz says when it is ready"
     )
-    run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout)
+    try:
+        run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout)
+    except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out: a clean stop, exit 0
+        console.print("stopped (SIGTERM): in-flight requests were drained")
 
 
 @app.command("loadtest")
 def loadtest_cmd(
     model: Optional[Path] = typer.Argument(None, help="Export dir / .onnx / .plan / checkpoint (served in-process, both modes)."),
-    slates: Path = typer.Option(DEFAULT_SLATES, "--slates", "-s", help="Slates, JSONL or JSONL.gz."),
+    slates: Optional[Path] = slates_opt(),
     url: Optional[str] = typer.Option(None, help="Measure an already running server instead (loopback only, one mode)."),
-    clients: int = typer.Option(4, help="Concurrent clients."),
-    requests: int = typer.Option(40, help="Requests per mode (one slate each)."),
-    max_seconds: float = typer.Option(300.0, help="No request starts after this many seconds (per mode, split over its rounds)."),
-    limit: int = typer.Option(40, help="Distinct slates to cycle through (the first LIMIT of --slates)."),
-    candidates: Optional[int] = typer.Option(None, help="Cut every slate to CANDIDATES candidates (hllm.runtime.slates.subslate)."),
-    max_batch: Optional[int] = typer.Option(None, help="Micro-batch size when batching is on (default: clients)."),
-    max_wait_ms: float = typer.Option(20.0, help="Micro-batch window when batching is on."),
-    rounds: int = typer.Option(2, help="Bursts per mode, alternating on/off/off/on… (fair under changing machine load)."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads of the engine."),
+    clients: int = typer.Option(4, min=1, max=256, help="Concurrent clients."),
+    requests: int = typer.Option(40, min=1, max=1_000_000, help="Requests per mode (one slate each)."),
+    max_seconds: float = typer.Option(300.0, min=0.1, max=86_400.0, help="No request starts after this many seconds (per mode, split over its rounds)."),
+    limit: int = limit_opt(40, "Distinct slates to cycle through (the first LIMIT of --slates)."),
+    n_items: Optional[int] = typer.Option(None, "--n-items", "-n", min=1, max=MAX_ITEMS, help="Cut every slate to N candidates (hllm.runtime.slates.subslate)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", min=1, max=MAX_BATCH, help="Micro-batch size when batching is on (default: clients)."),
+    max_wait_ms: float = typer.Option(20.0, min=0.0, max=60_000.0, help="Micro-batch window when batching is on."),
+    rounds: int = typer.Option(2, min=1, max=1_000, help="Bursts per mode, alternating on/off/off/on… (fair under changing machine load)."),
+    threads: Optional[int] = threads_opt(),
     note: Optional[str] = typer.Option(None, help="Free text stored in the JSON (e.g. that the cores were shared)."),
-    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON report to write (atomic)."),
+    out_path: Optional[Path] = out_opt(help="JSON report to write (atomic; '-' = stdout)."),
+    json_out: bool = json_opt(),
+    candidates: Optional[int] = hidden_alias("--candidates"),
+    max_batch: Optional[int] = hidden_alias("--max-batch"),
 ) -> None:
     """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off in one run."""
     from hllm.bench.loadtest import loadtest_report
-    from hllm.files import atomic_write_json
-    from hllm.runtime import read_slates
+    from hllm.runtime.artefact import resolve
 
     quiet_libraries()
-    report = loadtest_report(model, url, read_slates(slates, limit=limit), clients, requests, max_seconds,
-                             candidates, max_batch, max_wait_ms, threads, rounds, note, str(slates),
+    n_items, batch_size = pick(n_items, candidates), pick(batch_size, max_batch)
+    if (n_items is not None and not 1 <= n_items <= MAX_ITEMS) or (batch_size is not None and not 1 <= batch_size <= MAX_BATCH):
+        raise typer.BadParameter(f"--n-items must be within 1..{MAX_ITEMS} and --batch-size within 1..{MAX_BATCH}")
+    if (model is None) == (url is None):
+        raise typer.BadParameter("give either MODEL (in-process, both modes) or --url (one running server)")
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
+    if model is not None:
+        resolve(model)
+    data = load_slates(slates, limit=limit)
+    report = loadtest_report(model, url, data, clients, requests, max_seconds, n_items, batch_size, max_wait_ms,
+                             threads, rounds, note, "<stdin>" if str(slates) == "-" else str(slates or "packaged sample"),
                              log=lambda m: console.print(m))
-    if out_path:
-        atomic_write_json(out_path, report)
+    write_json_out(out_path, report)
     _print_table(report)
-    if out_path:
+    if out_path and str(out_path) != "-":
         out.print(f"report → {out_path}")
+    if json_out:
+        emit_json(report)
 
 
 def _print_table(report: dict) -> None:
@@ -114,22 +141,29 @@ def _print_table(report: dict) -> None:
 def triton_repo_cmd(
     model: Path = typer.Argument(..., help="Export dir / .onnx (ONNX Runtime backend) or TensorRT .plan."),
     out_dir: Path = typer.Argument(..., help="Repository to write (refused if it exists, unless --overwrite)."),
-    max_batch_size: int = typer.Option(8, help="Triton max_batch_size of every model (slates per request)."),
-    max_queue_delay_us: int = typer.Option(2000, help="Dynamic batching window of the engine model (µs)."),
-    instances: int = typer.Option(1, help="Engine model instances."),
-    kind: str = typer.Option("gpu", help="Engine instance kind: gpu or cpu."),
-    preprocess_instances: int = typer.Option(2, help="CPU instances of the preprocessing (tokenization) model."),
-    decode_instances: int = typer.Option(2, help="CPU instances of the LAPJV decode model."),
-    seq_bucket: int = typer.Option(64, help="Prompts are right-padded to a multiple of this many tokens (equal shapes batch)."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, max=MAX_BATCH, help="Triton max_batch_size of every model (slates per request)."),
+    max_queue_delay_us: int = typer.Option(2000, min=0, max=10_000_000, help="Dynamic batching window of the engine model (µs)."),
+    instances: int = typer.Option(1, min=1, max=64, help="Engine model instances."),
+    instance_kind: str = choice_opt("gpu", ("gpu", "cpu"), "--instance-kind", help="Engine instance kind (Triton instance_group kind)."),
+    preprocess_instances: int = typer.Option(2, min=1, max=64, help="CPU instances of the preprocessing (tokenization) model."),
+    decode_instances: int = typer.Option(2, min=1, max=64, help="CPU instances of the LAPJV decode model."),
+    seq_bucket: int = typer.Option(64, min=1, max=4096, help="Prompts are right-padded to a multiple of this many tokens (equal shapes batch)."),
     bundle_deps: bool = typer.Option(False, "--bundle-deps", help="Unpack the tokenizers and lap wheels into the repository (pip, needs PyPI or PIP_FIND_LINKS): runs on a stock Triton image."),
     bundle_python: str = typer.Option("3.12", help="Python version of the Triton image's Python backend (for --bundle-deps)."),
-    bundle_arch: str = typer.Option("x86_64", help="CPU architecture of the Triton image: x86_64 or aarch64 (for --bundle-deps)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing repository."),
+    bundle_arch: str = choice_opt("x86_64", ("x86_64", "aarch64"), "--bundle-arch", help="CPU architecture of the Triton image (for --bundle-deps)."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
+    max_batch_size: Optional[int] = hidden_alias("--max-batch-size"),
+    kind: Optional[str] = hidden_alias("--kind"),
 ) -> None:
     """Write a Triton model repository: preprocessing + engine (ONNX / TensorRT) + LAPJV decode, as one ensemble (slates in, rankings out)."""
     from hllm.serve.triton.repo import write_repository
 
     quiet_libraries()
+    max_batch_size = pick(batch_size, max_batch_size, 8)
+    kind = pick(instance_kind, kind, "gpu")
+    if not 1 <= max_batch_size <= MAX_BATCH or kind not in ("gpu", "cpu"):
+        raise typer.BadParameter(f"--batch-size must be within 1..{MAX_BATCH} and --instance-kind gpu or cpu")
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
     res = write_repository(
         model, out_dir, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
         instances=instances, kind=kind, decode_instances=decode_instances, preprocess_instances=preprocess_instances,

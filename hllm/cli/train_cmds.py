@@ -8,47 +8,75 @@ from typing import List, Optional
 
 import typer
 
-from hllm.cli.app import DEFAULT_SLATES, app, console, out, progress, quiet_libraries
+from hllm.cli.app import (MAX_ITEMS, MAX_SEQ, app, batch_opt, check_output_dir, check_output_file, choice_opt,
+                          console, data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out,
+                          out_opt, pick, positions_opt, progress, quiet_libraries, slates_file, slates_opt, threads_opt,
+                          write_json_out)
+from hllm.errors import HllmError
+from hllm.formats.checkpoint import HEAD_KINDS
+
+#: hllm.training.targets.TARGET_KINDS (kept here so `--help` needs no torch; a test checks they agree).
+OBJECTIVES = ("clicks", "teacher", "clicks+teacher")
+#: hllm.teacher.embedding.AGGREGATIONS (likewise).
+AGGREGATIONS = ("max", "mean", "centroid")
+
+
+def _legacy_positionals(slates: Optional[Path], out: Optional[Path], legacy: List[Path], new_form: str) -> tuple[Path, Path]:
+    """The deprecated form with SLATES as a positional argument (``… SLATES OUT``): still accepted, with a note.
+
+    ``out`` is the command's output as parsed by the new form (which, in the old form, holds SLATES).
+    """
+    if not legacy:
+        if slates is None:
+            raise typer.BadParameter(f"give the slates with --slates/-s ({new_form})")
+        return slates, out
+    if slates is not None or len(legacy) != 1:
+        raise typer.BadParameter(f"unexpected extra arguments {[str(p) for p in legacy]} ({new_form})")
+    console.print(f"[yellow]note:[/] SLATES as a positional argument is deprecated; use {new_form}")
+    return out, legacy[0]
 
 
 @app.command("train")
 def train_cmd(
     backbone: Path = typer.Argument(..., help="Hugging Face model directory (Qwen3, Qwen2 or Llama) with tokenizer.json."),
-    slates: Path = typer.Argument(..., help="Training slates (JSONL[.gz]) with labels and/or ids in --teacher."),
     out_dir: Path = typer.Argument(..., help="Checkpoint directory to write (hllm.json format)."),
-    target: str = typer.Option("clicks", help="clicks | teacher | clicks+teacher (see docs/training.md)."),
+    legacy: Optional[List[Path]] = typer.Argument(None, hidden=True),
+    slates: Optional[Path] = typer.Option(None, "--slates", "-s", help="Training slates (JSONL[.gz]) with labels and/or ids in --teacher. Required."),
+    objective: str = choice_opt("clicks", OBJECTIVES, "--objective", help="Training target (see docs/training.md)."),
     teacher: Optional[Path] = typer.Option(None, help="Teacher permutations JSONL (hllm teacher output)."),
-    max_slates: Optional[int] = typer.Option(None, help="Use only the first this many training slates."),
-    val_slates: int = typer.Option(0, help="Hold out the last this many of them and record AUC/Recall@k on them (learning curve)."),
-    val_every: int = typer.Option(50, help="Validate every this many steps (with --val-slates)."),
-    sample_items: Optional[int] = typer.Option(None, help="Train on sub-slates of this many candidates (clicked + random others)."),
-    head: str = typer.Option("self_attention", help="Head kind: linear, self_attention or slot_query."),
-    positions: int = typer.Option(50, "--positions", "-k", help="K: rank positions (largest slate)."),
-    head_dim: int = typer.Option(512, help="Head width d_model (paper 512)."),
-    head_heads: int = typer.Option(8, help="Head attention heads."),
-    head_ff: int = typer.Option(1024, help="Head feed-forward width."),
+    limit: Optional[int] = limit_opt(None, "Use only the first LIMIT training slates."),
+    val_slates: int = typer.Option(0, min=0, max=1_000_000, help="Hold out the last this many of them and record AUC/Recall@k on them (learning curve)."),
+    val_every: int = typer.Option(50, min=1, max=10_000_000, help="Validate every this many steps (with --val-slates)."),
+    sample_items: Optional[int] = typer.Option(None, min=1, max=MAX_ITEMS, help="Train on sub-slates of this many candidates (clicked + random others)."),
+    head: str = choice_opt("self_attention", HEAD_KINDS, "--head", help="Head kind (paper §3.3)."),
+    positions: int = positions_opt(),
+    head_dim: int = typer.Option(512, min=1, max=65536, help="Head width d_model (paper 512)."),
+    head_heads: int = typer.Option(8, min=1, max=1024, help="Head attention heads."),
+    head_ff: int = typer.Option(1024, min=1, max=262144, help="Head feed-forward width."),
     context_readout: bool = typer.Option(False, "--context-readout/--no-context-readout",
                                          help="The head also reads the user context (last user-context token; beyond the paper)."),
-    lora_rank: int = typer.Option(8, help="LoRA rank on all linear projections (paper 64); 0 = frozen backbone (Track 2)."),
-    lora_layers: Optional[int] = typer.Option(None, help="LoRA on the last this many layers only; lower layers are cached once."),
-    steps: int = typer.Option(100, help="Optimizer steps."),
-    batch_size: int = typer.Option(1, help="Slates per forward pass."),
-    accum: int = typer.Option(8, help="Gradient accumulation: forwards per optimizer step."),
-    lr: float = typer.Option(1e-4, help="AdamW (peak) learning rate."),
-    lr_schedule: str = typer.Option("constant", help="constant or cosine (linear warm-up, then cosine decay)."),
-    warmup_steps: int = typer.Option(0, help="Warm-up steps of the cosine schedule."),
-    min_lr_ratio: float = typer.Option(0.0, help="Cosine schedule floor, as a fraction of --lr."),
-    weight_decay: float = typer.Option(0.0, help="AdamW weight decay."),
-    tau: float = typer.Option(1.0, help="Sinkhorn temperature τ."),
-    sinkhorn_iters: int = typer.Option(20, help="Sinkhorn iterations L."),
-    seed: int = typer.Option(0, help="Seed of init and data order."),
-    save_every: int = typer.Option(50, help="Write the checkpoint every this many steps."),
-    candidate_tokens: int = typer.Option(32, help="Per-candidate token budget of the prompt."),
-    history_tokens: int = typer.Option(320, help="User-context token budget of the prompt."),
-    max_history: int = typer.Option(10, help="Most recent history items used."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+    lora_rank: int = typer.Option(8, min=0, max=4096, help="LoRA rank on all linear projections (paper 64); 0 = frozen backbone (Track 2)."),
+    lora_layers: Optional[int] = typer.Option(None, min=1, max=10_000, help="LoRA on the last this many layers only; lower layers are cached once."),
+    steps: int = typer.Option(100, min=1, max=10_000_000, help="Optimizer steps."),
+    batch_size: int = batch_opt(1, "Slates per forward pass."),
+    accum: int = typer.Option(8, min=1, max=100_000, help="Gradient accumulation: forwards per optimizer step."),
+    lr: float = typer.Option(1e-4, min=0.0, max=10.0, help="AdamW (peak) learning rate."),
+    lr_schedule: str = choice_opt("constant", ("constant", "cosine"), "--lr-schedule", help="constant, or cosine (linear warm-up, then cosine decay)."),
+    warmup_steps: int = typer.Option(0, min=0, max=10_000_000, help="Warm-up steps of the cosine schedule."),
+    min_lr_ratio: float = typer.Option(0.0, min=0.0, max=1.0, help="Cosine schedule floor, as a fraction of --lr."),
+    weight_decay: float = typer.Option(0.0, min=0.0, max=10.0, help="AdamW weight decay."),
+    tau: float = typer.Option(1.0, min=1e-6, max=1e6, help="Sinkhorn temperature τ."),
+    sinkhorn_iters: int = typer.Option(20, min=1, max=10_000, help="Sinkhorn iterations L."),
+    seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of init and data order."),
+    save_every: int = typer.Option(50, min=1, max=10_000_000, help="Write the checkpoint every this many steps."),
+    candidate_tokens: int = typer.Option(32, min=1, max=MAX_SEQ, help="Per-candidate token budget of the prompt."),
+    history_tokens: int = typer.Option(320, min=1, max=MAX_SEQ, help="User-context token budget of the prompt."),
+    max_history: int = typer.Option(10, min=0, max=10_000, help="Most recent history items used."),
+    threads: Optional[int] = threads_opt("torch intra-op threads."),
     resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state (training_state.json + .safetensors)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
+    target: Optional[str] = hidden_alias("--target"),
+    max_slates: Optional[int] = hidden_alias("--max-slates"),
 ) -> None:
     """Train a checkpoint with the Sinkhorn loss (paper §3.3): LoRA or frozen backbone + any head.
 
@@ -58,6 +86,15 @@ def train_cmd(
     from hllm.training.trainer import TrainConfig, train
 
     quiet_libraries()
+    slates, out_dir = _legacy_positionals(slates, out_dir, legacy or [], "hllm train BACKBONE CKPT --slates FILE")
+    slates = slates_file(slates)
+    target = pick(objective, target, "clicks")
+    max_slates = pick(limit, max_slates)
+    if target not in OBJECTIVES or (max_slates is not None and max_slates < 1):
+        raise typer.BadParameter(f"--objective must be one of {', '.join(OBJECTIVES)} and --limit ≥ 1")
+    if not backbone.is_dir():
+        raise HllmError(f"backbone directory not found: {backbone}")
+    check_output_dir(out_dir, what="CKPT", resumable=True)
     if out_dir.exists() and not resume and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} already exists (pass --resume to continue it)")
     spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
@@ -113,18 +150,20 @@ def train_cmd(
 def teacher_cmd(
     model_dir: Path = typer.Argument(..., help="--kind ar: Hugging Face causal LM directory (e.g. work/smollm2); "
                                      "--kind embedding: sentence-embedding model directory, or 'minilm' for the packaged all-MiniLM-L6-v2."),
-    slates: Path = typer.Argument(..., help="Slates to rank (JSONL[.gz])."),
-    out_file: Path = typer.Argument(..., help="Teacher permutations JSONL to write (input of hllm train / hllm eval)."),
-    kind: str = typer.Option("ar", help="ar: autoregressive listwise LM; embedding: similarity of candidate and history titles."),
-    agg: str = typer.Option("max", help="--kind embedding: similarity to the history by 'max', 'mean' or 'centroid'."),
+    legacy: Optional[List[Path]] = typer.Argument(None, hidden=True),
+    slates: Optional[Path] = typer.Option(None, "--slates", "-s", help="Slates to rank (JSONL[.gz], '-' = stdin). Required."),
+    out_file: Optional[Path] = out_opt(help="Teacher permutations JSONL to write (input of hllm train / hllm eval). Required."),
+    kind: str = choice_opt("ar", ("ar", "embedding"), "--kind", help="ar: autoregressive listwise LM; embedding: similarity of candidate and history titles."),
+    agg: str = choice_opt("max", AGGREGATIONS, "--agg", help="--kind embedding: similarity to the history titles by max, mean or centroid."),
     constrained: bool = typer.Option(True, "--constrained/--free", help="Constrained ordinal decoding, or plain greedy."),
-    limit: Optional[int] = typer.Option(None, help="Rank only the first this many slates."),
-    max_new_tokens: Optional[int] = typer.Option(None, help="Generation cap (default: enough for all N ordinals)."),
-    candidate_tokens: int = typer.Option(24, help="Per-candidate token budget of the teacher prompt."),
-    history_tokens: int = typer.Option(256, help="User-context token budget of the teacher prompt."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
-    batch_size: int = typer.Option(1, help="--kind ar: slates decoded together (left-padded; wall time is shared)."),
-    summary: Optional[Path] = typer.Option(None, help="Also write the summary statistics JSON here."),
+    limit: Optional[int] = limit_opt(None, "Rank only the first LIMIT slates."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, max=100_000, help="Generation cap (default: enough for all N ordinals)."),
+    candidate_tokens: int = typer.Option(24, min=1, max=MAX_SEQ, help="Per-candidate token budget of the teacher prompt."),
+    history_tokens: int = typer.Option(256, min=1, max=MAX_SEQ, help="User-context token budget of the teacher prompt."),
+    threads: Optional[int] = threads_opt("torch intra-op threads."),
+    batch_size: int = batch_opt(1, "--kind ar: slates decoded together (left-padded; wall time is shared)."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write the summary statistics JSON here."),
+    summary: Optional[Path] = hidden_alias("--summary"),
 ) -> None:
     """Rank slates with an autoregressive listwise LM (paper §4.3 Phase 1): greedy decoding with KV
     cache, parse + repair; per slate: invalid/repeated/missing ordinals, decode passes, wall time.
@@ -135,18 +174,25 @@ def teacher_cmd(
     --kind ar rewrites OUT_FILE atomically after every batch, so a stopped run keeps what it finished;
     --kind embedding (seconds per 100 slates) writes it once at the end.
     """
-    from hllm.errors import HllmError
-    from hllm.runtime.slates import read_slates
-
     quiet_libraries()
-    rows = read_slates(slates, limit=limit)
+    if legacy:
+        if len(legacy) != 2 or slates is not None or out_file is not None:
+            raise typer.BadParameter("give MODEL, --slates and --out (hllm teacher MODEL -s SLATES -o OUT.jsonl)")
+        console.print("[yellow]note:[/] `hllm teacher MODEL SLATES OUT` is deprecated; use hllm teacher MODEL -s SLATES -o OUT")
+        slates, out_file = legacy
+    if slates is None or out_file is None:
+        raise typer.BadParameter("give --slates and --out (hllm teacher MODEL -s SLATES -o OUT.jsonl)")
+    summary = pick(report, summary)
+    if str(out_file) == "-" or str(summary) == "-":
+        raise typer.BadParameter("the teacher writes --out (after every batch) and --report to files: give file names")
+    check_output_file(out_file)
+    check_output_file(summary, "--report")
+    if str(model_dir) != "minilm" and not model_dir.is_dir():
+        raise HllmError(f"model directory not found: {model_dir}")
+    rows = load_slates(slates, limit=limit)
     if kind == "embedding":
         _embedding_teacher(model_dir, rows, out_file, agg, threads, summary, slates)
         return
-    if kind != "ar":
-        raise HllmError(f"unknown teacher kind {kind!r}; known: ar, embedding")
-    if batch_size < 1:
-        raise HllmError(f"--batch-size must be ≥ 1, got {batch_size}")
     from hllm.teacher import ArRanker
     from hllm.teacher.run import run_ar_teacher
 
@@ -184,22 +230,23 @@ def _embedding_teacher(model_dir: Path, rows: list[dict], out_file: Path, agg: s
         res = run_embedding_teacher(ranker, rows, out_file, on_progress=lambda n: bar.advance(task, n))
     if summary:
         atomic_write_json(summary, {"kind": "embedding", "model": str(ranker.model_dir), "agg": agg,
-                                    "slates_file": str(slates), "threads": threads, **res})
+                                 "slates_file": str(slates), "threads": threads, **res})
     out.print(f"embedding teacher → {out_file}: {res['slates']} slates ranked by {agg} similarity in {res['wall_s']:.0f} s")
 
 
 @app.command("features")
 def features_cmd(
     backbone: Path = typer.Argument(..., help="Hugging Face model directory (the checkpoints' backbone)."),
-    slates: Path = typer.Argument(..., help="Slates (JSONL[.gz]) to cache, in file order."),
     out_dir: Path = typer.Argument(..., help="Cache directory to write (resumes an unfinished one)."),
-    layer: int = typer.Option(..., help="Cache the hidden state entering this decoder layer (L = all layers)."),
-    limit: Optional[int] = typer.Option(None, help="Cache only the first this many slates."),
-    positions: int = typer.Option(50, "--positions", "-k", help="K: largest slate allowed."),
-    candidate_tokens: int = typer.Option(32, help="Per-candidate token budget of the prompt (as in hllm train)."),
-    history_tokens: int = typer.Option(320, help="User-context token budget of the prompt."),
-    max_history: int = typer.Option(10, help="Most recent history items used."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads."),
+    legacy: Optional[List[Path]] = typer.Argument(None, hidden=True),
+    slates: Optional[Path] = typer.Option(None, "--slates", "-s", help="Slates (JSONL[.gz], '-' = stdin) to cache, in file order. Required."),
+    layer: int = typer.Option(..., min=0, max=10_000, help="Cache the hidden state entering this decoder layer (L = all layers)."),
+    limit: Optional[int] = limit_opt(None, "Cache only the first LIMIT slates."),
+    positions: int = positions_opt(),
+    candidate_tokens: int = typer.Option(32, min=1, max=MAX_SEQ, help="Per-candidate token budget of the prompt (as in hllm train)."),
+    history_tokens: int = typer.Option(320, min=1, max=MAX_SEQ, help="User-context token budget of the prompt."),
+    max_history: int = typer.Option(10, min=0, max=10_000, help="Most recent history items used."),
+    threads: Optional[int] = threads_opt("torch intra-op threads."),
     source: Optional[Path] = typer.Option(None, "--from", help="Continue from this cache of the same slates at a lower layer and keep only the readout + context rows (needs --layer L)."),
 ) -> None:
     """Cache frozen backbone hidden states of slates once, for hllm train / hllm eval --features.
@@ -207,11 +254,14 @@ def features_cmd(
     Size ≈ tokens × hidden × 4 bytes per slate (about 3 MB for a 50-candidate Beauty slate on SmolLM2).
     """
     from hllm.formats.prompt import PromptSpec
-    from hllm.runtime.slates import read_slates
     from hllm.training.features import build_cache
 
     quiet_libraries()
-    rows = read_slates(slates, limit=limit)
+    slates, out_dir = _legacy_positionals(slates, out_dir, legacy or [], "hllm features BACKBONE CACHE_DIR --slates FILE")
+    if not backbone.is_dir():
+        raise HllmError(f"backbone directory not found: {backbone}")
+    check_output_dir(out_dir, what="CACHE_DIR", resumable=True)
+    rows = load_slates(slates, limit=limit)
     spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
     plain = not console.is_terminal
     with progress() as bar:
@@ -232,24 +282,29 @@ def features_cmd(
 @app.command("eval")
 def eval_cmd(
     rankers: List[str] = typer.Argument(..., help="Rankers: 'random', checkpoint dir, export dir / .onnx, or teacher JSONL; NAME=SPEC names a row."),
-    slates: Path = typer.Option(DEFAULT_SLATES, help="Labelled slates (JSONL[.gz])."),
-    limit: Optional[int] = typer.Option(None, help="Evaluate the first this many slates (the same for every ranker)."),
-    seed: int = typer.Option(0, help="Seed of the random ranker."),
-    batch_size: int = typer.Option(1, help="Slates per engine call."),
-    out_json: Optional[Path] = typer.Option(None, "--out", help="Write the metrics JSON here."),
+    slates: Optional[Path] = slates_opt(help="Labelled slates (JSONL[.gz], '-' = stdin)."),
+    limit: Optional[int] = limit_opt(None, "Evaluate the first LIMIT slates (the same for every ranker)."),
+    seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of the random ranker."),
+    batch_size: int = batch_opt(),
+    out_json: Optional[Path] = out_opt(help="Write the metrics JSON here (atomic, after every ranker; '-' = stdout at the end)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): checkpoint rankers run only the layers above it."),
+    json_out: bool = json_opt(),
 ) -> None:
     """AUC, Recall@1/10 and NDCG@1/10 (with 95% bootstrap intervals) of several rankers on the same labelled slates."""
     from rich.table import Table
 
     from hllm.files import atomic_write_json
-    from hllm.runtime.slates import read_slates
     from hllm.verify.eval import evaluate_rankers
     from hllm.verify.metrics import METRIC_KEYS
 
     quiet_libraries()
-    rows = read_slates(slates, limit=limit)
-    table = Table(title=f"ranking quality on the first {len(rows)} slates of {slates.name} (95% bootstrap interval)")
+    check_output_file(out_json)
+    data_to_stdout(json_out, out_json)
+    if features is not None and not features.is_dir():
+        raise HllmError(f"--features {features}: not a complete feature cache (no such directory; run `hllm features`)")
+    rows = load_slates(slates, limit=limit)
+    name = "<stdin>" if str(slates) == "-" else (slates.name if slates else "the packaged sample")
+    table = Table(title=f"ranking quality on the first {len(rows)} slates of {name} (95% bootstrap interval)")
     table.add_column("ranker")
     for k in METRIC_KEYS:
         table.add_column(k.upper() if k == "auc" else k.replace("recall", "R").replace("ndcg", "NDCG"), justify="right")
@@ -259,7 +314,7 @@ def eval_cmd(
         ci = rep.get("ci95") or {}
         cell = lambda k: "–" if rep[k] is None else (f"{rep[k]:.4f}" + (f" [{ci[k][0]:.3f}, {ci[k][1]:.3f}]" if k in ci else ""))  # noqa: E731
         table.add_row(name, *(cell(k) for k in METRIC_KEYS), str(rep["slates"]))
-        if out_json:
+        if out_json and str(out_json) != "-":
             atomic_write_json(out_json, result)
 
     with progress() as bar:
@@ -267,5 +322,10 @@ def eval_cmd(
             task = bar.add_task(desc, total=total)
             return lambda n: bar.advance(task, n)
 
-        evaluate_rankers(rankers, rows, str(slates), seed, batch_size, features, bar_for, on_ranker)
+        result = evaluate_rankers(rankers, rows, str(slates or "packaged sample"), seed, batch_size, features, bar_for,
+                                  on_ranker)
     out.print(table)
+    if str(out_json) == "-":
+        write_json_out(out_json, result)
+    if json_out:
+        emit_json(result)

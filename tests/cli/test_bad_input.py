@@ -1,0 +1,252 @@
+"""The CLI bad-input corpus (issue 16): every class of bad input to every command gets the documented exit
+code (2), ONE line on stderr starting with ``error:`` (no traceback, no "internal error"), and leaves no file
+behind and no existing file replaced. Cases run in-process (``hllm.cli.main``) on the tiny models of
+tests/conftest.py; most fail before any model is loaded. docs/hardening.md lists the classes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from hllm.cli import main
+from hllm.testing import tiny_slates
+
+cli_app = sys.modules["hllm.cli.app"]
+
+# (class id, argv with {placeholders}, needle expected in the error line). Exit code 2 for all.
+CASES = [
+    # -- usage -----------------------------------------------------------------------------------------
+    ("unknown-command", ["no-such-command"], "No such command"),
+    ("unknown-option", ["rank", "{export}", "-o", "{out}", "--bogus"], "No such option"),
+    ("missing-argument", ["rank"], "Missing argument"),
+    ("missing-required-option", ["rank", "{export}"], "Missing option"),
+    ("int-option-not-a-number", ["rank", "{export}", "-o", "{out}", "--batch-size", "two"], "--batch-size"),
+    ("float-option-not-a-number", ["parity", "{ckpt}", "{export}", "--atol", "tiny"], "--atol"),
+    ("root-option-after-command", ["rank", "{export}", "-o", "{out}", "--debug"], "No such option"),
+    ("two-things-on-stdout", ["rank", "{export}", "-s", "{good}", "-o", "-", "--json"], "only one thing can go to stdout"),
+    # -- counts out of range (issue 16.4, 16.11, 16.12) -------------------------------------------------
+    ("batch-size-zero", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--batch-size", "0"], "--batch-size"),
+    ("batch-size-negative", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "-b", "-1"], "--batch-size"),
+    ("batch-size-huge", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "-b", "100000"], "--batch-size"),
+    ("limit-negative", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--limit", "-1"], "--limit"),
+    ("limit-zero", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--limit", "0"], "--limit"),
+    ("threads-huge", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--threads", "100000"], "--threads"),
+    ("threads-zero", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--threads", "0"], "--threads"),
+    ("workers-huge", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--ray", "--workers", "100000"], "--workers"),
+    ("atol-nan", ["parity", "{ckpt}", "{export}", "-s", "{good}", "--atol", "nan"], "--atol"),
+    ("atol-negative", ["merge", "{lora}", "{tmp}/m", "--atol", "-1"], "--atol"),
+    ("fraction-above-one", ["parity", "{ckpt}", "{export}", "--min-top1", "1.5"], "--min-top1"),
+    ("init-candidate-tokens-zero", ["init", "{backbone}", "{tmp}/ck", "--candidate-tokens", "0"], "--candidate-tokens"),
+    ("init-max-seq-len-negative", ["init", "{backbone}", "{tmp}/ck", "--max-seq-len", "-1"], "--max-seq-len"),
+    ("init-lora-rank-negative", ["init", "{backbone}", "{tmp}/ck", "--lora-rank", "-1"], "--lora-rank"),
+    ("positions-zero", ["init", "{backbone}", "{tmp}/ck", "-k", "0"], "--positions"),
+    ("seed-negative", ["init", "{backbone}", "{tmp}/ck", "--seed", "-1"], "--seed"),
+    ("port-out-of-range", ["serve", "{export}", "--port", "70000"], "--port"),
+    ("serve-batch-zero-deprecated-alias", ["serve", "{export}", "--max-batch", "0"], "--batch-size"),
+    ("serve-wait-nan", ["serve", "{export}", "--max-wait-ms", "nan"], "--max-wait-ms"),
+    ("loadtest-clients-huge", ["loadtest", "{export}", "--clients", "100000"], "--clients"),
+    ("loadtest-requests-zero", ["loadtest", "{export}", "--requests", "0"], "--requests"),
+    ("loadtest-rounds-zero", ["loadtest", "{export}", "--rounds", "0"], "--rounds"),
+    ("triton-instances-zero", ["triton-repo", "{export}", "{tmp}/tr", "--instances", "0"], "--instances"),
+    ("build-opt-level", ["build", "{std_export}", "{tmp}/x.plan", "--opt-level", "9"], "--opt-level"),
+    ("build-workspace-negative", ["build", "{std_export}", "{tmp}/x.plan", "--workspace-gb", "-1"], "--workspace-gb"),
+    ("calibrate-count-zero", ["calibrate", "{export}", "{tmp}/q", "--calib-count", "0"], "--calib-count"),
+    ("bench-runs-zero", ["bench", "stages", "{export}", "--runs", "0", "-o", "{out}"], "--runs"),
+    ("bench-n-items-huge", ["bench", "stages", "{export}", "-n", "100000", "-o", "{out}"], "--n-items"),
+    ("bench-n-items-not-ints", ["bench", "stages", "{export}", "-n", "ten", "-o", "{out}"], "--n-items"),
+    ("bench-matrices-zero", ["bench", "lapjv", "--matrices", "0", "-o", "{out}"], "--matrices"),
+    ("train-steps-zero", ["train", "{backbone}", "{tmp}/ck", "-s", "{good}", "--steps", "0"], "--steps"),
+    ("train-lr-nan", ["train", "{backbone}", "{tmp}/ck", "-s", "{good}", "--lr", "nan"], "--lr"),
+    ("features-layer-negative", ["features", "{backbone}", "{tmp}/f", "-s", "{good}", "--layer", "-1"], "--layer"),
+    ("teacher-batch-zero", ["teacher", "{backbone}", "-s", "{good}", "-o", "{out}", "-b", "0"], "--batch-size"),
+    ("eval-limit-zero", ["eval", "random", "-s", "{good}", "--limit", "0"], "--limit"),
+    # -- choices ---------------------------------------------------------------------------------------
+    ("unknown-head", ["init", "{backbone}", "{tmp}/ck", "--head", "mlp"], "head must be one of"),
+    ("unknown-flavour", ["export", "{ckpt}", "{tmp}/e", "--flavour", "tensorrt"], "flavour must be one of ort-cpu, standard"),
+    ("unknown-precision", ["export", "{ckpt}", "{tmp}/e", "--precision", "int4"], "precision must be one of"),
+    ("unknown-backend", ["calibrate", "{export}", "{tmp}/q", "--backend", "tflite"], "backend must be one of"),
+    ("fp8-on-a100", ["calibrate", "{tmp}/nope", "{tmp}/q", "--backend", "modelopt", "--precision", "fp8", "--target", "a100"],
+     "fp8 is not supported on target a100"),
+    ("unknown-teacher-kind", ["teacher", "{backbone}", "-s", "{good}", "-o", "{out}", "--kind", "oracle"], "kind must be one of"),
+    ("unknown-objective", ["train", "{backbone}", "{tmp}/ck", "-s", "{good}", "--objective", "views"], "objective must be one of"),
+    ("unknown-instance-kind", ["triton-repo", "{export}", "{tmp}/tr", "--instance-kind", "tpu"], "instance-kind must be one of"),
+    ("unknown-hardware-compat", ["build", "{std_export}", "{tmp}/x.plan", "--hardware-compat", "turing"], "hardware-compat must be one of"),
+    ("unknown-log-level", ["serve", "{export}", "--log-level", "loud"], "log-level must be one of"),
+    ("unknown-bundle-arch", ["triton-repo", "{export}", "{tmp}/tr", "--bundle-deps", "--bundle-arch", "riscv"], "--bundle-arch"),
+    ("unknown-matrix-family", ["bench", "lapjv", "--families", "cauchy", "-o", "{out}"], "unknown matrix families"),
+    ("unknown-fp32-island", ["export", "{ckpt}", "{tmp}/e", "--fp32-islands", "gelu"], "unknown FP32 island"),
+    # -- models and artefacts --------------------------------------------------------------------------
+    ("model-missing", ["rank", "{tmp}/nope", "-s", "{good}", "-o", "{out}"], "not found"),
+    ("model-not-an-artefact", ["rank", "{afile}", "-s", "{good}", "-o", "{out}"], "not a checkpoint directory"),
+    ("plan-without-sidecar", ["rank", "{plan}", "-s", "{good}", "-o", "{out}"], "has no sidecar"),
+    ("export-sidecar-not-json", ["rank", "{bad_export}", "-s", "{good}", "-o", "{out}"], "cannot read"),
+    ("manifest-not-json", ["info", "{bad_ckpt}"], "not valid JSON"),
+    ("parity-reference-missing", ["parity", "{tmp}/nope", "{export}", "-s", "{good}"], "not found"),
+    ("export-has-adapter", ["export", "{lora}", "{tmp}/e", "--slates", ""], "merge"),
+    ("build-fused-graph", ["build", "{export}", "{tmp}/x.plan", "--dry-run"], "--flavour standard"),
+    ("build-bad-profile", ["build", "{std_export}", "{tmp}/x.plan", "--dry-run", "-p", "1:2"], "profile"),
+    ("build-profile-over-k", ["build", "{std_export}", "{tmp}/x.plan", "--dry-run", "-p", "1:1:4/2:64:128/1:8:80"], "K=8"),
+    ("calibrate-needs-an-export", ["calibrate", "{ckpt}", "{tmp}/q"], "not an ONNX export"),
+    ("calibrate-needs-out-dir", ["calibrate", "{export}"], "OUT_DIR"),
+    ("triton-needs-an-export", ["triton-repo", "{ckpt}", "{tmp}/tr"], "not a checkpoint"),
+    ("init-backbone-missing", ["init", "{tmp}/nope", "{tmp}/ck"], "backbone directory not found"),
+    ("init-backbone-without-config", ["init", "{emptydir}", "{tmp}/ck"], "config"),
+    ("merge-checkpoint-missing", ["merge", "{tmp}/nope", "{tmp}/m"], "checkpoint directory not found"),
+    ("teacher-model-missing", ["teacher", "{tmp}/nope", "-s", "{good}", "-o", "{out}"], "model directory not found"),
+    ("features-backbone-missing", ["features", "{tmp}/nope", "{tmp}/f", "-s", "{good}", "--layer", "1"], "backbone directory not found"),
+    ("eval-features-missing", ["eval", "random", "-s", "{good}", "--features", "{tmp}/nope"], "feature cache"),
+    ("convert-gguf-missing", ["convert-gguf", "{tmp}/hf", "--gguf", "{tmp}/nope.gguf"], "GGUF file not found"),
+    ("info-missing", ["info", "{tmp}/nope"], "not found"),
+    ("info-unknown-file", ["info", "{afile}"], "not an hllm artefact"),
+    ("info-unknown-directory", ["info", "{emptydir}"], "a directory without"),
+    ("encode-model-missing", ["encode", "{tmp}/nope", "-s", "{good}", "-o", "{out}"], "not found"),
+    ("loadtest-neither-model-nor-url", ["loadtest", "-s", "{good}"], "either MODEL"),
+    ("loadtest-both-model-and-url", ["loadtest", "{export}", "--url", "http://127.0.0.1:1", "-s", "{good}"], "either MODEL"),
+    ("bench-versus-ar-model-missing", ["bench", "versus-ar", "{export}", "--ar", "{tmp}/nope", "-o", "{out}"], "not a model directory"),
+    ("bench-chart-input-missing", ["bench", "chart", "--stages", "{tmp}/nope.json", "-o", "{tmp}/c.png"], "cannot read"),
+    ("bench-chart-wrong-kind", ["bench", "chart", "--stages", "{notbench}", "-o", "{tmp}/c.png"], "not a benchmark JSON"),
+    ("bench-markdown-not-benchmark", ["bench", "markdown", "{notbench}"], "not a benchmark JSON"),
+    # -- slates files ----------------------------------------------------------------------------------
+    ("slates-missing", ["rank", "{export}", "-s", "{tmp}/nope.jsonl", "-o", "{out}"], "slates file not found"),
+    ("slates-is-a-directory", ["rank", "{export}", "-s", "{emptydir}", "-o", "{out}"], "slates file not found"),
+    ("slates-empty-file", ["rank", "{export}", "-s", "{empty}", "-o", "{out}"], "no slates"),
+    ("slates-blank-lines-only", ["rank", "{export}", "-s", "{blank}", "-o", "{out}"], "no slates"),
+    ("slates-malformed-json", ["rank", "{export}", "-s", "{malformed}", "-o", "{out}"], "malformed JSON"),
+    ("slates-line-not-an-object", ["rank", "{export}", "-s", "{array}", "-o", "{out}"], "JSON object"),
+    ("slates-not-utf8", ["rank", "{export}", "-s", "{latin1}", "-o", "{out}"], "not UTF-8"),
+    ("slates-truncated-gzip", ["rank", "{export}", "-s", "{truncated_gz}", "-o", "{out}"], "truncated"),
+    ("slates-not-gzip", ["rank", "{export}", "-s", "{fake_gz}", "-o", "{out}"], "gzip"),
+    ("slates-deep-json", ["rank", "{export}", "-s", "{deep}", "-o", "{out}"], "nested too deeply"),
+    ("slates-no-candidates", ["rank", "{export}", "-s", "{nocands}", "-o", "{out}"], "empty slate"),
+    ("slates-more-than-k", ["rank", "{export}", "-s", "{overk}", "-o", "{out}"], "K=8"),
+    ("stdin-empty", ["rank", "{export}", "-s", "-", "-o", "{out}"], "<stdin>: no slates"),
+    ("stdin-refused-where-a-file-is-read", ["train", "{backbone}", "{tmp}/ck", "-s", "-"], "stdin"),
+    ("eval-slates-without-labels", ["eval", "random", "-s", "{nolabels}"], "labels"),
+    ("encode-slate-over-k", ["encode", "{export}", "-s", "{overk}", "-o", "{out}"], "K=8"),
+    ("merge-stdin-empty", ["merge", "{lora}", "{tmp}/m", "-s", "-"], "<stdin>: no slates"),
+    ("train-without-slates", ["train", "{backbone}", "{tmp}/ck"], "--slates"),
+    ("teacher-without-out", ["teacher", "{backbone}", "-s", "{good}"], "--out"),
+    # -- outputs (issue 16.3, 16.13) -------------------------------------------------------------------
+    ("out-is-a-directory", ["rank", "{export}", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
+    ("out-is-a-device", ["rank", "{export}", "-s", "{good}", "-o", "/dev/null"], "not a regular file"),
+    ("out-parent-is-a-file", ["rank", "{export}", "-s", "{good}", "-o", "{afile}/r.jsonl"], "is not a directory"),
+    ("out-not-writable", ["rank", "{export}", "-s", "{good}", "-o", "{readonly}/r.jsonl"], "cannot write"),
+    ("out-device-full", ["rank", "{export}", "-s", "{good}", "-o", "{full}/r.jsonl"], "no space left"),
+    ("parity-out-is-a-directory", ["parity", "{ckpt}", "{export}", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
+    ("eval-out-is-a-directory", ["eval", "random", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
+    ("encode-out-is-a-directory", ["encode", "{export}", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
+    ("bench-out-is-a-directory", ["bench", "lapjv", "-n", "3", "--matrices", "1", "-o", "{emptydir}"], "is a directory"),
+    ("calibrate-report-is-a-directory", ["calibrate", "{export}", "{tmp}/q", "--report", "{emptydir}"], "is a directory"),
+    ("ray-refuses-stdout", ["rank", "{export}", "-s", "{good}", "-o", "-", "--ray"], "--ray"),
+    ("teacher-refuses-stdout", ["teacher", "{backbone}", "-s", "{good}", "-o", "-"], "file names"),
+    ("export-out-exists", ["export", "{ckpt}", "{exists}", "--slates", ""], "already exists"),
+    ("export-out-is-a-file", ["export", "{ckpt}", "{afile}", "--overwrite", "--slates", ""], "not a directory"),
+    ("merge-out-exists", ["merge", "{lora}", "{exists}"], "already exists"),
+    ("init-out-exists", ["init", "{backbone}", "{exists}"], "already exists"),
+    ("calibrate-out-exists", ["calibrate", "{export}", "{exists}"], "already exists"),
+    ("triton-out-exists", ["triton-repo", "{export}", "{exists}"], "already exists"),
+    ("build-plan-exists", ["build", "{std_export}", "{prev}"], "already exists"),
+    ("train-out-exists-without-resume", ["train", "{backbone}", "{exists}", "-s", "{good}"], "already exists"),
+    ("features-out-is-a-file", ["features", "{backbone}", "{afile}", "-s", "{good}", "--layer", "1"], "not a directory"),
+    ("convert-gguf-out-is-a-file", ["convert-gguf", "{afile}", "--gguf", "{afile}"], "not a directory"),
+]
+
+
+def _write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def corpus_paths(tmp_path, export_dir, standard_export_dir, merged_checkpoint, lora_checkpoint, qwen3_backbone):
+    good = tiny_slates(3, (2, 6), seed=1)
+    p = {"tmp": tmp_path, "export": export_dir, "std_export": standard_export_dir, "ckpt": merged_checkpoint,
+         "lora": lora_checkpoint, "backbone": qwen3_backbone, "out": tmp_path / "out.json"}
+    p["good"] = _write_jsonl(tmp_path / "good.jsonl", good)
+    p["nolabels"] = _write_jsonl(tmp_path / "nolabels.jsonl", [{k: v for k, v in s.items() if k != "labels"} for s in good])
+    p["overk"] = _write_jsonl(tmp_path / "overk.jsonl", good + tiny_slates(1, 9, seed=2))
+    p["nocands"] = _write_jsonl(tmp_path / "nocands.jsonl", good + [{"slate_id": "e", "history": [], "candidates": []}])
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text("\n  \n")
+    (tmp_path / "malformed.jsonl").write_text(json.dumps(good[0]) + '\n{"slate_id": "x", "candidates": [ }\n')
+    (tmp_path / "array.jsonl").write_text("[1, 2, 3]\n")
+    (tmp_path / "latin1.jsonl").write_bytes(json.dumps(good[0]).replace("tiny", "t\u00e9").encode("latin-1") + b"\n")
+    blob = gzip.compress("".join(json.dumps(s) + "\n" for s in good * 20).encode())
+    (tmp_path / "truncated.jsonl.gz").write_bytes(blob[: len(blob) // 2])
+    (tmp_path / "fake.jsonl.gz").write_text(json.dumps(good[0]) + "\n")
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    p.update({k: tmp_path / f for k, f in [("empty", "empty.jsonl"), ("blank", "blank.jsonl"), ("malformed", "malformed.jsonl"),
+                                            ("array", "array.jsonl"), ("latin1", "latin1.jsonl"),
+                                            ("truncated_gz", "truncated.jsonl.gz"), ("fake_gz", "fake.jsonl.gz"),
+                                            ("deep", "deep.jsonl")]})
+    p["afile"] = tmp_path / "afile.txt"
+    p["afile"].write_text("not an artefact\n")
+    p["emptydir"] = tmp_path / "emptydir"
+    p["emptydir"].mkdir()
+    p["exists"] = tmp_path / "exists"
+    p["exists"].mkdir()
+    (p["exists"] / "keep.txt").write_text("keep\n")
+    p["prev"] = tmp_path / "prev.plan"
+    p["prev"].write_text("previous\n")
+    p["plan"] = tmp_path / "m.plan"
+    p["plan"].write_bytes(b"\0" * 16)
+    p["bad_export"] = tmp_path / "bad_export"
+    p["bad_export"].mkdir()
+    (p["bad_export"] / "export.json").write_text("{")
+    p["bad_ckpt"] = tmp_path / "bad_ckpt"
+    p["bad_ckpt"].mkdir()
+    (p["bad_ckpt"] / "hllm.json").write_text("not json")
+    p["notbench"] = tmp_path / "notbench.json"
+    p["notbench"].write_text(json.dumps({"kind": "something-else", "records": []}))
+    p["readonly"] = tmp_path / "readonly"
+    p["readonly"].mkdir()
+    p["full"] = tmp_path / "full"
+    p["full"].mkdir()
+    return p
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every file and directory under ``root`` with its bytes (None for a directory)."""
+    return {str(q.relative_to(root)): (None if q.is_dir() else q.read_bytes()) for q in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(case, corpus_paths, capsys, monkeypatch):
+    name, argv, needle = case
+    tmp = corpus_paths["tmp"]
+    argv = [a.format(**corpus_paths) for a in argv]
+    needle = needle.format(**corpus_paths)
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # empty stdin for the '-' cases
+    readonly, full = str(corpus_paths["readonly"]), str(corpus_paths["full"])
+    real_access, real_usage = os.access, shutil.disk_usage
+    # root ignores permission bits, and no read-only or full file system is mounted here: simulate both
+    monkeypatch.setattr(cli_app.os, "access", lambda p, mode, **kw: False if str(p) == readonly else real_access(p, mode, **kw))
+    monkeypatch.setattr(cli_app.shutil, "disk_usage",
+                        lambda p: real_usage(p)._replace(free=0) if str(p) == full else real_usage(p))
+    before = _snapshot(tmp)
+    dev_null = os.stat("/dev/null").st_mode
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert e.value.code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "Traceback" not in err and "internal error" not in err
+    assert needle in lines[0], lines[0]
+    assert _snapshot(tmp) == before  # nothing written, nothing replaced, no temporary file left
+    assert os.stat("/dev/null").st_mode == dev_null
+
+
+def test_corpus_size():
+    assert len({c[0] for c in CASES}) == len(CASES) >= 100
+    commands = {c[1][0] if c[1][0] != "bench" else " ".join(c[1][:2]) for c in CASES}
+    every = {"convert-gguf", "init", "merge", "export", "rank", "parity", "info", "encode", "serve", "loadtest",
+             "triton-repo", "calibrate", "build", "train", "teacher", "features", "eval", "bench stages", "bench lapjv",
+             "bench versus-ar", "bench chart", "bench markdown"}
+    assert every <= commands, every - commands
