@@ -95,6 +95,36 @@ def build_plan(
     device = device or device_info()
     settings = target_settings(target, device, hardware_compat, precision)
 
+    hc = settings["hardware_compatibility"]
+    builder, network, config, cache_reused = _configure(trt, api, art, profiles, opt_level, workspace_gb, hc,
+                                                        timing_cache, say)
+    say(f"building ({len(profiles)} profile(s), optimization level {opt_level}, hardware compatibility {hc})")
+    t0 = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise EngineError("TensorRT build failed (see the TensorRT log above)")
+    data = bytes(memoryview(serialized))
+    build_s = time.perf_counter() - t0
+    with atomic_path(plan_path) as tmp:
+        tmp.write_bytes(data)
+    cache_path = Path(timing_cache) if timing_cache else None
+    if cache_path:
+        new_cache = bytes(memoryview(config.get_timing_cache().serialize()))
+        with atomic_path(cache_path) as tmp:
+            tmp.write_bytes(new_cache)
+    tok_name = f"{plan_path.name}.tokenizer.json"
+    with atomic_path(plan_path.parent / tok_name) as tmp:
+        shutil.copy2(art.tokenizer_path, tmp)
+    meta = _plan_sidecar(art, plan_path, data, tok_name, api, device, settings, opt_level, workspace_gb, profiles,
+                         precision, cache_path, cache_reused, build_s)
+    write_sidecar(plan_path, meta)
+    return meta
+
+
+def _configure(trt, api, art, profiles, opt_level: int, workspace_gb, hc: str, timing_cache, say):
+    """Parse the ONNX graph into a strongly typed network and set up the builder config (optimization
+    level, workspace, hardware compatibility, one optimization profile per :class:`Profile`, the
+    timing cache). Returns (builder, network, config, timing cache reused). Raises EngineError."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(api.network_flags)
@@ -107,7 +137,6 @@ def build_plan(
     config.builder_optimization_level = int(opt_level)
     if workspace_gb:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * 1024**3))
-    hc = settings["hardware_compatibility"]
     if hc != "none":
         config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_LEVELS[hc])
     for p in profiles:
@@ -118,29 +147,17 @@ def build_plan(
             raise EngineError(f"TensorRT rejected optimization profile {p}")
     cache_path = Path(timing_cache) if timing_cache else None
     cache_reused = bool(cache_path and cache_path.is_file())
-    blob = cache_path.read_bytes() if cache_reused else b""
-    cache = config.create_timing_cache(blob)
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_reused else b"")
     if not config.set_timing_cache(cache, False):
         raise EngineError(f"TensorRT rejected the timing cache {cache_path} (built by another TensorRT/GPU?); delete it")
+    return builder, network, config, cache_reused
 
-    say(f"building ({len(profiles)} profile(s), optimization level {opt_level}, hardware compatibility {hc})")
-    t0 = time.perf_counter()
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise EngineError("TensorRT build failed (see the TensorRT log above)")
-    data = bytes(memoryview(serialized))
-    build_s = time.perf_counter() - t0
-    with atomic_path(plan_path) as tmp:
-        tmp.write_bytes(data)
-    if cache_path:
-        new_cache = bytes(memoryview(config.get_timing_cache().serialize()))
-        with atomic_path(cache_path) as tmp:
-            tmp.write_bytes(new_cache)
-    tok_name = f"{plan_path.name}.tokenizer.json"
-    with atomic_path(plan_path.parent / tok_name) as tmp:
-        shutil.copy2(art.tokenizer_path, tmp)
+
+def _plan_sidecar(art, plan_path: Path, data: bytes, tok_name: str, api, device, settings: dict, opt_level: int,
+                  workspace_gb, profiles, precision: str, cache_path, cache_reused: bool, build_s: float) -> dict:
+    """The plan sidecar dict (:mod:`hllm.formats.plan` validates and writes it)."""
     m = art.meta
-    meta = {
+    return {
         "plan": plan_path.name,
         "plan_bytes": len(data),
         "plan_sha256": sha256_file(plan_path),
@@ -150,7 +167,7 @@ def build_plan(
         "cuda_driver_version": device.cuda_driver_version,
         "gpu_name": device.gpu_name,
         "compute_capability": device.cc,
-        "hardware_compatibility": hc,
+        "hardware_compatibility": settings["hardware_compatibility"],
         "version_compatible": False,
         "target": settings["target"],
         "builder_optimization_level": int(opt_level),
@@ -161,7 +178,7 @@ def build_plan(
         "onnx": str(art.path),
         "onnx_sha256": m.get("onnx_sha256") or sha256_file(art.path),
         "source_checkpoint": m.get("source_checkpoint"),
-        "num_positions": k,
+        "num_positions": art.num_positions,
         "head": m.get("head"),
         "inputs": m.get("inputs"),
         "outputs": m.get("outputs"),
@@ -170,5 +187,4 @@ def build_plan(
         "timing_cache": {"path": str(cache_path), "reused": cache_reused} if cache_path else None,
         "build_seconds": round(build_s, 2),
     }
-    write_sidecar(plan_path, meta)
-    return meta
+
