@@ -227,7 +227,7 @@ def iter_slates(path: str | os.PathLike, limit: int | None = None) -> Iterator[d
     """Like :func:`read_slates` but lazily."""
     path = Path(path)
     if not path.is_file():
-        raise SlateError(f"slates file not found: {path}" if not path.exists() else f"{path} is not a file")
+        raise SlateError(f"slates file not found: {path}" + (" is a directory, not a file" if path.is_dir() else ""))
     n = lineno = 0
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:

@@ -388,3 +388,16 @@ def test_no_internal_error_on_any_json_type(ckpt):
             except CheckpointError:
                 pass
     assert loaded < len(targets) * len(values) // 4  # the sweep really exercised the refusals
+
+
+def test_calibration_set_meta_of_the_wrong_type(tmp_path):
+    from hllm.errors import SlateError
+    from hllm.formats.calibration_set import load_calibration_set
+
+    np_ = pytest.importorskip("numpy")
+    np_.savez(tmp_path / "calib.npz", x=np_.zeros(1))
+    for content, words in ((b"[1]", "expected a JSON object, got list"), (b"\xff", "cannot read"),
+                           (b'{"format": "hllm-calibration/1", "shapes": 5}', "cannot read")):
+        (tmp_path / "calib.json").write_bytes(content)
+        with pytest.raises(SlateError, match=words):
+            load_calibration_set(tmp_path / "calib")

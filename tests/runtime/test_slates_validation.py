@@ -203,7 +203,7 @@ def test_empty_file_says_so(tmp_path, content, words):
 def test_missing_and_directory(tmp_path):
     with pytest.raises(SlateError, match="slates file not found"):
         read_slates(tmp_path / "nope.jsonl")
-    with pytest.raises(SlateError, match="is not a file"):
+    with pytest.raises(SlateError, match="is a directory, not a file"):
         read_slates(tmp_path)
 
 
