@@ -170,10 +170,11 @@ class Ranker:
         res = RankResult(calls=1)
         for b, (slate, order) in enumerate(zip(slates, orders)):
             cands = slate["candidates"]
+            positions = order.tolist()  # Python ints: an id-less candidate is named by its index (JSON-serialisable)
             res.rankings.append(Ranking(
                 slate_id=ids[b],
-                order=order.tolist(),
-                item_ids=[cands[i].get("item_id", i) for i in order],
+                order=positions,
+                item_ids=[cands[i].get("item_id", i) for i in positions],
                 scores=assignment_scores(scores[b], order).tolist(),
                 truncated=batch.truncated[b],
             ))

@@ -209,6 +209,16 @@ def sample_subslate(slate: dict, n: int, seed: int) -> tuple[dict, list[int]]:
     return take(slate, keep), keep
 
 
+def _open_text(path: Path):
+    """A text (UTF-8) reader of a plain or ``.gz`` file (used by :mod:`hllm.training.targets`; slates
+    are read by :func:`iter_slates`, which names the line of a bad byte)."""
+    import io
+
+    if Path(path).suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def read_slates(path: str | os.PathLike, limit: int | None = None) -> list[dict]:
     """Read and validate slates from a ``.jsonl`` or ``.jsonl.gz`` file.
 

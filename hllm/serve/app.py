@@ -134,6 +134,8 @@ def parse_rank_body(body: bytes, content_type: str, max_slates: int) -> tuple[li
 
     JSON goes through :func:`hllm.runtime.slates.loads_json` and every slate through
     :func:`hllm.runtime.slates.validate_slate` (the one parser and validator of ``hllm rank``).
+    A slate without ``slate_id`` is given its 0-based index in the request as id (so its ranking is
+    named the same whichever micro-batch it rides in).
     Raises: ApiError 400 (malformed JSON, NaN/Infinity literals, nesting too deep, not UTF-8), 415
     (content type), 413 (too many slates), 422 (wrong types, no slates, a malformed slate, a
     ``deadline_ms`` that is not a finite positive number — the message names the slate and field).
@@ -162,9 +164,11 @@ def parse_rank_body(body: bytes, content_type: str, max_slates: int) -> tuple[li
     slates = []
     for i, obj in enumerate(items):
         try:
-            slates.append(validate_slate(obj, where.format(i + 1 if ctype in JSONL_TYPES else i)))
+            slate = validate_slate(obj, where.format(i + 1 if ctype in JSONL_TYPES else i))
         except SlateError as e:
             raise ApiError(422, "bad_slate", str(e)) from None
+        slate.setdefault("slate_id", str(i))  # no id: its index in this request (not in the engine batch)
+        slates.append(slate)
     return slates, deadline
 
 

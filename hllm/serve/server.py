@@ -18,7 +18,8 @@ is held, so none is held without progress. The limits come from the app's
 * ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once.
 
 Every connection is served by the asyncio event loop, so a slow client never blocks the others'
-requests; these limits bound what slow clients can hold.
+requests; these limits bound what slow clients can hold. The server always runs uvicorn's h11
+protocol implementation (subclassed), even where ``httptools`` is installed.
 """
 
 from __future__ import annotations

@@ -55,3 +55,12 @@ def test_slate_with_id_is_named_by_it(ranker):
 def test_rankings_without_ids_carry_the_global_index(ranker):
     res = ranker.rank(_slates([2, 2, 2, 2, 2]))
     assert [r.slate_id for r in res] == ["0", "1", "2", "3", "4"]
+
+
+def test_candidates_without_item_id_are_named_by_plain_int_indices(ranker):
+    """(was: numpy int64 in ``item_ids`` → "not JSON serializable", an internal error in rank and serve)"""
+    import json
+
+    (r,) = ranker.rank(_slates([3 - 1]))
+    assert r.item_ids == r.order and all(type(i) is int for i in r.item_ids)
+    json.dumps(r.to_dict())

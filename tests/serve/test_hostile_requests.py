@@ -142,6 +142,15 @@ def test_integer_ids_are_returned_as_strings(server, reference):
     assert got["ranking"] == [str(10 + i) for i in want.order]
 
 
+def test_slates_without_id_are_named_by_their_index_in_the_request(server):
+    ss = [{"history": [], "candidates": [{"title": f"t{i}"} for i in range(3)]} for _ in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:  # concurrent: they share micro-batches
+        rs = list(ex.map(lambda _: httpx.post(f"{server.url}/v1/rank", json={"slates": ss}, timeout=30), range(3)))
+    for r in rs:
+        assert r.status_code == 200, r.text
+        assert [x["slate_id"] for x in r.json()["rankings"]] == ["0", "1", "2"]
+
+
 def test_404_405_and_415_are_enveloped(server):
     _envelope(httpx.get(f"{server.url}/nope"), 404, "not_found", "/nope")
     _envelope(httpx.get(f"{server.url}/v1/rank"), 405, "method_not_allowed")
