@@ -260,8 +260,15 @@ def test_pid_reuse_is_not_mistaken_for_the_writer(tmp_path):
     assert sweep_stale_staging(tmp_path / "out") == [reused]
 
 
-def test_sigterm_handler_restored_and_only_installed_when_default():
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+@pytest.fixture
+def default_sigterm():
+    """SIGTERM at its default action for the test (another test's library, e.g. Ray, may have set one)."""
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_sigterm_handler_restored_and_only_installed_when_default(default_sigterm):
     with files.cleanup_on_sigterm():
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -277,7 +284,7 @@ def test_sigterm_handler_restored_and_only_installed_when_default():
         signal.signal(signal.SIGTERM, old)
 
 
-def test_sigterm_in_process_raises_and_cleans(tmp_path):
+def test_sigterm_in_process_raises_and_cleans(tmp_path, default_sigterm):
     out = tmp_path / "x.json"
     with pytest.raises(SystemExit) as e:
         with atomic_path(out) as tmp:
