@@ -61,7 +61,8 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
 
     Args:
         path: checkpoint directory, export directory or its ``.onnx``, or ``.plan`` / ``.engine``.
-        verify_hash: also check the graph's (plan's) sha256 against its sidecar (reads the whole file).
+        verify_hash: also check the graph's (plan's) sha256 against its sidecar (reads the whole file;
+            a checkpoint records no hash, so it is not affected).
     Raises: EngineError (path missing, no or malformed sidecar, unknown kind, a file that is not the
         one recorded); CheckpointError for a bad checkpoint.
     """
@@ -88,9 +89,9 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
 
 
 def _resolve_plan(p: Path, verify_hash: bool) -> Artefact:
+    from hllm.errors import HllmError
     from hllm.files import contained_path
     from hllm.formats.plan import read_sidecar, sidecar_path, verify_plan
-    from hllm.errors import HllmError
 
     meta = read_sidecar(p)
     side = sidecar_path(p)

@@ -283,7 +283,7 @@ def test_dribbling_client_is_cut_off_and_does_not_block_others(server, what):
     assert json.loads(payload)["error"]["kind"] == "timeout"
     assert f"not received within {TIMEOUT_S:g} s".encode() in payload
     assert statuses and set(statuses) == {200}
-    assert len(statuses) >= 5 and max(latencies) < 2.0, (len(statuses), max(latencies))
+    assert len(statuses) >= 3 and max(latencies) < 2.0, (len(statuses), max(latencies))
 
 
 def test_idle_connection_is_closed(server):
