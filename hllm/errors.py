@@ -38,3 +38,8 @@ class ParityError(HllmError):
 
 class ExportError(HllmError):
     """ONNX export or its self-validation failed."""
+
+
+class OutputError(HllmError):
+    """An output cannot be written: not a regular file (directory, device, FIFO, socket), a dangling
+    symbolic link, a read-only or unwritable directory, or a full disk (:mod:`hllm.files`)."""

@@ -1,20 +1,52 @@
-"""Atomic file writes and content hashes.
+"""Atomic file writes, output-path checks and content hashes.
 
 Every artefact hllm writes goes to a temporary name in the destination folder and is renamed into
 place only when complete, so an interrupted or failed command never leaves a partial file where a
 good one was (POSIX ``os.replace`` is atomic within one file system).
+
+Output-path policy (issue 16 items 3, 13, 14), the same for every writer:
+
+* The destination of a file must be absent or a regular file; a directory, character or block
+  device, FIFO or socket is refused up front (:class:`OutputError`) — ``os.replace`` would otherwise
+  turn ``/dev/full`` into a regular file. The destination of a directory must be absent or a
+  directory (then ``overwrite`` is needed).
+* A symbolic link is followed: hllm writes to (atomically replaces) the link's target, which must
+  exist and pass the same check, and the link is kept — like a shell's ``>``. A dangling link is
+  refused (it would create a file somewhere the user did not name).
+* A read-only or missing-permission directory, or a full disk, is found before the work by
+  :func:`check_writable` (callers that run long, e.g. ``hllm rank``, call it first); running out of
+  space during the write (ENOSPC, EDQUOT, EFBIG) raises :class:`OutputError` and leaves no partial
+  file.
+* SIGTERM while a temporary file or staging directory exists removes it (a handler that raises
+  ``SystemExit(143)`` is installed for the duration, in the main thread, when SIGTERM has its
+  default action), and staging directories of the same target left by a killed process
+  (SIGKILL, power loss) are swept by the next :func:`atomic_dir` of that target: their names carry
+  the writer's pid and process start time (``.NAME.PID-START.XXXXXXXX.tmp``), so a live writer's
+  directory is never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
+import stat
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
+
+from hllm.errors import OutputError
+
+#: errno values that mean "the disk (or quota, or file-size limit) is full".
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: errno values that mean "this place cannot be written".
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -30,26 +62,213 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def output_target(path: str | os.PathLike, kind: str = "file") -> Path:
+    """The path hllm really writes for the output ``path`` (module doc: symbolic links are followed),
+    after refusing a destination of the wrong kind.
+
+    Args:
+        path: the output the user named. kind: ``"file"`` or ``"dir"``.
+    Returns: ``path`` itself, or the target of a symbolic link.
+    Raises: OutputError (dangling link; a directory, device, FIFO or socket where a file goes; a
+        non-directory where a directory goes).
+    """
+    p = Path(path)
+    if p.is_symlink():
+        target = Path(os.path.realpath(p))
+        if not target.exists():
+            raise OutputError(f"{p} is a symbolic link to {target}, which does not exist; refusing to create it")
+        p = target
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return p
+    except NotADirectoryError:
+        raise OutputError(f"cannot write {p}: a part of its parent path is not a directory") from None
+    except OSError as e:
+        raise OutputError(f"cannot use {p} as an output: {e.strerror}") from None
+    if kind == "dir":
+        if not stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"{p} exists and is not a directory; refusing to replace it with one")
+    elif stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{p} is a directory; name a file to write")
+    elif not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{p} is a {_kind_name(st.st_mode)}, not a regular file; refusing to replace it")
+    return p
+
+
+def _kind_name(mode: int) -> str:
+    for test, name in ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def check_writable(path: str | os.PathLike, kind: str = "file", overwrite: bool = True,
+                   min_free_bytes: int = 1 << 20) -> Path:
+    """Check, before long work, that the output ``path`` can be written; returns what will be written
+    (:func:`output_target`).
+
+    Checks: the destination's kind (:func:`output_target`); with ``kind="dir"`` and not ``overwrite``,
+    that it does not exist yet; that the nearest existing ancestor is a directory in which a file
+    can be created (a probe file is created and removed: catches read-only file systems and
+    permissions, even for root); that its file system has at least ``min_free_bytes`` available
+    (``os.statvfs``: ``f_bavail``, or ``f_bfree`` for root).
+
+    Raises: OutputError naming the path and the problem; FileExistsError (directory exists, no overwrite).
+    """
+    target = output_target(path, kind)
+    if kind == "dir" and not overwrite and target.exists():
+        raise FileExistsError(f"{target} already exists (pass --overwrite to replace it)")
+    parent = target.parent
+    while not parent.exists():
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {path}: {parent} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hllm-probe.", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {parent} is not writable ({e.strerror})") from None
+    vfs = os.statvfs(parent)
+    free = (vfs.f_bfree if _is_root() else vfs.f_bavail) * vfs.f_frsize
+    if free < min_free_bytes:
+        raise OutputError(f"cannot write {path}: only {free} bytes free on the file system of {parent} "
+                          f"(need at least {min_free_bytes})")
+    return target
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _process_start(pid: int) -> int:
+    """Start time of process ``pid`` in clock ticks since boot (/proc, Linux), 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _staging_prefix(path: Path) -> str:
+    pid = os.getpid()
+    return f".{path.name}.{pid}-{_process_start(pid)}."
+
+
+def _writer_alive(pid: int, start: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, someone else's
+    return start == 0 or _process_start(pid) in (0, start)
+
+
+def sweep_stale_staging(path: str | os.PathLike) -> list[Path]:
+    """Remove staging directories / temporary files of ``path`` left by writers that no longer run
+    (``.NAME.PID-START.XXXXXXXX.tmp`` whose process is gone or is another process with that pid).
+
+    Names without a pid (older hllm) and live writers' are kept. Returns what was removed.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(\d+)-(\d+)\.[^.]+\.tmp$")
+    removed = []
+    for entry in os.scandir(path.parent):
+        m = pattern.match(entry.name)
+        if m is None or _writer_alive(int(m.group(1)), int(m.group(2))):
+            continue
+        p = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def cleanup_on_sigterm() -> Iterator[None]:
+    """While active, SIGTERM raises ``SystemExit(143)`` in the main thread, so ``finally`` clean-ups
+    (temporary files, staging directories) run before the process exits with the conventional code.
+
+    Only installed in the main thread and when SIGTERM has its default action (a server or a caller
+    with its own handler keeps it); a second SIGTERM during the clean-up is ignored.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    fired = False
+
+    def _raise(signum, frame):
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is _raise:  # unless the body installed its own meanwhile
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _output_errors(path: Path) -> Iterator[None]:
+    """Turn a full disk (during the write) or an unwritable place into OutputError naming ``path``."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in NO_SPACE:
+            raise OutputError(f"cannot write {path}: {e.strerror or 'no space left'}; nothing was written "
+                              f"and {path} is unchanged") from e
+        raise
+
+
+def _mk_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the directory {path.parent}: {e.strerror}") from None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path beside ``path``; on success rename it to ``path``.
 
-    On any exception the temporary file is removed and ``path`` is left as it was.
+    The destination is checked first (:func:`output_target`: a symbolic link's target is written; a
+    directory, device, FIFO or socket is refused). On any exception — a full disk, SIGTERM
+    (:func:`cleanup_on_sigterm`) — the temporary file is removed and ``path`` is left as it was.
+    Raises: OutputError (module doc).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result is an ordinary file
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+    path = output_target(path, "file")
+    _mk_parent(path)
+    with cleanup_on_sigterm():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=_staging_prefix(path), suffix=".tmp", dir=path.parent)
+        except OSError as e:
+            raise OutputError(f"cannot write {path}: {e.strerror}") from None
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result is an ordinary file
+            with _output_errors(path):
+                yield tmp_path
+                output_target(path, "file")  # nothing put a directory or device there meanwhile
+                os.replace(tmp_path, path)
+        finally:
+            if tmp_path.exists():
+                tmp_path.unlink()
 
 
 @contextlib.contextmanager
@@ -58,21 +277,29 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
 
     Raises:
         FileExistsError: ``path`` exists and ``overwrite`` is false (checked before any work).
-    On failure the temporary directory is deleted and an existing ``path`` is untouched; with
-    ``overwrite`` the old directory is replaced only after the new one is complete.
+        OutputError: ``path`` is not a directory, cannot be written, or the disk filled up.
+    On failure (an exception, SIGTERM) the temporary directory is deleted and an existing ``path`` is
+    untouched; with ``overwrite`` the old directory is replaced only after the new one is complete.
+    Staging directories of ``path`` left by killed writers are swept first (:func:`sweep_stale_staging`).
     """
-    path = Path(path)
+    path = output_target(path, "dir")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the result is an ordinary directory
-    try:
-        yield tmp
-        promote_dir(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    _mk_parent(path)
+    sweep_stale_staging(path)
+    with cleanup_on_sigterm():
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=_staging_prefix(path), suffix=".tmp", dir=path.parent))
+        except OSError as e:
+            raise OutputError(f"cannot write {path}: {e.strerror}") from None
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the result is an ordinary directory
+            with _output_errors(path):
+                yield tmp
+                promote_dir(tmp, output_target(path, "dir"))
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def promote_dir(staging: str | os.PathLike, dest: str | os.PathLike) -> None:

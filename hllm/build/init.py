@@ -57,15 +57,22 @@ def init_checkpoint(
             (B ~ N(0, lora_init_std)).
         prompt: prompt spec (default :class:`PromptSpec`).
         head_kwargs: overrides of :class:`HeadSpec` sizes (d_model, num_layers, num_heads, ff_dim).
-    Raises: CheckpointError (bad backbone), FileExistsError (out_dir exists, no overwrite).
+    Raises: CheckpointError (bad backbone; a value no checkpoint reader would accept, naming it:
+        ``num_positions``/head sizes not positive integers, unknown head kind, ``lora_rank`` not a
+        positive integer, ``lora_init_std`` negative or not finite, a prompt spec that does not
+        validate), FileExistsError (out_dir exists, no overwrite). All checked before any work.
     """
     from safetensors.torch import save_file
 
+    _check_init_values(lora_rank, lora_init_std, seed, prompt)
     backbone = Path(backbone).resolve()
     dims = backbone_dims(read_config(backbone))
     if not (backbone / "tokenizer.json").is_file():
         raise CheckpointError(f"backbone {backbone} has no tokenizer.json")
-    spec = HeadSpec(kind=head_kind, input_dim=dims.hidden_size, num_positions=num_positions, **(head_kwargs or {}))
+    try:
+        spec = HeadSpec(kind=head_kind, input_dim=dims.hidden_size, num_positions=num_positions, **(head_kwargs or {}))
+    except TypeError as e:
+        raise CheckpointError(f"bad head option: {e}") from None
     spec.validate()
     out_dir = Path(out_dir).resolve()
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
@@ -89,6 +96,23 @@ def init_checkpoint(
         extra = {"provenance": {"created_by": "hllm init", "seed": seed, "trained": False}}
         write_manifest(tmp, manifest_dict(rel_backbone, spec, prompt or PromptSpec(), adapter, extra))
     return out_dir
+
+
+def _check_init_values(lora_rank, lora_init_std, seed, prompt) -> None:
+    """The options of :func:`init_checkpoint` that HeadSpec / PromptSpec do not check themselves."""
+    import math
+
+    if lora_rank is not None and (isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1):
+        raise CheckpointError(f"lora_rank must be a positive integer (or none for no adapter), got {lora_rank!r}")
+    if isinstance(lora_init_std, bool) or not isinstance(lora_init_std, (int, float)) or not math.isfinite(lora_init_std) \
+            or lora_init_std < 0:
+        raise CheckpointError(f"lora_init_std must be a finite number ≥ 0, got {lora_init_std!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise CheckpointError(f"seed must be a non-negative integer, got {seed!r}")
+    if prompt is not None:
+        if not isinstance(prompt, PromptSpec):
+            raise CheckpointError(f"prompt must be a PromptSpec, got {type(prompt).__name__}")
+        prompt.validate()
 
 
 def copy_tokenizer_files(src: Path, dst: Path) -> None:

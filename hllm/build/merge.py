@@ -1,6 +1,8 @@
 """``hllm merge``: fold the LoRA adapter into the backbone (peft ``merge_and_unload``).
 
-The merged checkpoint is standalone: ``CKPT_OUT/backbone`` is a plain Hugging Face directory with
+Nothing is written outside ``out_dir``: the manifest's ``head.file`` is checked to lie inside the
+source checkpoint when it is loaded and again inside the output when copied
+(:func:`hllm.files.contained_path`). The merged checkpoint is standalone: ``CKPT_OUT/backbone`` is a plain Hugging Face directory with
 no adapter files (a stray ``adapter_config.json`` would make some loaders silently re-apply an
 adapter), the head is copied, and the manifest has ``adapter: null``. The merge proves itself: the
 score matrix M of the merged model, reloaded from disk, is compared with the adapter model's on
@@ -20,7 +22,7 @@ import numpy as np
 
 from hllm.formats.checkpoint import load_manifest, manifest_dict, write_manifest
 from hllm.errors import CheckpointError, ParityError
-from hllm.files import atomic_dir, sha256_tree
+from hllm.files import atomic_dir, contained_path, sha256_tree
 from hllm.engines.reference import TorchEngine
 from hllm.model.hllm import load_model
 from hllm.verify.scoring import score_slates
@@ -80,7 +82,9 @@ def merge_checkpoint(
         leftovers = [p.name for p in bdir.rglob("*") if p.name in ADAPTER_FILES]
         if leftovers:
             raise CheckpointError(f"merged backbone still holds adapter files {leftovers}")
-        shutil.copy2(m.head_path, tmp / m.head.file)
+        head_out = contained_path(tmp, m.head.file, "head.file", CheckpointError)  # never outside out_dir
+        head_out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(m.head_path, head_out)
         extra = dict(m.extra)
         extra["merged_from"] = {"checkpoint": str(m.root), "adapter_sha256": sha256_tree(m.adapter_path)}
         write_manifest(tmp, manifest_dict("backbone", m.head, m.prompt, None, extra))

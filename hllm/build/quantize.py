@@ -512,7 +512,7 @@ def quantize_export(
     import onnx
 
     from hllm.files import atomic_dir, sha256_file
-    from hllm.formats.export import read_export, write_export
+    from hllm.formats.export import graph_bytes, read_export, write_export
 
     options.validate()
     export_dir = Path(export_dir)
@@ -554,7 +554,7 @@ def quantize_export(
             q["calibration"] = {k: calib.meta.get(k) for k in
                                 ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")}
         new_meta = {**meta, "onnx": "model.onnx", "tokenizer": "tokenizer.json", "precision": options.precision,
-                    "onnx_sha256": sha256_file(dst), "quantization": q}
+                    "onnx_sha256": sha256_file(dst), "onnx_bytes": graph_bytes(dst), "quantization": q}
         write_export(tmp, new_meta)
     return QuantResult(Path(out_dir), exclude, list(options.exclude), summary, seconds, options.to_dict())
 

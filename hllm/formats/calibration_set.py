@@ -105,15 +105,17 @@ def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
             raise SlateError(f"calibration file not found: {p}")
     try:
         meta = json.loads(js.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise SlateError(f"cannot read {js}: {e}") from None
+    if not isinstance(meta, dict):
+        raise SlateError(f"{js}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise SlateError(f"{js}: not a calibration set (format {meta.get('format')!r}, expected {FORMAT!r})")
     try:
         with np.load(npz, allow_pickle=False) as z:
             n = len(meta["shapes"])
             batches = [{name: z[f"{name}/{b}"] for name in INPUTS} for b in range(n)]
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, TypeError) as e:
         raise SlateError(f"cannot read {npz}: {e}") from None
     got = arrays_sha256(batches)
     if meta.get("data_sha256") and got != meta["data_sha256"]:

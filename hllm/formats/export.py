@@ -18,7 +18,19 @@ quantized export adds ``quantization``, an FP16 export ``fp16`` and ``fp32_islan
 
 :func:`read_export` validates what the runtime relies on and names the problem (EngineError): a file
 name that escapes the directory, a missing file, a K or prompt of the wrong type, an unknown precision
-or flavour. :func:`write_export` validates the same before writing atomically.
+or flavour, a key of the wrong type. :func:`write_export` validates the same before writing atomically.
+
+Is it the model that was exported? (issue 16 item 6) :func:`read_export` also checks, when the sidecar
+records them (older sidecars without the keys still load):
+
+* the tokenizer: ``tokenizer_sha256`` must match the file, and its ids must fit the embedding
+  (``backbone.vocab_size``) — :func:`hllm.formats.tokenizer.check_tokenizer`; always (a hash of a
+  few MB);
+* the graph's size: ``onnx_bytes`` = the bytes of ``model.onnx`` plus its external data
+  (``model.onnx*``, :func:`graph_bytes`); always (one ``stat`` per file);
+* the graph's hash: ``onnx_sha256`` of ``model.onnx`` only with ``verify_hash=True`` (reads the whole
+  graph: seconds on a large model) — ``Ranker.from_path(path, verify_hash=True)``,
+  :func:`hllm.runtime.artefact.resolve`.
 """
 
 from __future__ import annotations
@@ -29,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError, HllmError
-from hllm.files import atomic_write_json, contained_path
+from hllm.files import atomic_write_json, contained_path, sha256_file
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
+from hllm.formats.tokenizer import check_tokenizer
 
 SIDECAR = "export.json"
 FORMAT = "hllm-onnx"
@@ -83,16 +96,68 @@ def parse_export(d: object, root: str | os.PathLike, where: str = SIDECAR) -> Ex
     except HllmError as e:
         raise EngineError(f"{where}: {e}") from None
     flavour = d.get("flavour", "standard")
-    if flavour not in FLAVOURS:
+    if not isinstance(flavour, str) or flavour not in FLAVOURS:
         raise EngineError(f"{where}: flavour {flavour!r} is not one of {FLAVOURS}")
+    _check_types(d, where)
     return ExportMeta(root, onnx, tok, k, prompt, precision, flavour, d)
 
 
-def read_export(path: str | os.PathLike) -> ExportMeta:
-    """Read the sidecar of an export directory (or of the ``.onnx`` file inside it).
+#: Optional keys the runtime reads, and their JSON type (checked when present).
+_TYPES = {"tokenizer_sha256": str, "onnx_sha256": str, "onnx_bytes": int, "backbone": dict, "inputs": list,
+          "outputs": list}
 
-    Raises: EngineError when the sidecar is missing, unreadable, malformed (see :func:`parse_export`)
-        or names files that do not exist.
+
+def _check_types(d: dict, where: str) -> None:
+    for key, kind in _TYPES.items():
+        v = d.get(key)
+        if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+            raise EngineError(f"{where}: {key} must be {_JSON_NAMES[kind]}, got {type(v).__name__}")
+    vocab = (d.get("backbone") or {}).get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
+        raise EngineError(f"{where}: backbone.vocab_size must be a positive integer, got {vocab!r}")
+    n = d.get("onnx_bytes")
+    if n is not None and n < 1:
+        raise EngineError(f"{where}: onnx_bytes must be positive, got {n}")
+
+
+_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list"}
+
+
+def graph_bytes(onnx_path: str | os.PathLike) -> int:
+    """Bytes of the graph file and its external data (every regular ``<name>*`` beside it, e.g.
+    ``model.onnx`` + ``model.onnx.data``): what ``onnx_bytes`` records."""
+    p = Path(onnx_path)
+    return sum(q.stat().st_size for q in p.parent.glob(f"{p.name}*") if q.is_file())
+
+
+def verify_export(meta: ExportMeta, verify_hash: bool = False) -> None:
+    """The checks of the module doc: tokenizer fingerprint and vocabulary, graph size, and with
+    ``verify_hash`` the graph's sha256. Keys the sidecar lacks are not checked.
+
+    Raises: EngineError naming the file, the recorded and the found value.
+    """
+    d, where = meta.raw, str(meta.root / SIDECAR)
+    check_tokenizer(meta.tokenizer_path, (d.get("backbone") or {}).get("vocab_size"), d.get("tokenizer_sha256"),
+                    where, EngineError)
+    want = d.get("onnx_bytes")
+    if want is not None:
+        got = graph_bytes(meta.onnx_path)
+        if got != want:
+            raise EngineError(f"{where}: {meta.onnx_path.name} (with its external data) is {got} bytes but the export "
+                              f"recorded {want}: the graph was replaced or truncated; re-export it")
+    if verify_hash and d.get("onnx_sha256") is not None:
+        got = sha256_file(meta.onnx_path)
+        if got != d["onnx_sha256"]:
+            raise EngineError(f"{where}: {meta.onnx_path.name} has sha256 {got[:12]}…, the export recorded "
+                              f"{d['onnx_sha256'][:12]}…: the graph was replaced; re-export it")
+
+
+def read_export(path: str | os.PathLike, verify_hash: bool = False) -> ExportMeta:
+    """Read the sidecar of an export directory (or of the ``.onnx`` file inside it) and check that the
+    files are the ones exported (:func:`verify_export`; the graph's sha256 only with ``verify_hash``).
+
+    Raises: EngineError when the sidecar is missing, unreadable, malformed (see :func:`parse_export`),
+        names files that do not exist, or a file is not the one recorded.
     """
     p = Path(path)
     root = p if p.is_dir() else p.parent
@@ -109,6 +174,7 @@ def read_export(path: str | os.PathLike) -> ExportMeta:
             raise EngineError(f"{side}: {what} file {f.name} is missing")
     if not p.is_dir() and p.resolve() != meta.onnx_path:
         raise EngineError(f"{p} is not the graph {side} describes ({meta.onnx_path.name})")
+    verify_export(meta, verify_hash)
     return meta
 
 

@@ -49,7 +49,8 @@ class TensorSpec:
 
 def sidecar_reads_context(meta: dict) -> bool:
     """Whether a sidecar (``export.json`` or a plan's) lists the ``context_positions`` input."""
-    return any(isinstance(t, dict) and t.get("name") == CONTEXT_INPUT for t in meta.get("inputs") or [])
+    inputs = meta.get("inputs") if isinstance(meta, dict) else None
+    return isinstance(inputs, list) and any(isinstance(t, dict) and t.get("name") == CONTEXT_INPUT for t in inputs)
 
 
 def graph_io_specs(num_positions: int, context: bool = False) -> tuple[list[TensorSpec], list[TensorSpec]]:

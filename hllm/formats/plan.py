@@ -128,20 +128,54 @@ def read_sidecar(plan: str | os.PathLike) -> dict:
         raise EngineError(f"{plan} has no sidecar {side.name} (build with `hllm build`)")
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise EngineError(f"cannot read {side}: {e}") from None
     _check_keys(meta, side)
     return meta
 
 
+def verify_plan(plan: str | os.PathLike, meta: dict, verify_hash: bool = False) -> None:
+    """The plan file is the one built: its size equals ``plan_bytes`` (always) and, with
+    ``verify_hash``, its sha256 equals ``plan_sha256`` (keys absent from older sidecars: not checked).
+
+    Raises: EngineError naming the recorded and the found value.
+    """
+    p = Path(plan)
+    want = meta.get("plan_bytes")
+    if want is not None and p.stat().st_size != want:
+        raise EngineError(f"{p} is {p.stat().st_size} bytes but its sidecar records {want}: the plan was replaced "
+                          "or truncated; rebuild it with `hllm build`")
+    if verify_hash and meta.get("plan_sha256") is not None:
+        from hllm.files import sha256_file
+
+        got = sha256_file(p)
+        if got != meta["plan_sha256"]:
+            raise EngineError(f"{p} has sha256 {got[:12]}…, its sidecar records {meta['plan_sha256'][:12]}…: "
+                              "the plan was replaced; rebuild it with `hllm build`")
+
+
 def _check_keys(meta: dict, where) -> None:
+    if not isinstance(meta, dict):
+        raise EngineError(f"{where}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise EngineError(f"{where}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise EngineError(f"{where}: format_version {meta.get('format_version')} is newer than this hllm reads ({FORMAT_VERSION})")
+    version = meta.get("format_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise EngineError(f"{where}: format_version must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise EngineError(f"{where}: format_version {version} is newer than this hllm reads ({FORMAT_VERSION})")
     missing = [k for k in REQUIRED if k not in meta]
     if missing:
         raise EngineError(f"{where} lacks {missing}")
+    k = meta["num_positions"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise EngineError(f"{where}: num_positions must be a positive integer, got {k!r}")
+    for key, kind in (("prompt", dict), ("profiles", list), ("tokenizer", str), ("compute_capability", str),
+                      ("tensorrt_version", str), ("plan_bytes", int), ("plan_sha256", str)):
+        v = meta.get(key)
+        if (key in REQUIRED or v is not None) and (not isinstance(v, kind) or isinstance(v, bool)):
+            raise EngineError(f"{where}: {key} must be {'an object' if kind is dict else 'a list' if kind is list else 'an integer' if kind is int else 'a string'}, "
+                              f"got {type(v).__name__}")
     hc = meta.get("hardware_compatibility", "none")
     if hc not in HARDWARE_COMPAT:
         raise EngineError(f"{where}: hardware_compatibility {hc!r} not one of {HARDWARE_COMPAT}")

@@ -3,9 +3,19 @@ sidecar). Torch-free, tokenizer-free: :class:`hllm.runtime.prompt.PromptBuilder`
 
 from __future__ import annotations
 
+import string
 from dataclasses import asdict, dataclass, fields
 
 from hllm.errors import CheckpointError
+
+#: The ``{placeholders}`` each template may use (``str.format`` fields; ``{{`` / ``}}`` are literal braces).
+PLACEHOLDERS = {
+    "user_template": ("history",),
+    "history_item_template": ("title", "index"),
+    "candidate_template": ("title", "index"),
+}
+#: Integer fields and their smallest allowed value.
+MINIMUMS = {"candidate_token_budget": 1, "history_token_budget": 1, "max_history": 0, "max_seq_len": 1}
 
 
 @dataclass(frozen=True)
@@ -37,22 +47,64 @@ class PromptSpec:
     max_seq_len: int = 2048
     bos_token: str | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise CheckpointError naming the field: a template that is not a string, uses an unknown
+        ``{placeholder}`` (or attribute / index access), is not a valid format string, or a
+        candidate_template without ``{title}``; a budget that is not an integer ≥ its minimum
+        (:data:`MINIMUMS`; booleans are not integers); a ``bos_token`` that is neither a string nor null."""
+        for name in ("user_template", "history_item_template", "candidate_template", "separator"):
+            if not isinstance(getattr(self, name), str):
+                raise CheckpointError(f"prompt spec {name} must be a string, got {_type(getattr(self, name))}")
+        used = {name: _check_template(name, getattr(self, name), allowed) for name, allowed in PLACEHOLDERS.items()}
+        if "title" not in used["candidate_template"]:
+            raise CheckpointError("prompt spec candidate_template must contain {title}")
+        for name, low in MINIMUMS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                what = "a non-negative integer" if low == 0 else "a positive integer"
+                raise CheckpointError(f"prompt spec {name} must be {what}, got {v!r}")
+        if self.bos_token is not None and (not isinstance(self.bos_token, str) or not self.bos_token):
+            raise CheckpointError(f"prompt spec bos_token must be a token string or null, got {self.bos_token!r}")
+
     def to_dict(self) -> dict:
         """JSON-serialisable dict (the ``prompt`` section of ``hllm.json``)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PromptSpec":
-        """Build from a dict; unknown keys or bad values raise CheckpointError naming them."""
+    def from_dict(cls, d: object) -> "PromptSpec":
+        """Build from a dict; a non-object, unknown keys or bad values raise CheckpointError naming them
+        (:meth:`validate`)."""
+        if not isinstance(d, dict):
+            raise CheckpointError(f"prompt spec must be an object, got {_type(d)}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise CheckpointError(f"prompt spec has unknown keys: {sorted(unknown)}")
-        spec = cls(**d)
-        for name in ("candidate_token_budget", "history_token_budget", "max_seq_len", "max_history"):
-            v = getattr(spec, name)
-            if not isinstance(v, int) or v < (0 if name == "max_history" else 1):
-                raise CheckpointError(f"prompt spec {name} must be a positive integer, got {v!r}")
-        if "{title}" not in spec.candidate_template:
-            raise CheckpointError("prompt spec candidate_template must contain {title}")
-        return spec
+            raise CheckpointError(f"prompt spec has unknown keys: {sorted(map(str, unknown))}")
+        return cls(**d)
+
+
+def _type(v: object) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _check_template(name: str, template: str, allowed: tuple[str, ...]) -> set[str]:
+    """The placeholders ``template`` uses; refuses unknown or non-plain ``{fields}`` and malformed format
+    strings, then formats once with sample values (catches a bad format spec such as ``{title:d}``)."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise CheckpointError(f"prompt spec {name} is not a valid template ({e}): {template!r}") from None
+    for _, field_name, _, _ in parsed:
+        if field_name is None:
+            continue
+        if field_name not in allowed:
+            raise CheckpointError(f"prompt spec {name} uses the unknown placeholder {{{field_name}}}; "
+                                  f"allowed: {', '.join('{' + a + '}' for a in allowed)} (write {{{{ }}}} for a literal brace)")
+    try:
+        template.format(**{a: ("1" if a != "index" else 1) for a in allowed})
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"prompt spec {name} cannot be formatted ({e}): {template!r}") from None
+    return {f for _, f, _, _ in parsed if f is not None}

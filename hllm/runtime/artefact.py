@@ -10,6 +10,11 @@ A deployable artefact is one of:
 Each carries what the runtime needs besides the graph: the prompt spec, the tokenizer and K. The
 sidecars are read by their owners (:mod:`hllm.formats.export`, :mod:`hllm.formats.plan`,
 :mod:`hllm.formats.checkpoint`); this module only dispatches.
+
+Every file name read from a sidecar must lie in the sidecar's directory
+(:func:`hllm.files.contained_path`), and the files must be the ones recorded: the tokenizer's
+fingerprint and vocabulary and the graph's / plan's size always, their sha256 with
+``verify_hash=True`` (:func:`hllm.formats.export.verify_export`, :func:`hllm.formats.plan.verify_plan`).
 """
 
 from __future__ import annotations
@@ -51,11 +56,15 @@ class Artefact:
     context: bool = False
 
 
-def resolve(path: str | os.PathLike) -> Artefact:
+def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
     """Resolve ``path`` to an :class:`Artefact`.
 
-    Raises: EngineError (path missing, no or malformed sidecar, unknown kind); CheckpointError for a
-        bad checkpoint.
+    Args:
+        path: checkpoint directory, export directory or its ``.onnx``, or ``.plan`` / ``.engine``.
+        verify_hash: also check the graph's (plan's) sha256 against its sidecar (reads the whole file;
+            a checkpoint records no hash, so it is not affected).
+    Raises: EngineError (path missing, no or malformed sidecar, unknown kind, a file that is not the
+        one recorded); CheckpointError for a bad checkpoint.
     """
     from hllm.formats.checkpoint import MANIFEST
     from hllm.formats.export import SIDECAR
@@ -71,23 +80,32 @@ def resolve(path: str | os.PathLike) -> Artefact:
     if (p.is_dir() and (p / SIDECAR).is_file()) or p.suffix == ".onnx":
         from hllm.formats.export import read_export
 
-        e = read_export(p)
+        e = read_export(p, verify_hash=verify_hash)
         return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
                         e.flavour, e.raw, sidecar_reads_context(e.raw))
     if p.suffix in (".plan", ".engine"):
-        from hllm.formats.plan import read_sidecar, sidecar_path
-        from hllm.files import contained_path
-
-        meta = read_sidecar(p)
-        side = sidecar_path(p)
-        tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
-        try:
-            prompt = PromptSpec.from_dict(meta["prompt"])
-        except Exception as e:
-            raise EngineError(f"{side}: prompt: {e}") from None
-        return Artefact("tensorrt", p, prompt, tok, int(meta["num_positions"]),
-                        Precision.parse(meta.get("precision")), None, meta, sidecar_reads_context(meta))
+        return _resolve_plan(p, verify_hash)
     raise EngineError(f"{p}: not a checkpoint directory, export directory, .onnx or .plan file")
+
+
+def _resolve_plan(p: Path, verify_hash: bool) -> Artefact:
+    from hllm.errors import HllmError
+    from hllm.files import contained_path
+    from hllm.formats.plan import read_sidecar, sidecar_path, verify_plan
+
+    meta = read_sidecar(p)
+    side = sidecar_path(p)
+    tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
+    if not tok.is_file():
+        raise EngineError(f"{side}: tokenizer file {tok.name} is missing")
+    verify_plan(p, meta, verify_hash)
+    try:
+        prompt = PromptSpec.from_dict(meta["prompt"])
+        precision = Precision.parse(meta.get("precision"), f"{side}: precision")
+    except HllmError as e:
+        raise EngineError(f"{side}: {e}") from None
+    return Artefact("tensorrt", p, prompt, tok, meta["num_positions"], precision, None, meta,
+                    sidecar_reads_context(meta))
 
 
 def open_engine(artefact: Artefact, **options):

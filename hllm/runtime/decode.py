@@ -14,12 +14,22 @@ near-degenerate, rank-1-like matrix (item quality × position weight), where
 ``scipy.optimize.linear_sum_assignment`` was 2-12× faster: re-run the benchmark on a trained
 model's scores (``hllm bench lapjv --model``) before relying on the LAPJV figure. ``lap`` converts
 float32 to float64 internally, so the conversion is done here once (one allocation: convert, negate
-in place); then one reduction (finiteness), the solve and an O(N) permutation check.
+in place, scale by a power of two in place); then one max/min reduction (finiteness and scale), the
+solve and an O(N) permutation check.
 
 Behaviour that callers rely on:
 
 * ``lap.lapjv`` silently returns a permutation for NaN/inf costs, so finiteness is checked first
   (DecodeError naming the count of non-finite values).
+* Magnitude: ``lap.lapjv`` uses a fixed constant (1e6) as "infinity" inside its augmenting-path
+  search, so with costs of magnitude ≥ 1e6 it returns non-optimal assignments (about a quarter of
+  random matrices; ``decode([[0, 3e6], [-5e6, 2e6]])`` gave the total −2e6 instead of +2e6, issue 16
+  item 5). Each slate's costs are therefore scaled by a power of two so that max |cost| lies in
+  [0.5, 1) before the solve. Power-of-two scaling is exact in binary floating point (only values
+  more than ~2^1000 times smaller than the largest one lose bits, and those cannot change a float64
+  total), so the optimum is unchanged and the solver sees well-conditioned costs at any finite
+  magnitude. ``tests/runtime/test_decode_large.py`` checks optimality against
+  ``scipy.optimize.linear_sum_assignment`` for magnitudes 1e-30 … 1e300.
 * Ties: one fixed solver (``lap.lapjv``) on the same float64 costs, so equal inputs always give the
   same ranking (the solver is deterministic); among exactly tied optima which one is returned is
   the solver's choice, not a documented rule.
@@ -27,7 +37,6 @@ Behaviour that callers rely on:
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -35,7 +44,7 @@ import numpy as np
 from hllm.errors import DecodeError
 
 #: The solver the runtime uses, for reports (``hllm bench`` records it with ``lap.__version__``).
-SOLVER = "lap.lapjv (float64 costs, return_cost=False)"
+SOLVER = "lap.lapjv (float64 costs scaled by a power of two, return_cost=False)"
 
 
 def _check_shape(scores: np.ndarray, n_items: int | None) -> int:
@@ -55,22 +64,28 @@ def _name(names: Sequence[str] | None, b: int) -> str:
 
 
 def _neg_cost(sub: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
-    """``-sub`` as a new C-contiguous float64 array; DecodeError if any value is non-finite.
+    """``-sub`` scaled by a power of two per slate, as a new C-contiguous float64 array; DecodeError if
+    any value is non-finite.
 
-    Works on ``[n, n]`` or ``[B, n, n]``. The fast check is the finiteness of the float64 sum (NaN
-    and ±inf propagate through it); only if the sum is not finite are the elements inspected, so
-    finite values whose sum overflows (|x| ~ 1e306) are still accepted.
+    Works on ``[n, n]`` or ``[B, n, n]``. Each slate's block is multiplied by ``2**-e`` with ``e`` the
+    binary exponent of its largest |value| (so max |cost| is in [0.5, 1); an all-zero block is left
+    as is): exact, order-preserving, and it keeps ``lap.lapjv`` away from its internal 1e6 constant
+    (module doc). The finiteness check is the per-slate max/min (NaN and ±inf propagate through
+    them); only if one is not finite are the elements inspected.
     """
     cost = sub.astype(np.float64, order="C")
     np.negative(cost, out=cost)
-    if not math.isfinite(cost.sum()):
+    axes = (-2, -1)
+    top = np.maximum(cost.max(axis=axes), -cost.min(axis=axes))  # max |cost| per slate: [] or [B]
+    if not np.isfinite(top).all():
         bad = ~np.isfinite(cost)
-        if bad.any():
-            where = ""
-            if cost.ndim == 3:
-                b = int(np.flatnonzero(bad.any(axis=(1, 2)))[0])
-                where, bad = f"{_name(names, b)}: ", bad[b]
-            raise DecodeError(f"{where}score matrix has {int(bad.sum())} non-finite value(s); refusing to rank")
+        where = ""
+        if cost.ndim == 3:
+            b = int(np.flatnonzero(bad.any(axis=axes))[0])
+            where, bad = f"{_name(names, b)}: ", bad[b]
+        raise DecodeError(f"{where}score matrix has {int(bad.sum())} non-finite value(s); refusing to rank")
+    exponent = np.frexp(top)[1]  # top = f * 2**exponent with f in [0.5, 1); 0 for an all-zero block
+    np.ldexp(cost, -exponent[..., None, None], out=cost)
     return cost
 
 

@@ -122,14 +122,16 @@ class Ranker:
         self.batch_size = max(1, int(batch_size))
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, batch_size: int = 1, **engine_options) -> "Ranker":
+    def from_path(cls, path: str | os.PathLike, batch_size: int = 1, verify_hash: bool = False,
+                  **engine_options) -> "Ranker":
         """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artefact`).
 
+        ``verify_hash``: also check the graph's sha256 against its sidecar (:func:`.artefact.resolve`).
         ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
         """
         from hllm.runtime.artefact import open_engine, resolve
 
-        art = resolve(path)
+        art = resolve(path, verify_hash=verify_hash)
         builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
         return cls(open_engine(art, **engine_options), builder, batch_size)
 
@@ -145,13 +147,16 @@ class Ranker:
         self.engine.activate()
         return self.engine.run(batch.input_ids, batch.readout_positions, batch.item_mask, batch.context_positions)
 
-    def rank_batch(self, slates: Sequence[dict], encoded: Sequence[EncodedSlate] | None = None) -> RankResult:
+    def rank_batch(self, slates: Sequence[dict], encoded: Sequence[EncodedSlate] | None = None,
+                   first_index: int = 0) -> RankResult:
         """Rank slates in ONE engine call.
 
         Args:
             slates: the slates (ids and candidates for the output).
             encoded: their :meth:`PromptBuilder.encode_one` results when already computed (a server
                 encodes at admission to validate, and does not tokenize twice).
+            first_index: index of ``slates[0]`` in the caller's whole input: a slate without
+                ``slate_id`` is named by its index (``first_index + b``) in rankings and errors.
         Raises: SlateError (bad slate), EngineError, DecodeError (non-finite scores; names the slate id).
         """
         t0 = time.perf_counter()
@@ -160,14 +165,16 @@ class Ranker:
         t1 = time.perf_counter()
         scores = self.scores(batch)
         t2 = time.perf_counter()
-        orders = decode_batch(scores, batch.n_items, [str(s.get("slate_id", i)) for i, s in enumerate(slates)])
+        ids = [str(s.get("slate_id", first_index + i)) for i, s in enumerate(slates)]
+        orders = decode_batch(scores, batch.n_items, ids)
         res = RankResult(calls=1)
         for b, (slate, order) in enumerate(zip(slates, orders)):
             cands = slate["candidates"]
+            positions = order.tolist()  # Python ints: an id-less candidate is named by its index (JSON-serialisable)
             res.rankings.append(Ranking(
-                slate_id=str(slate.get("slate_id", b)),
-                order=order.tolist(),
-                item_ids=[cands[i].get("item_id", i) for i in order],
+                slate_id=ids[b],
+                order=positions,
+                item_ids=[cands[i].get("item_id", i) for i in positions],
                 scores=assignment_scores(scores[b], order).tolist(),
                 truncated=batch.truncated[b],
             ))
@@ -188,7 +195,7 @@ class Ranker:
         out = RankResult()
         for i in range(0, len(slates), step):
             chunk = slates[i : i + step]
-            res = self.rank_batch(chunk, None if encoded is None else encoded[i : i + step])
+            res = self.rank_batch(chunk, None if encoded is None else encoded[i : i + step], first_index=i)
             if len(res) != len(chunk):
                 from hllm.errors import EngineError
 

@@ -36,10 +36,11 @@ class RankActor:
         self.ranker.engine.activate()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``chunk`` [n] JSON lists of slates → ``rankings`` [n] JSON lists of ``Ranking.to_dict()``."""
+        """``chunk`` [n] JSON lists of slates (``first`` [n]: index of each chunk's first slate in the
+        file, which names slates without an id) → ``rankings`` [n] JSON lists of ``Ranking.to_dict()``."""
         out = []
-        for chunk in batch["chunk"]:
-            res = self.ranker.rank_batch(json.loads(chunk))
+        for chunk, first in zip(batch["chunk"], batch["first"]):
+            res = self.ranker.rank_batch(json.loads(chunk), first_index=int(first))
             out.append(json.dumps([r.to_dict() for r in res], ensure_ascii=False))
         return {"rankings": np.array(out, dtype=object)}
 
@@ -88,7 +89,8 @@ def rank_file(
     ctx.enable_progress_bars = False
     results = []
     if chunks:
-        ds = ray.data.from_items([{"chunk": c} for c in chunks], override_num_blocks=min(len(chunks), workers * 4))
+        ds = ray.data.from_items([{"chunk": c, "first": i * batch_size} for i, c in enumerate(chunks)],
+                                 override_num_blocks=min(len(chunks), workers * 4))
         ranked = ds.map_batches(
             RankActor,
             fn_constructor_kwargs={"model": str(model), "threads": threads},

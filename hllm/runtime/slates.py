@@ -1,4 +1,4 @@
-"""Reading and writing slates: JSONL, gzip or plain (torch-free).
+"""Reading, validating and writing slates: JSONL, gzip or plain (torch-free).
 
 A slate is one JSON object per line, the format of the Amazon Beauty data
 (``../shared/data/amazon-beauty/PROVENANCE.md``)::
@@ -6,16 +6,45 @@ A slate is one JSON object per line, the format of the Amazon Beauty data
     {"slate_id": str, "history": [str, ...], "candidates": [{"item_id": str, "title": str}, ...],
      "labels": [0|1, ...]}   # labels optional
 
-``history`` may be empty; ``candidates`` must hold at least one item; ``labels``, when present,
-has one 0/1 entry per candidate.
+:func:`validate_slate` is the ONE slate validator: ``hllm rank`` and every command reading slates
+(:func:`iter_slates`), the HTTP server (:func:`hllm.serve.app.parse_rank_body`) and Triton's
+pre-processing model use it, and :func:`loads_json` is the one JSON parser in front of it. Every
+message names where (``FILE:LINE`` or ``slates[i]``), the ``slate_id`` when there is one, the field
+(``candidates[3].item_id``) and the type it got. Policies (issue 16 items 8, 9):
+
+==========================  ==========================================================================
+slate                       a JSON object; other top-level keys are kept and ignored
+``slate_id``                optional; a non-empty string, or an integer (converted to its string);
+                            null, a float, a boolean, a list or an object is refused. Absent: the
+                            ranking names the slate by its index
+``history``                 optional (absent = []); a list of strings (null refused)
+``candidates``              a non-empty list of objects; other candidate keys are kept and ignored
+``candidates[i].title``     a string (may be empty); null or any other type refused
+``candidates[i].item_id``   a non-empty string, or an integer (converted to its string); null, float,
+                            boolean, list, object refused. Either every candidate of a slate has one
+                            or none has (then the ranking lists candidate indices); ids must be
+                            unique within the slate (a duplicate would be ranked twice)
+``labels``                  optional (absent or null = none); one per candidate, each 0 or 1
+                            (``true``/``false`` and ``0.0``/``1.0`` accepted, stored as 0/1);
+                            non-finite or other values refused
+strings                     lone UTF-16 surrogates (``"\\ud800"``, valid JSON but not Unicode text)
+                            are refused in every field
+JSON                        NaN / Infinity literals (not JSON), nesting deeper than Python's limit,
+                            integers over 4300 digits: refused as malformed, never an internal error
+==========================  ==========================================================================
+
+Files: ``.gz`` is read as gzip; a corrupt or truncated gzip stream, bytes that are not UTF-8 (the
+message names the line and byte), an unreadable file and a file with no slate (empty or blank lines
+only) are SlateErrors. A UTF-8 byte-order mark at the start is skipped.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import json
+import math
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -23,33 +52,107 @@ from hllm.errors import SlateError
 from hllm.files import atomic_path
 
 
-def validate_slate(obj: Any, where: str = "slate") -> dict:
-    """Check one slate object; returns it unchanged.
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
 
+
+def loads_json(text: str | bytes, where: str = "input") -> Any:
+    """Parse JSON strictly: SlateError (naming ``where``) for malformed JSON, ``NaN`` / ``Infinity``
+    literals, nesting too deep for the parser, or integers too long to convert — never an internal error."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise SlateError(f"{where}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise SlateError(f"{where}: JSON nested too deeply") from None
+    except ValueError as e:  # NaN/Infinity (above), int over the digit limit
+        raise SlateError(f"{where}: malformed JSON ({e})") from None
+
+
+def _type(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _text(v: Any, where: str, field: str, allow_int: bool = False, allow_empty: bool = True) -> str:
+    """A string field (integers converted when ``allow_int``); SlateError naming field and type."""
+    if allow_int and isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if not isinstance(v, str):
+        kind = "a string or an integer" if allow_int else "a string"
+        raise SlateError(f"{where}: {field} must be {kind}, got {_type(v)}" + (f" ({v!r})" if not isinstance(v, (dict, list)) and v is not None else ""))
+    if not allow_empty and not v:
+        raise SlateError(f"{where}: {field} must not be empty")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SlateError(f"{where}: {field} holds a lone surrogate {v[e.start]!r} at character {e.start} "
+                         "(valid JSON escape, but not Unicode text)") from None
+    return v
+
+
+def _label(v: Any, where: str, field: str) -> int:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
+        raise SlateError(f"{where}: {field} must be 0 or 1, got the non-finite {v!r}")
+    if isinstance(v, (bool, int, float)) and v in (0, 1):
+        return int(v)
+    raise SlateError(f"{where}: {field} must be 0 or 1, got {_type(v)} {v!r}")
+
+
+def validate_slate(obj: Any, where: str = "slate") -> dict:
+    """Check one slate and return it normalised (a new dict: integer ids as strings, labels as 0/1);
+    the policies are the table of the module doc.
+
+    Args:
+        obj: the parsed JSON value. where: where it came from, for messages (``FILE:LINE``, ``slates[2]``).
     Raises:
-        SlateError: naming ``where`` and the problem (not an object, missing or empty candidates,
-            a candidate without string ``item_id``/``title``, labels of the wrong length).
+        SlateError: naming ``where``, the slate_id (when valid), the field and the type it got.
     """
     if not isinstance(obj, dict):
-        raise SlateError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise SlateError(f"{where}: a slate must be a JSON object, got {_type(obj)}")
+    out = dict(obj)
+    if "slate_id" in obj:
+        out["slate_id"] = _text(obj["slate_id"], where, "slate_id", allow_int=True, allow_empty=False)
+        where = f"{where} (slate_id {out['slate_id']!r})"
+    hist = obj.get("history", [])
+    if not isinstance(hist, list):
+        raise SlateError(f"{where}: 'history' must be a list of strings, got {_type(hist)}")
+    for i, h in enumerate(hist):
+        _text(h, where, f"history[{i}]")
     cands = obj.get("candidates")
     if not isinstance(cands, list):
-        raise SlateError(f"{where}: 'candidates' must be a list")
+        raise SlateError(f"{where}: 'candidates' must be a list, got {_type(cands)}")
     if not cands:
         raise SlateError(f"{where}: empty slate (no candidates)")
-    for i, c in enumerate(cands):
-        if not isinstance(c, dict) or not isinstance(c.get("title"), str):
-            raise SlateError(f"{where}: candidate {i} must be an object with a string 'title'")
-        if "item_id" in c and not isinstance(c["item_id"], (str, int)):
-            raise SlateError(f"{where}: candidate {i} 'item_id' must be a string")
-    hist = obj.get("history", [])
-    if not isinstance(hist, list) or not all(isinstance(h, str) for h in hist):
-        raise SlateError(f"{where}: 'history' must be a list of strings")
+    out["candidates"] = _candidates(cands, where)
     labels = obj.get("labels")
     if labels is not None:
         if not isinstance(labels, list) or len(labels) != len(cands):
-            raise SlateError(f"{where}: 'labels' must be a list with one entry per candidate ({len(cands)})")
-    return obj
+            got = f"{len(labels)} entries" if isinstance(labels, list) else _type(labels)
+            raise SlateError(f"{where}: 'labels' must be a list with one entry per candidate ({len(cands)}), got {got}")
+        out["labels"] = [_label(y, where, f"labels[{i}]") for i, y in enumerate(labels)]
+    return out
+
+
+def _candidates(cands: list, where: str) -> list[dict]:
+    out, seen = [], {}
+    with_id = [isinstance(c, dict) and "item_id" in c for c in cands]
+    for i, c in enumerate(cands):
+        if not isinstance(c, dict):
+            raise SlateError(f"{where}: candidates[{i}] must be an object with a string 'title', got {_type(c)}")
+        if "title" not in c:
+            raise SlateError(f"{where}: candidates[{i}] has no 'title'")
+        c = dict(c, title=_text(c["title"], where, f"candidates[{i}].title"))
+        if any(with_id) and not with_id[i]:
+            first = with_id.index(True)
+            raise SlateError(f"{where}: candidates[{i}] has no item_id but candidates[{first}] has one "
+                             "(give every candidate an item_id, or none)")
+        if with_id[i]:
+            item = c["item_id"] = _text(c["item_id"], where, f"candidates[{i}].item_id", allow_int=True, allow_empty=False)
+            if item in seen:
+                raise SlateError(f"{where}: duplicate item_id {item!r} (candidates[{seen[item]}] and candidates[{i}])")
+            seen[item] = i
+        out.append(c)
+    return out
 
 
 def take(slate: dict, keep: Sequence[int], id_suffix: str | None = None) -> dict:
@@ -107,7 +210,11 @@ def sample_subslate(slate: dict, n: int, seed: int) -> tuple[dict, list[int]]:
 
 
 def _open_text(path: Path):
-    if path.suffix == ".gz":
+    """A text (UTF-8) reader of a plain or ``.gz`` file (used by :mod:`hllm.training.targets`; slates
+    are read by :func:`iter_slates`, which names the line of a bad byte)."""
+    import io
+
+    if Path(path).suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
     return open(path, encoding="utf-8")
 
@@ -118,9 +225,10 @@ def read_slates(path: str | os.PathLike, limit: int | None = None) -> list[dict]
     Args:
         path: the file. Blank lines are skipped.
         limit: read at most this many slates (None = all).
-    Returns: list of slate dicts, in file order.
+    Returns: list of (normalised, :func:`validate_slate`) slate dicts, in file order.
     Raises:
-        SlateError: the file is missing, or a line is malformed (message names file and line).
+        SlateError: the file is missing, unreadable, a corrupt or truncated gzip, not UTF-8, holds no
+            slate, or a line is malformed (message names file and line).
     """
     return list(iter_slates(path, limit))
 
@@ -129,20 +237,32 @@ def iter_slates(path: str | os.PathLike, limit: int | None = None) -> Iterator[d
     """Like :func:`read_slates` but lazily."""
     path = Path(path)
     if not path.is_file():
-        raise SlateError(f"slates file not found: {path}")
-    n = 0
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and n >= limit:
-                return
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SlateError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-            yield validate_slate(obj, f"{path}:{lineno}")
-            n += 1
+        raise SlateError(f"slates file not found: {path}" + (" is a directory, not a file" if path.is_dir() else ""))
+    n = lineno = 0
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            for lineno, raw in enumerate(f, 1):
+                if limit is not None and n >= limit:
+                    return
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                where = f"{path}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise SlateError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)") from None
+                if not line.strip():
+                    continue
+                yield validate_slate(loads_json(line, where), where)
+                n += 1
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise SlateError(f"{path}: not a valid gzip file ({e}) after line {lineno}") from None
+    except EOFError:
+        raise SlateError(f"{path}: the gzip file is truncated (it ends inside line {lineno + 1})") from None
+    except OSError as e:
+        raise SlateError(f"cannot read {path}: {e.strerror or e}") from None
+    if n == 0 and limit != 0:
+        raise SlateError(f"{path}: no slates in the file ({'it is empty' if lineno == 0 else 'only blank lines'})")
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> Path:

@@ -11,30 +11,41 @@ Endpoints:
 * ``GET /metrics`` — Prometheus text (:mod:`hllm.serve.metrics`);
 * ``GET /openapi.json`` and ``/docs`` — the OpenAPI schema.
 
-Bad input never reaches the engine: the body size is limited, JSON and slate types are checked with
-the runtime's :func:`hllm.runtime.slates.validate_slate`, and each slate is encoded once by the
-runtime's :class:`PromptBuilder` at admission (empty slate, more candidates than K, prompt over
-``max_seq_len``) — all answered 4xx with ``{"error": {"kind", "message"}}`` naming the problem.
+Bad input never reaches the engine: the body size is limited, JSON is parsed by the runtime's strict
+:func:`hllm.runtime.slates.loads_json` and every slate is checked by the runtime's one validator
+:func:`hllm.runtime.slates.validate_slate` (the rules of ``hllm rank``), and each slate is encoded once
+by the runtime's :class:`PromptBuilder` at admission (empty slate, more candidates than K, prompt over
+``max_seq_len``).
+
+Errors (issue 16 item 16): EVERY error response — bad input, an unknown path (404) or method (405),
+a body that does not arrive in time (408), a failed engine batch and an unexpected exception — has the
+JSON envelope ``{"error": {"kind", "message", "id"}}`` (:class:`hllm.serve.schemas.ErrorResponse`);
+``id`` is set for server-side failures (500) and is in the server log with the traceback. Every
+response is counted in ``hllm_requests_total{path, code}`` and every error response in
+``hllm_errors_total{kind}``. (Connections refused by uvicorn itself before the app sees a request —
+malformed HTTP, over ``max_connections`` — get uvicorn's plain-text 400/503.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hllm.errors import SlateError
-from hllm.runtime.slates import validate_slate
+from hllm.errors import HllmError, SlateError
+from hllm.runtime.slates import loads_json, validate_slate
 from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, MicroBatcher, QueueFull, ShuttingDown
 from hllm.serve.metrics import ServeMetrics
 from hllm.serve.schemas import ErrorResponse, RankRequest, RankResponse
@@ -54,12 +65,35 @@ class ServeOptions:
         max_body_bytes: larger request bodies are refused with 413.
         max_slates_per_request: more slates in one request → 413.
         warmup: run one synthetic slate through the engine before reporting ready.
+        body_timeout_s: a request body not fully received within this time → 408 (slow or stalled
+            client; the connection is then closed).
+        header_timeout_s: a connection that has not sent complete request headers within this time
+            (after connecting, or after its previous response) is answered 408 and closed
+            (:mod:`hllm.serve.server`).
+        keep_alive_s: an idle keep-alive connection is closed after this time (uvicorn
+            ``timeout_keep_alive``).
+        max_connections: over this many open connections or running requests uvicorn answers 503
+            (``limit_concurrency``).
     """
 
     batch: BatchOptions = field(default_factory=BatchOptions)
     max_body_bytes: int = 4 * 1024 * 1024
     max_slates_per_request: int = 32
     warmup: bool = True
+    body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_slates_per_request", "max_connections"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise HllmError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("body_timeout_s", "header_timeout_s", "keep_alive_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise HllmError(f"{name} must be a positive number of seconds, got {v!r}")
 
 
 class ApiError(Exception):
@@ -98,82 +132,94 @@ def warmup_slate(k: int) -> dict:
 def parse_rank_body(body: bytes, content_type: str, max_slates: int) -> tuple[list[dict], float | None]:
     """Parse and check a ``POST /v1/rank`` body → (slates, deadline_ms or None).
 
-    Raises: ApiError 400 (malformed JSON / not UTF-8), 415 (content type), 413 (too many slates),
-    422 (wrong types, no slates, a malformed slate — the message names the slate and field).
+    JSON goes through :func:`hllm.runtime.slates.loads_json` and every slate through
+    :func:`hllm.runtime.slates.validate_slate` (the one parser and validator of ``hllm rank``).
+    A slate without ``slate_id`` is given its 0-based index in the request as id (so its ranking is
+    named the same whichever micro-batch it rides in).
+    Raises: ApiError 400 (malformed JSON, NaN/Infinity literals, nesting too deep, not UTF-8), 415
+    (content type), 413 (too many slates), 422 (wrong types, no slates, a malformed slate, a
+    ``deadline_ms`` that is not a finite positive number — the message names the slate and field).
     """
     ctype = content_type.split(";")[0].strip().lower()
+    if ctype not in JSONL_TYPES and ctype not in JSON_TYPES:
+        raise ApiError(415, "unsupported_media_type", f"content type {ctype!r} not supported (use application/json or application/x-ndjson)")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ApiError(400, "bad_json", f"body is not UTF-8 ({e.reason} at byte {e.start})") from None
     deadline = None
-    if ctype in JSONL_TYPES:
-        items = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ApiError(400, "bad_json", f"line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        where = "JSONL slate {}"
-    elif ctype in JSON_TYPES:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ApiError(400, "bad_json", f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-        if isinstance(doc, dict) and "slates" in doc:
-            items = doc["slates"]
-            if not isinstance(items, list):
-                raise ApiError(422, "bad_request", f"'slates' must be a list of slate objects, got {type(items).__name__}")
-            unknown = set(doc) - {"slates", "deadline_ms"}
-            if unknown:
-                raise ApiError(422, "bad_request", f"unknown fields {sorted(unknown)} (allowed: slates, deadline_ms)")
-            deadline = doc.get("deadline_ms")
-            if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0):
-                raise ApiError(422, "bad_request", f"'deadline_ms' must be a positive number, got {deadline!r}")
-        elif isinstance(doc, dict):
-            items = [doc]
-        elif isinstance(doc, list):
-            items = doc
+    try:
+        if ctype in JSONL_TYPES:
+            items = [loads_json(line, f"line {n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+            where = "JSONL slate {}"
         else:
-            raise ApiError(
-                422, "bad_request",
-                f"body must be {{\"slates\": [...]}}, one slate object or a list of slates, got {type(doc).__name__}",
-            )
-        where = "slates[{}]"
-    else:
-        raise ApiError(415, "unsupported_media_type", f"content type {ctype!r} not supported (use application/json or application/x-ndjson)")
+            items, deadline = _json_items(loads_json(text, "body"))
+            where = "slates[{}]"
+    except SlateError as e:
+        raise ApiError(400, "bad_json", str(e)) from None
     if not items:
         raise ApiError(422, "bad_request", "no slates in the request")
     if len(items) > max_slates:
         raise ApiError(413, "too_large", f"{len(items)} slates in one request, over the limit of {max_slates}")
     slates = []
     for i, obj in enumerate(items):
-        w = where.format(i + 1 if ctype in JSONL_TYPES else i)
         try:
-            slates.append(validate_slate(obj, w))
+            slate = validate_slate(obj, where.format(i + 1 if ctype in JSONL_TYPES else i))
         except SlateError as e:
             raise ApiError(422, "bad_slate", str(e)) from None
+        slate.setdefault("slate_id", str(i))  # no id: its index in this request (not in the engine batch)
+        slates.append(slate)
     return slates, deadline
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) one over ``limit`` bytes by Content-Length or while streaming."""
+def _json_items(doc: Any) -> tuple[list, float | None]:
+    """The slates and deadline of a JSON body: ``{"slates": [...], "deadline_ms"}``, one slate object or a list."""
+    if isinstance(doc, dict) and "slates" in doc:
+        items = doc["slates"]
+        if not isinstance(items, list):
+            raise ApiError(422, "bad_request", f"'slates' must be a list of slate objects, got {type(items).__name__}")
+        unknown = set(doc) - {"slates", "deadline_ms"}
+        if unknown:
+            raise ApiError(422, "bad_request", f"unknown fields {sorted(unknown)} (allowed: slates, deadline_ms)")
+        deadline = doc.get("deadline_ms")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not math.isfinite(deadline) or deadline <= 0):
+            raise ApiError(422, "bad_request", f"'deadline_ms' must be a finite positive number, got {deadline!r}")
+        return items, deadline
+    if isinstance(doc, dict):
+        return [doc], None
+    if isinstance(doc, list):
+        return doc, None
+    raise ApiError(422, "bad_request",
+                   f"body must be {{\"slates\": [...]}}, one slate object or a list of slates, got {type(doc).__name__}")
+
+
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refusing (413) one over ``limit`` bytes by Content-Length or while streaming,
+    and (408) one not fully received within ``timeout_s`` (a client dribbling its body)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise ApiError(413, "too_large", f"body of {int(declared)} bytes is over the limit of {limit} bytes")
+            n = int(declared)
         except ValueError:
             raise ApiError(400, "bad_request", f"bad Content-Length header {declared!r}") from None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "too_large", f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if n > limit:
+            raise ApiError(413, "too_large", f"body of {n} bytes is over the limit of {limit} bytes")
+
+    async def _read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "too_large", f"body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(_read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, "timeout", f"request body not received within {timeout_s:g} s",
+                       {"Connection": "close"}) from None
 
 
 def _encode(builder, slates: list[dict]) -> list:
@@ -188,16 +234,21 @@ def _encode(builder, slates: list[dict]) -> list:
     return rows
 
 
+#: ``error.kind`` of the HTTP errors raised by routing.
+HTTP_KINDS = {404: "not_found", 405: "method_not_allowed"}
+
+
 def _error_response(e: ApiError) -> JSONResponse:
     return JSONResponse({"error": {"kind": e.kind, "message": e.message, "id": e.error_id}}, status_code=e.status, headers=e.headers)
 
 
 _ERRORS = {
-    400: {"model": ErrorResponse, "description": "Malformed JSON or body not UTF-8."},
+    400: {"model": ErrorResponse, "description": "Malformed JSON (NaN, nesting too deep) or body not UTF-8."},
+    408: {"model": ErrorResponse, "description": "The body was not received within the server's body timeout."},
     413: {"model": ErrorResponse, "description": "Body or slate count over the server's limits."},
     415: {"model": ErrorResponse, "description": "Content type is neither JSON nor JSONL."},
     422: {"model": ErrorResponse, "description": "Wrong types, empty slate, more candidates than K, prompt over max_seq_len."},
-    500: {"model": ErrorResponse, "description": "The engine batch failed; `error.id` is in the server log."},
+    500: {"model": ErrorResponse, "description": "The engine batch failed or an unexpected error; `error.id` is in the server log."},
     503: {"model": ErrorResponse, "description": "Not ready, draining, or queue full (with Retry-After)."},
     504: {"model": ErrorResponse, "description": "The request's deadline passed."},
 }
@@ -258,9 +309,28 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
         metrics.error(e.kind)
         return _error_response(e)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        kind = HTTP_KINDS.get(e.status_code, "bad_request" if e.status_code < 500 else "internal")
+        message = f"no route {request.url.path}" if e.status_code == 404 else str(e.detail)
+        metrics.error(kind)
+        return _error_response(ApiError(e.status_code, kind, message, dict(e.headers or {})))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError):
+        metrics.error("bad_request")
+        return _error_response(ApiError(422, "bad_request", str(e.errors())[:2000]))
+
     @app.middleware("http")
     async def _count(request: Request, call_next):
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception as e:  # noqa: BLE001 — a bug: answered as JSON 500 with an id, logged, counted
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("internal error %s on %s %s", error_id, request.method, request.url.path)
+            metrics.error("internal")
+            response = _error_response(ApiError(500, "internal", f"internal error ({type(e).__name__}); "
+                                                "the server log has its traceback under this id", error_id=error_id))
         path = request.url.path
         known = path in ("/v1/rank", "/healthz", "/readyz", "/metrics")
         metrics.requests.labels(path if known else "other", str(response.status_code)).inc()
@@ -299,7 +369,7 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
         if not state.ready:
             why = f"engine failed to load: {state.load_error}" if state.load_error else "engine is loading / warming up"
             raise ApiError(503, "not_ready", why, {"Retry-After": "1"})
-        body = await read_body(request, options.max_body_bytes)
+        body = await read_body(request, options.max_body_bytes, options.body_timeout_s)
         slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""), options.max_slates_per_request)
         encoded = await run_in_threadpool(_encode, ranker.builder, slates)
         t1 = time.perf_counter()

@@ -3,10 +3,11 @@
 Exposed at ``GET /metrics`` in the Prometheus text format
 (https://prometheus.github.io/client_python/). Names:
 
-* ``hllm_requests_total{path, code}`` — HTTP requests by path and status code;
+* ``hllm_requests_total{path, code}`` — every HTTP response the app sends, by path (``other`` for
+  unknown paths) and status code (errors and unexpected exceptions included);
 * ``hllm_errors_total{kind}`` — failed requests by cause (``bad_json``, ``bad_request``, ``bad_slate``,
-  ``too_large``, ``unsupported_media_type``, ``queue_full``, ``not_ready``, ``deadline``, ``engine``,
-  ``decode``, ``shape``, ``slate``, ``internal``);
+  ``too_large``, ``unsupported_media_type``, ``not_found``, ``method_not_allowed``, ``timeout``,
+  ``queue_full``, ``not_ready``, ``deadline``, ``engine``, ``decode``, ``shape``, ``slate``, ``internal``);
 * ``hllm_stage_seconds{stage}`` — histogram per stage: ``validate`` (admission checks), ``queue``,
   ``prompt``, ``engine``, ``decode`` (per batch) and ``request`` (end to end inside the server);
 * ``hllm_batch_slates`` / ``hllm_batch_requests`` — histograms of engine-batch sizes;

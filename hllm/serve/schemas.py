@@ -12,17 +12,20 @@ from pydantic import BaseModel, Field
 
 
 class CandidateIn(BaseModel):
-    item_id: Union[str, int, None] = Field(None, description="Returned in the ranking; the index if absent.")
+    item_id: Union[str, int] = Field(None, description="Returned in the ranking (an integer is returned as its string); "
+                                     "unique within the slate; either every candidate has one or none has "
+                                     "(then the ranking lists candidate indices). Not null.")
     title: str = Field(..., description="The candidate's text.")
 
 
 class SlateIn(BaseModel):
-    """One slate in the JSONL slate format (``hllm.runtime.slates``)."""
+    """One slate in the JSONL slate format; the rules are :func:`hllm.runtime.slates.validate_slate`'s."""
 
-    slate_id: Union[str, int, None] = None
+    slate_id: Union[str, int] = Field(None, description="Non-empty string or integer (returned as its string); "
+                                      "absent: the slate's index. Not null.")
     history: list[str] = Field(default_factory=list, description="The user's past items, oldest first.")
     candidates: list[CandidateIn] = Field(..., min_length=1, description="1..K candidates to rank.")
-    labels: Optional[list[int]] = Field(None, description="Ignored by the server.")
+    labels: Optional[list[int]] = Field(None, description="0/1 per candidate; checked, otherwise ignored by the server.")
 
 
 class RankRequest(BaseModel):
@@ -30,7 +33,7 @@ class RankRequest(BaseModel):
     ``application/x-ndjson`` bodies hold one slate per line."""
 
     slates: list[SlateIn] = Field(..., min_length=1)
-    deadline_ms: Optional[float] = Field(None, gt=0, description="Per-request deadline (ms); server default if absent.")
+    deadline_ms: Optional[float] = Field(None, gt=0, description="Per-request deadline (ms, finite); server default if absent.")
 
 
 class RankingOut(BaseModel):
@@ -62,9 +65,11 @@ class RankResponse(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    kind: str = Field(..., description="Machine-readable cause, e.g. bad_json, bad_slate, queue_full, engine.")
+    kind: str = Field(..., description="Machine-readable cause: bad_json, bad_request, bad_slate, too_large, "
+                      "unsupported_media_type, not_found, method_not_allowed, timeout, not_ready, draining, "
+                      "load_failed, queue_full, deadline, engine, decode, shape, slate, internal.")
     message: str = Field(..., description="What is wrong, naming the field or limit.")
-    id: Optional[str] = Field(None, description="Error id of a server-side failure (also in the server log).")
+    id: Optional[str] = Field(None, description="Error id of a server-side failure (500; also in the server log), else null.")
 
 
 class ErrorResponse(BaseModel):

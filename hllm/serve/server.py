@@ -3,18 +3,41 @@
 Graceful shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections and waits (up to
 ``graceful_timeout_s``) for in-flight requests; the app's ``/readyz`` turns 503 at once and its
 lifespan then drains the batcher queue (https://www.uvicorn.org/settings/#timeouts).
+
+Slow clients (issue 16 item 17): a connection costs a file descriptor and a little memory while it
+is held, so none is held without progress. The limits come from the app's
+:class:`hllm.serve.app.ServeOptions`:
+
+* ``header_timeout_s`` — uvicorn has no request-header timeout (its ``timeout_keep_alive`` runs only
+  between requests, and any byte received cancels it), so :class:`TimedH11Protocol` arms a timer when
+  a connection opens and whenever it waits for the next request's headers; headers still incomplete
+  when it fires (a client that connects and sends nothing, or dribbles a header byte at a time) get
+  a JSON 408 and the connection is closed;
+* ``body_timeout_s`` — the app reads the body under a deadline (408, :func:`hllm.serve.app.read_body`);
+* ``keep_alive_s`` — uvicorn ``timeout_keep_alive``: idle keep-alive connections are closed;
+* ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once.
+
+Every connection is served by the asyncio event loop, so a slow client never blocks the others'
+requests; these limits bound what slow clients can hold. The server always runs uvicorn's h11
+protocol implementation (subclassed), even where ``httptools`` is installed.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
+import logging
 import socket
 import threading
 import time
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hllm.errors import HllmError
+
+log = logging.getLogger("hllm.serve")
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -42,8 +65,59 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a request-header deadline (module doc): 408 and close when a
+    connection has not sent complete request headers within ``config.hllm_header_timeout_s``."""
+
+    _header_timer = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._watch_headers()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_headers()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch_headers()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_header_timer()
+        super().connection_lost(exc)
+
+    def _watch_headers(self) -> None:
+        """Armed while waiting for a request's headers (h11: the client is IDLE), stopped once they came."""
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            self._stop_header_timer()
+        elif self._header_timer is None:
+            timeout = getattr(self.config, "hllm_header_timeout_s", None)
+            if timeout:
+                self._header_timer = self.loop.call_later(timeout, self._headers_timed_out, timeout)
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_timed_out(self, timeout: float) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        log.info("closing %s: request headers not received within %g s", self.client, timeout)
+        body = json.dumps({"error": {"kind": "timeout", "message": f"request headers not received within {timeout:g} s",
+                                     "id": None}}).encode()
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self.transport.close()
+
+
 def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float) -> uvicorn.Config:
-    return uvicorn.Config(
+    """uvicorn's config with the app's connection limits (:class:`hllm.serve.app.ServeOptions`)."""
+    state = getattr(app.state, "hllm", None) if hasattr(app, "state") else None
+    opts = getattr(state, "options", None)
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -51,7 +125,12 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
         timeout_graceful_shutdown=graceful_timeout_s,
         lifespan="on",
         access_log=False,
+        http=TimedH11Protocol,
+        timeout_keep_alive=getattr(opts, "keep_alive_s", 5.0),
+        limit_concurrency=getattr(opts, "max_connections", None),
     )
+    config.hllm_header_timeout_s = getattr(opts, "header_timeout_s", 10.0)
+    return config
 
 
 def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", graceful_timeout_s: float = 60.0) -> None:

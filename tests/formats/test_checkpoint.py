@@ -15,10 +15,8 @@ def edit_manifest(ckpt, tmp_path, fn):
     dst = tmp_path / "ck"
     shutil.copytree(ckpt, dst)
     d = json.loads((dst / "hllm.json").read_text())
-    # backbone/adapter paths are relative to the original checkpoint dir
+    # the backbone path is relative to the original checkpoint dir; the adapter was copied along
     d["backbone"]["path"] = str(load_manifest(ckpt).backbone_path)
-    if d.get("adapter"):
-        d["adapter"]["path"] = str(dst / "adapter")
     fn(d, dst)
     (dst / "hllm.json").write_text(json.dumps(d))
     return dst

@@ -86,7 +86,7 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
 
     slates = tiny_slates(23, (1, 8), seed=91)
     for s in slates[::5]:
-        del s["slate_id"]  # the fallback id depends on the slate's place in its engine batch
+        del s["slate_id"]  # the fallback id is the slate's index in the file, whichever actor ranks it
     write_jsonl(tmp_path / "s.jsonl.gz", slates)
     one = subprocess.run([sys.executable, "-m", "hllm", "rank", str(export_dir), "--slates", str(tmp_path / "s.jsonl.gz"),
                           "--out", str(tmp_path / "one.jsonl"), "--batch-size", "3"], capture_output=True, text=True)

@@ -34,7 +34,7 @@ import numpy as np
 from hllm.errors import SlateError
 from hllm.formats.prompt import PromptSpec
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
-from hllm.runtime.slates import validate_slate
+from hllm.runtime.slates import loads_json, validate_slate
 
 SLATES, TRUNCATED = "slates", "truncated"
 #: The settings file in the model's version directory: ``{"num_positions", "seq_bucket", "prompt"}``.
@@ -56,10 +56,9 @@ def parse_slates(raw: np.ndarray) -> list[dict]:
     for i, item in enumerate(rows):
         try:
             text = item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
-            obj = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except UnicodeDecodeError as e:
             raise SlateError(f"slates[{i}]: not a UTF-8 JSON slate ({e})") from None
-        slates.append(validate_slate(obj, f"slates[{i}]"))
+        slates.append(validate_slate(loads_json(text, f"slates[{i}]"), f"slates[{i}]"))
     if not slates:
         raise SlateError("no slates in the request")
     return slates
