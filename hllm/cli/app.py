@@ -325,53 +325,36 @@ def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:
     write_jsonl(path, records)
 
 
-# -- output locations, checked before the work -------------------------------------------------------------
-# A local version of the check the hardening branch adds as hllm.files.check_writable: used until it lands.
-
-def _writable_parent(p: Path, what: str) -> None:
-    """The nearest existing ancestor of ``p`` must be a writable directory on a device with free space."""
-    parent = p.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise HllmError(f"{what} {p}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise HllmError(f"{what} {p}: cannot write in {parent} (permission denied or read-only file system)")
-    try:
-        if shutil.disk_usage(parent).free == 0:
-            raise HllmError(f"{what} {p}: no space left on the device holding {parent}")
-    except OSError:
-        pass
-
+# -- output locations, checked before the work (hllm.files.check_writable) ----------------------------------
 
 def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") -> None:
     """Refuse, before any work, an output file that cannot be written: a directory, a device / pipe /
-    socket (the atomic rename would replace it), or a location without a writable directory.
-    ``-`` (stdout) and None pass. A symbolic link is judged by its target. Raises HllmError."""
+    socket (the atomic rename would replace it), or a location without a writable directory or free
+    space (:func:`hllm.files.check_writable`). ``-`` (stdout) and None pass. A symbolic link is judged
+    by its target. Raises HllmError (OutputError) naming ``what``."""
+    from hllm.files import check_writable
+
     if path is None or is_std(path):
         return
-    p = Path(path)
-    if p.is_dir():
-        raise HllmError(f"{what} {p} is a directory; give a file name")
-    if p.exists() and not p.is_file():
-        raise HllmError(f"{what} {p} is not a regular file (a device, pipe or socket); write to a file or '-'")
-    _writable_parent(p, what)
+    try:
+        check_writable(path, "file")
+    except HllmError as e:
+        raise type(e)(f"{what}: {e}") from None
 
 
 def check_output_dir(path: os.PathLike | str, overwrite: bool = False, what: str = "output directory",
                      resumable: bool = False) -> None:
     """Refuse, before any work, an output directory that would fail at the end: an existing one without
-    ``--overwrite`` (unless ``resumable``), a file in its place, or a location without a writable directory.
-    Raises FileExistsError (exists) or HllmError."""
-    p = Path(path)
-    if is_std(p):
+    ``--overwrite`` (unless ``resumable``), a file in its place, or a location without a writable directory
+    (:func:`hllm.files.check_writable`). Raises FileExistsError (exists) or HllmError."""
+    from hllm.files import check_writable
+
+    if is_std(path):
         raise HllmError(f"{what} cannot be stdout ('-'); give a directory")
-    if p.exists():
-        if not p.is_dir():
-            raise HllmError(f"{what} {p} exists and is not a directory")
-        if not (overwrite or resumable):
-            raise FileExistsError(f"{p} already exists (pass --overwrite to replace it)")
-    _writable_parent(p, what)
+    try:
+        check_writable(path, "dir", overwrite=overwrite or resumable)
+    except HllmError as e:
+        raise type(e)(f"{what}: {e}") from None
 
 
 # -- the entry point: one exit-code policy ----------------------------------------------------------------

@@ -200,28 +200,34 @@ def lapjv_cmd(
 def scaling_cmd(
     models: List[Path] = typer.Argument(..., help="Checkpoint dir (the reference: put it first), export dirs / .onnx, .plan files."),
     seq_lens: str = typer.Option("400,800,1350,2600", "--seq-lens", help="Prompt lengths S in tokens (comma-separated)."),
-    n_items: int = typer.Option(50, "--n-items", "-n", help="Candidates N per prompt."),
-    runs: int = typer.Option(5, help="Measured interleaved rounds per S."),
-    warmup: int = typer.Option(1, help="Warm-up rounds per S (discarded)."),
-    threads: Optional[int] = typer.Option(None, help="Engine intra-op threads."),
-    peak_size: int = typer.Option(2048, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
-    out_path: Path = typer.Option(Path("results/bench/scaling.json"), "--out", "-o", help="JSON to write (atomic)."),
+    n_items: int = typer.Option(50, "--n-items", "-n", min=1, max=MAX_ITEMS, help="Candidates N per prompt."),
+    runs: int = typer.Option(5, min=1, max=100_000, help="Measured interleaved rounds per S."),
+    warmup: int = typer.Option(1, min=0, max=10_000, help="Warm-up rounds per S (discarded)."),
+    threads: Optional[int] = threads_opt(),
+    peak_size: int = typer.Option(2048, min=0, max=8192, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
+    out_path: Path = typer.Option(Path("results/bench/scaling.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
+    json_out: bool = json_opt(),
 ) -> None:
     """Engine time against prompt length (synthetic prompts of exactly S tokens), contenders interleaved."""
     from hllm.bench.machine import matmul_peak
-    from hllm.bench.report import document, write_document
+    from hllm.bench.report import document
     from hllm.bench.scaling import bench_scaling
+    from hllm.runtime.artefact import resolve
 
     quiet_libraries()
-    ss = _ints(seq_lens, "--seq-lens")
+    ss = _ints(seq_lens, "--seq-lens", 1 << 16)
+    check_output_file(out_path)
+    data_to_stdout(json_out, out_path)
+    for m in models:
+        resolve(m)
     peak = matmul_peak(peak_size) if peak_size else None
     with progress() as bar:
         task = bar.add_task("scaling benchmark", total=len(ss))
         recs = bench_scaling(models, ss, n_items, runs, warmup, threads, peak["peak_gflops"] if peak else None,
                              on_call=lambda _: bar.advance(task))
-    write_document(out_path, document("scaling", recs, shared, note, matmul_peak=peak))
+    doc = document("scaling", recs, shared, note, matmul_peak=peak)
     t = Table(title="engine ms vs prompt length (median; ratio = reference ms / ms)")
     for c in ("S", "model", "precision", "flavour", "ms", "ratio", "GFLOP/s (peak)"):
         t.add_column(c, justify="right")
@@ -230,7 +236,7 @@ def scaling_cmd(
         t.add_row(str(r["seq_len"]), Path(r["model"]).parent.name or r["model"], r["precision"], str(r["flavour"]),
                   f"{r['engine_ms']['median']:.0f}", f"{r['ratio_to_reference']:.2f}", f"{r['gflops']}{pf}")
     _print_table(t)
-    out.print(f"→ {out_path}")
+    _finish(out_path, doc, json_out)
 
 
 @bench_app.command("versus-ar")

@@ -86,7 +86,7 @@ CASES = [
     ("model-not-an-artefact", ["rank", "{afile}", "-s", "{good}", "-o", "{out}"], "not a checkpoint directory"),
     ("plan-without-sidecar", ["rank", "{plan}", "-s", "{good}", "-o", "{out}"], "has no sidecar"),
     ("export-sidecar-not-json", ["rank", "{bad_export}", "-s", "{good}", "-o", "{out}"], "cannot read"),
-    ("manifest-not-json", ["info", "{bad_ckpt}"], "not valid JSON"),
+    ("manifest-not-json", ["info", "{bad_ckpt}"], "not readable JSON"),
     ("parity-reference-missing", ["parity", "{tmp}/nope", "{export}", "-s", "{good}"], "not found"),
     ("export-has-adapter", ["export", "{lora}", "{tmp}/e", "--slates", ""], "merge"),
     ("build-fused-graph", ["build", "{export}", "{tmp}/x.plan", "--dry-run"], "--flavour standard"),
@@ -137,7 +137,7 @@ CASES = [
     ("out-is-a-device", ["rank", "{export}", "-s", "{good}", "-o", "/dev/null"], "not a regular file"),
     ("out-parent-is-a-file", ["rank", "{export}", "-s", "{good}", "-o", "{afile}/r.jsonl"], "is not a directory"),
     ("out-not-writable", ["rank", "{export}", "-s", "{good}", "-o", "{readonly}/r.jsonl"], "cannot write"),
-    ("out-device-full", ["rank", "{export}", "-s", "{good}", "-o", "{full}/r.jsonl"], "no space left"),
+    ("out-device-full", ["rank", "{export}", "-s", "{good}", "-o", "{full}/r.jsonl"], "bytes free on the file system"),
     ("parity-out-is-a-directory", ["parity", "{ckpt}", "{export}", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
     ("eval-out-is-a-directory", ["eval", "random", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
     ("encode-out-is-a-directory", ["encode", "{export}", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
@@ -224,11 +224,23 @@ def test_bad_input(case, corpus_paths, capsys, monkeypatch):
     needle = needle.format(**corpus_paths)
     monkeypatch.setattr(sys, "stdin", open(os.devnull))  # empty stdin for the '-' cases
     readonly, full = str(corpus_paths["readonly"]), str(corpus_paths["full"])
-    real_access, real_usage = os.access, shutil.disk_usage
-    # root ignores permission bits, and no read-only or full file system is mounted here: simulate both
-    monkeypatch.setattr(cli_app.os, "access", lambda p, mode, **kw: False if str(p) == readonly else real_access(p, mode, **kw))
-    monkeypatch.setattr(cli_app.shutil, "disk_usage",
-                        lambda p: real_usage(p)._replace(free=0) if str(p) == full else real_usage(p))
+    import errno
+
+    import hllm.files as files
+
+    real_mkstemp, real_statvfs = files.tempfile.mkstemp, files.os.statvfs
+
+    def mkstemp(*a, dir=None, **kw):  # root ignores permission bits: simulate a read-only directory
+        if str(dir) == readonly:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_mkstemp(*a, dir=dir, **kw)
+
+    class _Full:  # no full file system is mounted here: simulate one
+        f_bavail = f_bfree = 0
+        f_frsize = 4096
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(files.os, "statvfs", lambda p: _Full() if str(p) == full else real_statvfs(p))
     before = _snapshot(tmp)
     dev_null = os.stat("/dev/null").st_mode
     with pytest.raises(SystemExit) as e:
