@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -258,92 +259,115 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     """The FastAPI app serving ``ranker`` (a :class:`hllm.runtime.Ranker`).
 
     The engine is activated and warmed up on the engine thread after startup (``/readyz`` says when);
-    shutdown drains the queue, then deactivates the engine.
+    shutdown drains the queue, then deactivates the engine. The handlers are the methods of one
+    :class:`RankService` over the app's :class:`ServerState` (``app.state.hllm``).
     """
     options = options or ServeOptions()
     metrics = ServeMetrics()
-    batcher = MicroBatcher(ranker, options.batch, metrics)
-    state = ServerState(ranker, batcher, metrics, options, info=dict(info or {}))
+    state = ServerState(ranker, MicroBatcher(ranker, options.batch, metrics), metrics, options, info=dict(info or {}))
+    service = RankService(state)
+    app = FastAPI(
+        title="hllm ranking server",
+        version="1",
+        description="Generative reranking in one prefill pass (hLLM): slates in, rankings out.",
+        lifespan=service.lifespan,
+    )
+    app.state.hllm = state
+    app.add_exception_handler(ApiError, service.api_error)
+    app.add_exception_handler(StarletteHTTPException, service.http_error)
+    app.add_exception_handler(RequestValidationError, service.validation_error)
+    app.middleware("http")(service.count)
+    app.get("/healthz", summary="The process is alive")(service.healthz)
+    app.get("/readyz", summary="The engine is loaded and warmed up", responses={503: {"model": ErrorResponse}})(service.readyz)
+    app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)(service.prometheus_metrics)
+    app.post("/v1/rank", summary="Rank one or more slates", response_model=RankResponse, responses=_ERRORS)(service.rank)
+    app.openapi = functools.partial(rank_openapi, app)
+    return app
 
-    def _activate_and_warm() -> None:
-        ranker.engine.activate()
-        if options.warmup:
-            ranker.rank_batch([warmup_slate(ranker.engine.num_positions)])
 
-    async def _load() -> None:
+class RankService:
+    """The lifespan, middleware, error handlers and endpoints of the app over one :class:`ServerState`
+    (wired up by :func:`create_app`; the endpoints are documented in this module's docstring)."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.ranker, self.batcher, self.metrics, self.options = state.ranker, state.batcher, state.metrics, state.options
+
+    # --- engine life cycle -------------------------------------------------------------------------
+
+    def _activate_and_warm(self) -> None:
+        self.ranker.engine.activate()
+        if self.options.warmup:
+            self.ranker.rank_batch([warmup_slate(self.ranker.engine.num_positions)])
+
+    async def _load(self) -> None:
         try:
-            await batcher.run_in_engine_thread(_activate_and_warm)
+            await self.batcher.run_in_engine_thread(self._activate_and_warm)
         except Exception as e:  # noqa: BLE001 — reported by /readyz, the server stays up
-            state.load_error = f"{type(e).__name__}: {e}"
-            log.error("engine failed to load: %s", state.load_error)
+            self.state.load_error = f"{type(e).__name__}: {e}"
+            log.error("engine failed to load: %s", self.state.load_error)
             return
-        state.ready = True
-        metrics.ready.set(1)
-        log.info("engine %s ready", ranker.engine.name)
+        self.state.ready = True
+        self.metrics.ready.set(1)
+        log.info("engine %s ready", self.ranker.engine.name)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await batcher.start()
-        state.loader = asyncio.get_running_loop().create_task(_load())
+    async def lifespan(self, app: FastAPI):
+        """Start the batcher and load the engine in the background; on shutdown drain, then deactivate."""
+        state = self.state
+        await self.batcher.start()
+        state.loader = asyncio.get_running_loop().create_task(self._load())
         try:
             yield
         finally:
             state.draining = True
             state.ready = False
-            metrics.ready.set(0)
-            await batcher.close()
+            self.metrics.ready.set(0)
+            await self.batcher.close()
             if not state.loader.done():
                 state.loader.cancel()
-            ranker.engine.deactivate()
+            self.ranker.engine.deactivate()
 
-    app = FastAPI(
-        title="hllm ranking server",
-        version="1",
-        description="Generative reranking in one prefill pass (hLLM): slates in, rankings out.",
-        lifespan=lifespan,
-    )
-    app.state.hllm = state
+    # --- errors and counting -----------------------------------------------------------------------
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        metrics.error(e.kind)
+    async def api_error(self, request: Request, e: ApiError):
+        self.metrics.error(e.kind)
         return _error_response(e)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException):
+    async def http_error(self, request: Request, e: StarletteHTTPException):
         kind = HTTP_KINDS.get(e.status_code, "bad_request" if e.status_code < 500 else "internal")
         message = f"no route {request.url.path}" if e.status_code == 404 else str(e.detail)
-        metrics.error(kind)
+        self.metrics.error(kind)
         return _error_response(ApiError(e.status_code, kind, message, dict(e.headers or {})))
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, e: RequestValidationError):
-        metrics.error("bad_request")
+    async def validation_error(self, request: Request, e: RequestValidationError):
+        self.metrics.error("bad_request")
         return _error_response(ApiError(422, "bad_request", str(e.errors())[:2000]))
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
+    async def count(self, request: Request, call_next):
+        """Middleware: count every response by path and code; an unexpected exception → JSON 500 with an id."""
         try:
             response = await call_next(request)
         except Exception as e:  # noqa: BLE001 — a bug: answered as JSON 500 with an id, logged, counted
             error_id = uuid.uuid4().hex[:12]
             log.exception("internal error %s on %s %s", error_id, request.method, request.url.path)
-            metrics.error("internal")
+            self.metrics.error("internal")
             response = _error_response(ApiError(500, "internal", f"internal error ({type(e).__name__}); "
                                                 "the server log has its traceback under this id", error_id=error_id))
         path = request.url.path
         known = path in ("/v1/rank", "/healthz", "/readyz", "/metrics")
-        metrics.requests.labels(path if known else "other", str(response.status_code)).inc()
+        self.metrics.requests.labels(path if known else "other", str(response.status_code)).inc()
         return response
 
-    @app.get("/healthz", summary="The process is alive")
-    async def healthz() -> dict:
+    # --- endpoints ---------------------------------------------------------------------------------
+
+    async def healthz(self) -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="The engine is loaded and warmed up", responses={503: {"model": ErrorResponse}})
-    async def readyz():
+    async def readyz(self):
+        state, engine = self.state, self.ranker.engine
         if state.ready and not state.draining:
-            return {"status": "ready", "engine": ranker.engine.name, "num_positions": ranker.engine.num_positions, **state.info}
+            return {"status": "ready", "engine": engine.name, "num_positions": engine.num_positions, **state.info}
         if state.draining:
             kind, msg = "draining", "server is shutting down"
         elif state.load_error:
@@ -352,30 +376,20 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
             kind, msg = "not_ready", "engine is loading / warming up"
         return _error_response(ApiError(503, kind, msg))
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
-    async def prometheus_metrics():
-        return Response(metrics.render(), media_type=metrics.content_type)
+    async def prometheus_metrics(self):
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
-    @app.post(
-        "/v1/rank",
-        summary="Rank one or more slates",
-        response_model=RankResponse,
-        responses=_ERRORS,
-    )
-    async def rank(request: Request):
+    async def rank(self, request: Request):
         t0 = time.perf_counter()
-        if state.draining or batcher.closing:
-            raise ApiError(503, "not_ready", "server is shutting down", {"Retry-After": "1"})
-        if not state.ready:
-            why = f"engine failed to load: {state.load_error}" if state.load_error else "engine is loading / warming up"
-            raise ApiError(503, "not_ready", why, {"Retry-After": "1"})
-        body = await read_body(request, options.max_body_bytes, options.body_timeout_s)
-        slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""), options.max_slates_per_request)
-        encoded = await run_in_threadpool(_encode, ranker.builder, slates)
+        self._check_ready()
+        body = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
+        slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""),
+                                           self.options.max_slates_per_request)
+        encoded = await run_in_threadpool(_encode, self.ranker.builder, slates)
         t1 = time.perf_counter()
-        metrics.stage.labels("validate").observe(t1 - t0)
+        self.metrics.stage.labels("validate").observe(t1 - t0)
         try:
-            res = await batcher.submit(slates, deadline, encoded)
+            res = await self.batcher.submit(slates, deadline, encoded)
         except QueueFull as e:
             raise ApiError(503, "queue_full", str(e), {"Retry-After": str(e.retry_after_s)}) from None
         except ShuttingDown as e:
@@ -383,32 +397,41 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
         except DeadlineExceeded as e:
             raise ApiError(504, "deadline", str(e)) from None
         except BatchFailed as e:
-            metrics.error(e.kind)
+            self.metrics.error(e.kind)
             return _error_response(ApiError(500, e.kind, str(e), error_id=e.error_id))
         t2 = time.perf_counter()
-        metrics.stage.labels("request").observe(t2 - t0)
+        self.metrics.stage.labels("request").observe(t2 - t0)
         timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}
         return JSONResponse(
             {"request_id": uuid.uuid4().hex[:12], "rankings": [r.to_dict() for r in res.rankings], "timing": timing}
         )
 
-    def _openapi() -> dict:
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        req = RankRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-        comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        comps.update(req.pop("$defs", {}))
-        comps["RankRequest"] = req
-        schema["paths"]["/v1/rank"]["post"]["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/RankRequest"}},
-                "application/x-ndjson": {"schema": {"type": "string", "description": "One slate JSON object per line."}},
-            },
-        }
-        app.openapi_schema = schema
-        return schema
+    def _check_ready(self) -> None:
+        """Raises: ApiError 503 (Retry-After: 1) while draining, loading or after a load failure."""
+        if self.state.draining or self.batcher.closing:
+            raise ApiError(503, "not_ready", "server is shutting down", {"Retry-After": "1"})
+        if not self.state.ready:
+            load_error = self.state.load_error
+            why = f"engine failed to load: {load_error}" if load_error else "engine is loading / warming up"
+            raise ApiError(503, "not_ready", why, {"Retry-After": "1"})
 
-    app.openapi = _openapi
-    return app
+
+def rank_openapi(app: FastAPI) -> dict:
+    """The app's OpenAPI schema (cached on ``app.openapi_schema``), with the ``/v1/rank`` request body
+    documented as :class:`RankRequest` JSON or JSONL (the endpoint reads the raw body itself)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    req = RankRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    comps.update(req.pop("$defs", {}))
+    comps["RankRequest"] = req
+    schema["paths"]["/v1/rank"]["post"]["requestBody"] = {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/RankRequest"}},
+            "application/x-ndjson": {"schema": {"type": "string", "description": "One slate JSON object per line."}},
+        },
+    }
+    app.openapi_schema = schema
+    return schema
