@@ -1,0 +1,54 @@
+"""Layout rules of the package that code review keeps forgetting (issue 13): small functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hllm"
+
+#: Most lines a function body may span: from its first statement after the docstring to its last line
+#: (the signature, decorators and docstring do not count, so a Typer command's option declarations do not).
+MAX_BODY_LINES = 80
+
+#: "path.py:function" names allowed to be longer, each with the reason. Empty: keep it so.
+ALLOWED: dict[str, str] = {}
+
+
+def body_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines spanned by ``fn``'s body after its docstring (0 for a body that is only a docstring)."""
+    body = fn.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]
+    if not body:
+        return 0
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+def long_functions(root: Path, limit: int) -> dict[str, int]:
+    """``{"relative/path.py:name@line": body lines}`` of every function (nested ones too) over ``limit``."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and body_lines(node) > limit:
+                found[f"{path.relative_to(root.parent).as_posix()}:{node.name}@{node.lineno}"] = body_lines(node)
+    return found
+
+
+def test_body_lines_counts_from_the_first_statement_after_the_docstring():
+    src = 'def f(\n    a,\n    b,\n):\n    """Doc\n    string."""\n    x = 1\n\n    return x\n\n\ndef g():\n    """Only a doc."""\n'
+    f, g = ast.parse(src).body
+    assert body_lines(f) == 3
+    assert body_lines(g) == 0
+    assert body_lines(ast.parse("def h(): return 1").body[0]) == 1
+
+
+def test_no_function_body_over_80_lines(tmp_path):
+    too_long = long_functions(PACKAGE, MAX_BODY_LINES)
+    unexplained = {k: n for k, n in too_long.items() if k.rsplit("@", 1)[0] not in ALLOWED}
+    assert not unexplained, f"functions over {MAX_BODY_LINES} body lines (split them): {unexplained}"
+    # the check itself finds a long function
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def big():\n" + "    x = 1\n" * (MAX_BODY_LINES + 1))
+    assert long_functions(tmp_path / "pkg", MAX_BODY_LINES) == {"pkg/m.py:big@1": MAX_BODY_LINES + 1}
