@@ -59,10 +59,8 @@ def calibrate_cmd(
     bench_rounds: Optional[int] = hidden_alias("--bench-rounds"),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
-    from hllm.build.calibrate import CalibrateRequest, calibrate, prepare_calibration
+    from hllm.build.calibrate import CalibrateRequest, prepare_calibration
     from hllm.build.quantize import QuantOptions
-    from hllm.runtime.artefact import resolve
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.verify.gate import GateThresholds
 
     quiet_libraries()
@@ -88,10 +86,7 @@ def calibrate_cmd(
     check_output_file(report, "--report")
     if calib_slates is not None:
         calib_slates = slates_file(calib_slates, "--calib-slates")
-    art = resolve(export_dir)
-    if art.kind != "onnx":
-        raise SlateError(f"{export_dir} is a {art.kind}, not an ONNX export (run `hllm export` first)")
-    builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
+    art, builder = _onnx_export(export_dir)
     evals = load_slates(slates, limit=limit)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
     with console.status("[bold]preparing calibration data…"):
@@ -102,12 +97,38 @@ def calibrate_cmd(
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
                            bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
                            reference_cache=reference_scores_path)
+    result, dest = _calibrate_with_progress(req)
+    _report(result, dest, report, json_out)
+
+
+def _onnx_export(export_dir: Path):
+    """The resolved ONNX export at ``export_dir`` and a PromptBuilder over its tokenizer and prompt spec.
+
+    Raises: SlateError if it is another kind of artefact; HllmError from resolving it.
+    """
+    from hllm.runtime.artefact import resolve
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+    art = resolve(export_dir)
+    if art.kind != "onnx":
+        raise SlateError(f"{export_dir} is a {art.kind}, not an ONNX export (run `hllm export` first)")
+    return art, PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
+
+
+def _calibrate_with_progress(req) -> tuple[dict, Path]:
+    """:func:`hllm.build.calibrate.calibrate` with its steps and progress shown on the console."""
+    from hllm.build.calibrate import calibrate
+
     with progress() as bar:
         def bar_for(desc: str, total: int):
             task = bar.add_task(desc, total=total)
             return lambda n: bar.advance(task, n)
 
-        result, dest = calibrate(req, say=lambda m: bar.console.print(f"  {m}"), progress=bar_for)
+        return calibrate(req, say=lambda m: bar.console.print(f"  {m}"), progress=bar_for)
+
+
+def _report(result: dict, dest: Path, report: Optional[Path], json_out: bool) -> None:
+    """Write/print the calibration result; exit 1 if the gate failed."""
     write_json_out(report, result)
     _print(result)
     if json_out:
