@@ -83,7 +83,7 @@ def train_cmd(
     CPU defaults are small on purpose; on a GPU raise --steps, --lora-rank 64, drop --lora-layers.
     """
     from hllm.formats.prompt import PromptSpec
-    from hllm.training.trainer import TrainConfig, train
+    from hllm.training.trainer import TrainConfig
 
     quiet_libraries()
     slates, out_dir = _legacy_positionals(slates, out_dir, legacy or [], "hllm train BACKBONE CKPT --slates FILE")
@@ -109,6 +109,23 @@ def train_cmd(
         tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
         features=str(features) if features else None,
     )
+    res = _train_with_progress(cfg, resume)
+    tail = res.losses[-10:]
+    out.print(
+        f"trained → {res.out_dir}: {res.steps} steps on {res.train_slates} slates; "
+        f"loss {res.losses[0]:.4f} → {sum(tail) / max(1, len(tail)):.4f} (mean of last {len(tail)}); "
+        f"cache {res.cache_s:.0f} s, train {res.train_s:.0f} s"
+    )
+
+
+def _train_with_progress(cfg, resume: bool):
+    """:func:`hllm.training.trainer.train` with progress bars (caching, steps) on a terminal, and a line
+    now and then (cached slates, loss, ETA) when the console is a log file; validations are printed."""
+    import time
+
+    from hllm.training.trainer import train
+
+    steps = cfg.steps
     with progress() as bar:
         cache_task = bar.add_task("caching frozen layers", total=None, visible=False)
         task = bar.add_task("training", total=steps)
@@ -123,8 +140,6 @@ def train_cmd(
         clock = {"t0": None, "first": 0}
 
         def on_step(step: int, loss: float) -> None:
-            import time
-
             if clock["t0"] is None:
                 clock["t0"], clock["first"] = time.perf_counter(), step
             bar.update(task, completed=step, description=f"training loss {loss:.4f}")
@@ -137,13 +152,7 @@ def train_cmd(
             console.print(f"step {rec['step']}: held-out AUC {rec['auc']:.4f}  R@10 {rec['recall@10']:.4f}  "
                           f"NDCG@10 {rec['ndcg@10']:.4f} ({rec['slates']} slates)")
 
-        res = train(cfg, resume=resume, on_step=on_step, on_cache=on_cache, on_validation=on_validation)
-    tail = res.losses[-10:]
-    out.print(
-        f"trained → {res.out_dir}: {res.steps} steps on {res.train_slates} slates; "
-        f"loss {res.losses[0]:.4f} → {sum(tail) / max(1, len(tail)):.4f} (mean of last {len(tail)}); "
-        f"cache {res.cache_s:.0f} s, train {res.train_s:.0f} s"
-    )
+        return train(cfg, resume=resume, on_step=on_step, on_cache=on_cache, on_validation=on_validation)
 
 
 @app.command("teacher")
