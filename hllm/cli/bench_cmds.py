@@ -131,7 +131,7 @@ def lapjv_cmd(
     model_slates: Optional[int] = hidden_alias("--model-slates"),
 ) -> None:
     """Compare LAP solvers (lap.lapjv, scipy, others installed) and the runtime's decode path."""
-    from hllm.bench.lapjv import BATCH, FAMILIES, available_solvers, bench_solvers
+    from hllm.bench.lapjv import FAMILIES, available_solvers, bench_solvers
     from hllm.bench.report import document
     from hllm.errors import HllmError
     from hllm.runtime.decode import SOLVER
@@ -172,28 +172,35 @@ def lapjv_cmd(
             recs.append(rec)
             bar.advance(task)
     doc = document("lapjv", recs, shared, note, runtime_solver=SOLVER, solvers=[s.name for s in solvers])
+    print_lapjv(recs, [s.name for s in solvers])
+    _finish(out_path, doc, json_out)
+    if not all(r["correct"] for r in recs):
+        console.print("[red]solvers disagree on the optimum[/]")
+        raise typer.Exit(1)
+
+
+def print_lapjv(recs: list[dict], solver_names: list[str]) -> None:
+    """Table of LAP solve medians (µs per slate) per (N, family) record of :func:`hllm.bench.lapjv.bench_solvers`."""
+    from hllm.bench.lapjv import BATCH
+
     t = Table(title="LAP solve, median µs per slate (float64 cost | float32 cost)")
     t.add_column("N", justify="right")
     t.add_column("family")
-    for s in solvers:
-        t.add_column(s.name, justify="right")
+    for s in solver_names:
+        t.add_column(s, justify="right")
     t.add_column("runtime decode()", justify="right")
     t.add_column(f"batch of {BATCH}: decode_batch | decode loop | lapjv loop, /slate", justify="right")
     t.add_column("same optimum")
     for r in recs:
         row = [str(r["n_items"]), r["family"]]
-        for s in solvers:
-            row.append(f"{r['solvers_us'][s.name + '/float64']['median']:.1f} | {r['solvers_us'][s.name + '/float32']['median']:.1f}")
+        for s in solver_names:
+            row.append(f"{r['solvers_us'][s + '/float64']['median']:.1f} | {r['solvers_us'][s + '/float32']['median']:.1f}")
         bu = r["batch_us_per_slate"]
         row += [f"{r['runtime_decode_us']['median']:.1f}",
                 f"{bu['decode_batch()']['median']:.1f} | {bu['decode() loop']['median']:.1f} | {bu['lap.lapjv loop']['median']:.1f}",
                 "yes" if r["correct"] else "NO"]
         t.add_row(*row)
     _print_table(t)
-    _finish(out_path, doc, json_out)
-    if not all(r["correct"] for r in recs):
-        console.print("[red]solvers disagree on the optimum[/]")
-        raise typer.Exit(1)
 
 
 @bench_app.command("scaling")
