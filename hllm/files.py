@@ -49,6 +49,23 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+#: What reading a JSON file can raise: unreadable (OSError), not UTF-8, malformed, or nested too deeply
+#: for the parser (RecursionError).
+JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
+
+
+def read_json(path: str | os.PathLike, error: type[Exception] = ValueError,
+              message: str = "cannot read {path}: {reason}") -> Any:
+    """The JSON document in the UTF-8 file ``path`` (the one reader of hllm's JSON sidecars and manifests).
+
+    Raises: ``error(message.format(path=path, reason=...))`` for any of :data:`JSON_READ_ERRORS`.
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except JSON_READ_ERRORS as e:
+        raise error(message.format(path=path, reason=e)) from None
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; returns the path."""
     path = Path(path)

@@ -293,3 +293,37 @@ def test_sigterm_in_process_raises_and_cleans(tmp_path, default_sigterm):
             time.sleep(5)  # the handler raises before this returns
     assert e.value.code == 128 + signal.SIGTERM
     assert not out.exists() and _leftovers(tmp_path, "x.json") == []
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b'{"a": [1, 2]}', None),
+    (b"{not json", "Expecting property name"),
+    (b"\xff\xfe{}", "can't decode byte"),
+    (b"[" * 100_000 + b"]" * 100_000, "recursion"),
+    (b"", "Expecting value"),
+])
+def test_read_json_raises_the_given_error_with_the_reason(tmp_path, content, reason):
+    p = tmp_path / "x.json"
+    p.write_bytes(content)
+    if reason is None:
+        assert files.read_json(p) == {"a": [1, 2]}
+        return
+    with pytest.raises(OutputError, match=f"^{p} is bad: .*{reason}"):
+        files.read_json(p, OutputError, "{path} is bad: {reason}")
+    with pytest.raises(ValueError, match=f"^cannot read {p}: "):
+        files.read_json(p)
+
+
+def test_read_json_of_a_missing_file_or_a_directory(tmp_path):
+    for p in (tmp_path / "missing.json", tmp_path):
+        with pytest.raises(HllmError, match=f"cannot read {p}: .*(No such file|Is a directory)"):
+            files.read_json(p, HllmError)
+
+
+def test_backbone_config_not_utf8_is_a_checkpoint_error(tmp_path):
+    from hllm.errors import CheckpointError
+    from hllm.formats.architectures import read_config
+
+    (tmp_path / "config.json").write_bytes(b"\xff{}")
+    with pytest.raises(CheckpointError, match="backbone config .* is not valid JSON: .*can't decode"):
+        read_config(tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -322,11 +321,9 @@ def chart_cmd(
 def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
     """A benchmark JSON of one of ``kinds`` with a list of records. Raises HllmError naming the file."""
     from hllm.errors import HllmError
+    from hllm.files import read_json
 
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
-        raise HllmError(f"cannot read {p}: {e}") from None
+    doc = read_json(p, HllmError)
     if not isinstance(doc, dict) or doc.get("kind") not in kinds or not isinstance(doc.get("records"), list):
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise HllmError(f"{p} is not a benchmark JSON of kind {' or '.join(kinds)} (kind {kind!r})")

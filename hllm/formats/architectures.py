@@ -9,11 +9,11 @@ head_dim 128).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from hllm.errors import CheckpointError
+from hllm.files import read_json
 
 #: model_type values of config.json that hllm supports.
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -73,10 +73,7 @@ def read_config(backbone_dir: str | Path) -> dict:
     path = Path(backbone_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"backbone config not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"backbone config {path} is not valid JSON: {e}") from None
+    return read_json(path, CheckpointError, "backbone config {path} is not valid JSON: {reason}")
 
 
 def backbone_dims(config: dict) -> BackboneDims:

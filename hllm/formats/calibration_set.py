@@ -15,7 +15,6 @@ A set is two files, so a quantized build can be repeated bit for bit:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from hllm.errors import SlateError
-from hllm.files import atomic_path, atomic_write_json
+from hllm.files import atomic_path, atomic_write_json, read_json
 from hllm.formats.graph import INPUT_NAMES as INPUTS
 
 FORMAT = "hllm-calibration/1"
@@ -103,10 +102,7 @@ def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
     for p in (npz, js):
         if not p.is_file():
             raise SlateError(f"calibration file not found: {p}")
-    try:
-        meta = json.loads(js.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise SlateError(f"cannot read {js}: {e}") from None
+    meta = read_json(js, SlateError)
     if not isinstance(meta, dict):
         raise SlateError(f"{js}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:

@@ -36,14 +36,13 @@ writes there.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from hllm.formats.architectures import BackboneDims, backbone_dims, read_config
 from hllm.errors import CheckpointError
-from hllm.files import atomic_write_json, contained_path
+from hllm.files import atomic_write_json, contained_path, read_json
 from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
 
@@ -218,10 +217,7 @@ def load_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
 def _read_json_object(path: Path, what: str) -> dict:
     """A JSON object from ``path``; CheckpointError for unreadable, non-UTF-8, malformed, too deeply
     nested or non-object content."""
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{path}: the {what} is not readable JSON: {e}") from None
+    d = read_json(path, CheckpointError, f"{{path}}: the {what} is not readable JSON: {{reason}}")
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: the {what} must be a JSON object, got {type(d).__name__}")
     return d

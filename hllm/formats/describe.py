@@ -21,12 +21,11 @@ Raises :class:`hllm.errors.HllmError` for a path that is none of these.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 from hllm.errors import HllmError
+from hllm.files import read_json
 
 CALIBRATION_FORMAT = "hllm-calibration/1"
 FEATURE_META = "meta.json"
@@ -70,13 +69,6 @@ def _bytes(p: Path) -> int:
     return sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
 
 
-def _read_json(p: Path) -> Any:
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
-        raise HllmError(f"cannot read {p}: {e}") from None
-
-
 def describe_checkpoint(p: Path) -> dict:
     """A checkpoint directory: head, K, backbone, adapter, prompt, sizes, training provenance."""
     from dataclasses import asdict
@@ -88,7 +80,7 @@ def describe_checkpoint(p: Path) -> dict:
     adapter = None
     if m.adapter_path is not None:
         cfg = m.adapter_path / "adapter_config.json"
-        ac = _read_json(cfg) if cfg.is_file() else {}
+        ac = read_json(cfg, HllmError) if cfg.is_file() else {}
         ac = ac if isinstance(ac, dict) else {}
         adapter = {"path": str(m.adapter_path), "rank": ac.get("r"), "alpha": ac.get("lora_alpha"),
                    "target_modules": ac.get("target_modules"), "bytes": _bytes(m.adapter_path)}
@@ -188,8 +180,8 @@ def _calibration_meta(p: Path) -> dict | None:
     if not js.is_file():
         return None
     try:
-        d = json.loads(js.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError):
+        d = read_json(js)
+    except ValueError:
         return None
     return d if isinstance(d, dict) and d.get("format") == CALIBRATION_FORMAT else None
 
@@ -213,7 +205,7 @@ def describe_calibration_set(p: Path) -> dict:
 def describe_feature_cache(p: Path) -> dict:
     """A feature cache of ``hllm features``: layer, slates, prompt, sizes (complete or not)."""
     complete = (p / FEATURE_META).is_file()
-    meta = _read_json(p / (FEATURE_META if complete else FEATURE_PARTIAL))
+    meta = read_json(p / (FEATURE_META if complete else FEATURE_PARTIAL), HllmError)
     if not isinstance(meta, dict):
         raise HllmError(f"{p}: feature cache metadata is not a JSON object")
     files = list(p.glob("*.npz"))

@@ -35,13 +35,12 @@ records them (older sidecars without the keys still load):
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError, HllmError
-from hllm.files import atomic_write_json, contained_path, sha256_file
+from hllm.files import atomic_write_json, contained_path, read_json, sha256_file
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
@@ -164,11 +163,7 @@ def read_export(path: str | os.PathLike, verify_hash: bool = False) -> ExportMet
     side = root / SIDECAR
     if not side.is_file():
         raise EngineError(f"{root} has no {SIDECAR} (export with `hllm export`)")
-    try:
-        d = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise EngineError(f"cannot read {side}: {e}") from None
-    meta = parse_export(d, root, str(side))
+    meta = parse_export(read_json(side, EngineError), root, str(side))
     for what, f in (("onnx", meta.onnx_path), ("tokenizer", meta.tokenizer_path)):
         if not f.is_file():
             raise EngineError(f"{side}: {what} file {f.name} is missing")

@@ -18,7 +18,6 @@ The runtime keys ``prompt``, ``tokenizer`` and ``num_positions`` are those of ``
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from hllm.formats.profiles import Profile
 from hllm.errors import EngineError
-from hllm.files import atomic_write_json
+from hllm.files import atomic_write_json, read_json
 
 FORMAT = "hllm-tensorrt-plan"
 FORMAT_VERSION = 1
@@ -126,10 +125,7 @@ def read_sidecar(plan: str | os.PathLike) -> dict:
     side = sidecar_path(plan)
     if not side.is_file():
         raise EngineError(f"{plan} has no sidecar {side.name} (build with `hllm build`)")
-    try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise EngineError(f"cannot read {side}: {e}") from None
+    meta = read_json(side, EngineError)
     _check_keys(meta, side)
     return meta
 

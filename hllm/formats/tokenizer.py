@@ -19,12 +19,11 @@ BPE / WordPiece / WordLevel, a ``[[token, score], ...]`` list for Unigram whose 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from hllm.errors import HllmError
-from hllm.files import sha256_file
+from hllm.files import read_json, sha256_file
 
 
 def tokenizer_id_count(path: str | os.PathLike, error: type[Exception] = HllmError) -> int:
@@ -34,10 +33,7 @@ def tokenizer_id_count(path: str | os.PathLike, error: type[Exception] = HllmErr
         no ``model.vocab``, ids that are not integers).
     """
     p = Path(path)
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise error(f"{p} is not a readable tokenizer.json: {e}") from None
+    d = read_json(p, error, "{path} is not a readable tokenizer.json: {reason}")
     model = d.get("model") if isinstance(d, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict):
