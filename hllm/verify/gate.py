@@ -18,13 +18,13 @@ labelled positives); if a shared ``hllm.verify.metrics`` module appears it shoul
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from hllm.errors import SlateError
-from hllm.verify.parity import ComparisonSummary, Failure, SlateComparison, check, compare_slate
+from hllm.verify.parity import ComparisonSummary, SlateComparison, Verdict, compare_slate
 
 
 @dataclass
@@ -141,7 +141,7 @@ def load_reference(path, slates: Sequence[dict], source_sha256: str | None) -> l
 
 
 @dataclass
-class GateReport:
+class GateReport(Verdict):
     """Verdict of the fidelity gate: ``bool(report)`` = passed.
 
     :meth:`to_dict` keys: the :class:`hllm.verify.parity.ComparisonSummary` fields (slates,
@@ -158,20 +158,14 @@ class GateReport:
     backend: str = "onnxruntime"
     extra: dict = field(default_factory=dict)
 
-    def summary(self) -> ComparisonSummary:
-        return ComparisonSummary.of(self.records)
-
     @property
     def recall10_delta(self) -> float | None:
         if not self.reference_metrics or not self.test_metrics:
             return None
         return self.test_metrics["recall@10"] - self.reference_metrics["recall@10"]
 
-    def failures(self) -> list[Failure]:
-        """Each failed criterion with value, limit and by how much it missed."""
-        s, t = self.summary(), self.thresholds
-        if not s.slates:
-            return [Failure("slates", 0, 1, ">=", 1)]
+    def criteria(self, s: ComparisonSummary) -> list[tuple[str, float, float, str]]:
+        t = self.thresholds
         checks = [("top1_agreement", s.top1_agreement, t.min_top1, ">="),
                   ("nonfinite", s.nonfinite, t.max_nonfinite, "<=")]
         if t.min_tau is not None:
@@ -179,21 +173,12 @@ class GateReport:
         d = self.recall10_delta
         if d is not None:
             checks.append(("|recall@10_delta|", abs(d), t.max_recall10_delta, "<="))
-        return check(checks)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures()
-
-    def __bool__(self) -> bool:
-        return self.passed
+        return checks
 
     def to_dict(self, per_slate: bool = False) -> dict:
         d = {**self.summary().to_dict(), "recall@10_delta": self.recall10_delta,
              "reference_metrics": self.reference_metrics, "quantized_metrics": self.test_metrics,
-             "passed": self.passed, "failures": [f.to_dict() for f in self.failures()],
-             "thresholds": asdict(self.thresholds), "precision": str(self.precision),
-             "reference": self.reference, "backend": self.backend}
+             **self.verdict_dict()}
         if self.test_metrics and self.reference_metrics:
             for k in ("recall@1", "ndcg@10"):
                 d[f"{k}_delta"] = self.test_metrics[k] - self.reference_metrics[k]

@@ -168,8 +168,46 @@ class ComparisonSummary:
         return asdict(self)
 
 
+class Verdict:
+    """What :class:`ParityReport` and :class:`hllm.verify.gate.GateReport` share: a verdict over
+    ``self.records`` (:class:`SlateComparison`) against ``self.thresholds``.
+
+    A subclass names its criteria (:meth:`criteria`); no slates at all is a failure of its own.
+    ``bool(report)`` = :attr:`passed`.
+    """
+
+    records: list[SlateComparison]
+
+    def summary(self) -> ComparisonSummary:
+        return ComparisonSummary.of(self.records)
+
+    def criteria(self, s: ComparisonSummary) -> list[tuple[str, float, float, str]]:
+        """``(name, value, limit, op)`` of each criterion (see :func:`check`) for summary ``s``."""
+        raise NotImplementedError
+
+    def failures(self) -> list[Failure]:
+        """Each failed criterion: name, value, limit, and by how much it missed."""
+        s = self.summary()
+        if not s.slates:
+            return [Failure("slates", 0, 1, ">=", 1)]
+        return check(self.criteria(s))
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures()
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def verdict_dict(self) -> dict:
+        """passed, failures, thresholds, precision, reference, backend (the keys every report has)."""
+        return {"passed": self.passed, "failures": [f.to_dict() for f in self.failures()],
+                "thresholds": asdict(self.thresholds), "precision": str(self.precision),
+                "reference": self.reference, "backend": self.backend}
+
+
 @dataclass
-class ParityReport:
+class ParityReport(Verdict):
     """Verdict of a parity run: ``bool(report)`` = passed.
 
     Top-level keys of :meth:`to_dict`: the :class:`ComparisonSummary` fields, passed, failures (each
@@ -184,33 +222,18 @@ class ParityReport:
     precision: str = "fp32"
     extra: dict = field(default_factory=dict)
 
-    def summary(self) -> ComparisonSummary:
-        return ComparisonSummary.of(self.records)
-
-    def failures(self) -> list[Failure]:
-        """Each failed criterion: name, value, limit, and by how much it missed."""
-        s, t = self.summary(), self.thresholds
-        if not s.slates:
-            return [Failure("slates", 0, 1, ">=", 1)]
-        return check([
+    def criteria(self, s: ComparisonSummary) -> list[tuple[str, float, float, str]]:
+        t = self.thresholds
+        return [
             ("max_abs_diff", s.max_abs_diff, t.atol, "<="),
             ("perm_match_rate", s.perm_match_rate, t.min_perm_match, ">="),
             ("top1_agreement", s.top1_agreement, t.min_top1, ">="),
             ("kendall_tau_mean", s.kendall_tau_mean, t.min_tau, ">="),
             ("nonfinite", s.nonfinite, t.max_nonfinite, "<="),
-        ])
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures()
-
-    def __bool__(self) -> bool:
-        return self.passed
+        ]
 
     def to_dict(self, per_slate: bool = True) -> dict:
-        d = {**self.summary().to_dict(), "passed": self.passed, "failures": [f.to_dict() for f in self.failures()],
-             "precision": str(self.precision), "reference": self.reference, "backend": self.backend,
-             "thresholds": asdict(self.thresholds), **self.extra}
+        d = {**self.summary().to_dict(), **self.verdict_dict(), **self.extra}
         if per_slate:
             d["per_slate"] = [r.to_dict() for r in self.records]
         return d
