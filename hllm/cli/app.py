@@ -216,6 +216,14 @@ def is_std(path: Optional[os.PathLike | str]) -> bool:
     return path is not None and str(path) == "-"
 
 
+def slates_source(path: Optional[Path], default: str = "packaged sample") -> str:
+    """How a report names the slates it read from ``path``: ``<stdin>`` for ``-``, the path, or
+    ``default`` when None (the packaged sample)."""
+    if is_std(path):
+        return "<stdin>"
+    return default if path is None else str(path)
+
+
 def slates_file(path: Optional[Path], option: str = "--slates") -> Path:
     """A slates path for code that reads the file itself: the packaged sample when ``path`` is None;
     ``-`` is refused (that code cannot read stdin). Raises SlateError if the file does not exist."""
@@ -311,6 +319,20 @@ def write_json_out(path: Optional[os.PathLike | str], obj: Any) -> None:
         from hllm.files import atomic_write_json
 
         atomic_write_json(path, obj)
+
+
+def finish_report(path: Optional[os.PathLike | str], doc: Any, json_out: bool,
+                  show: Optional[Callable[[Any], None]] = None, label: str = "report") -> None:
+    """The end of a command that makes a JSON report: write ``doc`` to ``path`` (atomic; ``-`` = stdout;
+    None = nowhere), show it to people (``show(doc)``, e.g. a table), say where the file went
+    (``"{label} → path"``) and, with ``--json``, print it on stdout."""
+    write_json_out(path, doc)
+    if show is not None:
+        show(doc)
+    if path is not None and not is_std(path):
+        out.print(f"{label} → {path}" if label else f"→ {path}")
+    if json_out:
+        emit_json(doc)
 
 
 def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:

@@ -8,9 +8,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, emit_json,
+from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, finish_report,
                           hidden_alias, json_opt, limit_opt, load_slates, out, pick, progress, quiet_libraries,
-                          slates_opt, threads_opt, write_json_out)
+                          slates_opt, slates_source, threads_opt)
 
 bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -42,15 +42,6 @@ def _ints(text: str, what: str, most: int = MAX_ITEMS) -> list[int]:
     if len(vals) > 64:
         raise HllmError(f"{what}: at most 64 values, got {len(vals)}")
     return vals
-
-
-def _finish(out_path: Path, doc: dict, json_out: bool) -> None:
-    """Write the benchmark JSON (atomic, or stdout for '-') and, with --json, print it."""
-    write_json_out(out_path, doc)
-    if str(out_path) != "-":
-        out.print(f"→ {out_path}")
-    if json_out:
-        emit_json(doc)
 
 
 @bench_app.command("stages")
@@ -96,9 +87,9 @@ def stages_cmd(
         recs = bench_stages(models, data, runs=runs, warmup=warmup, threads=threads,
                             peak_gflops=peak["peak_gflops"] if peak else None, configs=configs,
                             on_call=lambda _: bar.advance(task))
-    doc = document("stages", recs, shared, note, matmul_peak=peak, slates_file=str(slates or "packaged sample"))
+    doc = document("stages", recs, shared, note, matmul_peak=peak, slates_file=slates_source(slates))
     print_stages(recs)
-    _finish(out_path, doc, json_out)
+    finish_report(out_path, doc, json_out, label="")
 
 
 def print_stages(recs: list[dict]) -> None:
@@ -172,7 +163,7 @@ def lapjv_cmd(
             bar.advance(task)
     doc = document("lapjv", recs, shared, note, runtime_solver=SOLVER, solvers=[s.name for s in solvers])
     print_lapjv(recs, [s.name for s in solvers])
-    _finish(out_path, doc, json_out)
+    finish_report(out_path, doc, json_out, label="")
     if not all(r["correct"] for r in recs):
         console.print("[red]solvers disagree on the optimum[/]")
         raise typer.Exit(1)
@@ -242,7 +233,7 @@ def scaling_cmd(
         t.add_row(str(r["seq_len"]), Path(r["model"]).parent.name or r["model"], r["precision"], str(r["flavour"]),
                   f"{r['engine_ms']['median']:.0f}", f"{r['ratio_to_reference']:.2f}", f"{r['gflops']}{pf}")
     _print_table(t)
-    _finish(out_path, doc, json_out)
+    finish_report(out_path, doc, json_out, label="")
 
 
 @bench_app.command("versus-ar")
@@ -285,7 +276,7 @@ def versus_ar_cmd(
         for n in ns:
             recs.append(bench_versus_ar(models, ar_model, data, n, threads, unconstrained,
                                         on_call=lambda _: bar.advance(task)))
-    doc = document("versus_ar", recs, shared, note, slates_file=str(slates or "packaged sample"))
+    doc = document("versus_ar", recs, shared, note, slates_file=slates_source(slates))
     t = Table(title="single pass vs autoregressive (median per slate)")
     for c in ("N", "slates", "hLLM ms", "AR ms", "AR passes", "speed-up", "AR free ms", "free passes", "free invalid"):
         t.add_column(c, justify="right")
@@ -295,7 +286,7 @@ def versus_ar_cmd(
                   f"{r.get('ar_unconstrained_decode_passes', float('nan')):.0f}",
                   f"{r.get('ar_unconstrained_invalid_rate', float('nan')):.0%}")
     _print_table(t)
-    _finish(out_path, doc, json_out)
+    finish_report(out_path, doc, json_out, label="")
 
 
 @bench_app.command("chart")

@@ -8,9 +8,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console,
-                          data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt,
-                          pick, progress, quiet_libraries, slates_file, slates_opt, threads_opt, write_json_out)
+from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console, data_to_stdout,
+                          finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
+                          progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
 from hllm.build.quantize import BACKENDS, PRECISIONS
 from hllm.errors import SlateError
 
@@ -92,7 +92,7 @@ def calibrate_cmd(
     with console.status("[bold]preparing calibration data…"):
         calib = prepare_calibration(art, builder, backend, calibration, calib_slates, calib_count, calib_seed,
                                     calib_batch_size, [str(s.get("slate_id", "")) for s in evals], say)
-    slates_name = "<stdin>" if str(slates) == "-" else str(slates or slates_file(None))
+    slates_name = slates_source(slates, str(slates_file(None)))
     req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
                            bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
@@ -129,10 +129,7 @@ def _calibrate_with_progress(req) -> tuple[dict, Path]:
 
 def _report(result: dict, dest: Path, report: Optional[Path], json_out: bool) -> None:
     """Write/print the calibration result; exit 1 if the gate failed."""
-    write_json_out(report, result)
-    _print(result)
-    if json_out:
-        emit_json(result)
+    finish_report(report, result, json_out, show=_print)
     if result["passed"]:
         out.print(f"quantized export → {dest}")
     else:

@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from hllm.cli.app import (MAX_WORKERS, app, batch_opt, check_output_file, console, data_to_stdout, emit_json,
-                          hidden_alias, json_opt, limit_opt, load_slates, out, out_opt, pick, progress, quiet_libraries,
-                          slates_file, slates_opt, threads_opt, write_json_out, write_records)
+                          finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, out_opt, pick, progress,
+                          quiet_libraries, slates_file, slates_opt, slates_source, threads_opt, write_records)
 
 MODEL_HELP = "Checkpoint dir, export dir / .onnx, or TensorRT .plan."
 
@@ -111,14 +111,9 @@ def parity_cmd(
         rep = run_parity(reference, test, data, th, batch_size, on_progress=lambda n: bar.advance(task, n),
                          **({"threads": threads} if threads else {}))
     d = rep.to_dict(per_slate=per_slate)
-    d["slates_file"] = "<stdin>" if str(slates) == "-" else str(slates or slates_file(None))
+    d["slates_file"] = slates_source(slates, str(slates_file(None)))
     d["seconds"] = round(time.perf_counter() - t0, 1)
-    write_json_out(out_path, d)
-    print_parity(d)
-    if out_path and str(out_path) != "-":
-        out.print(f"report → {out_path}")
-    if json_out:
-        emit_json(d)
+    finish_report(out_path, d, json_out, show=print_parity)
     if not rep.passed:
         console.print(f"[red]parity FAILED:[/] {d['failures']}")
         raise typer.Exit(1)

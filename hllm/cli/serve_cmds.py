@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, Terminated, app, check_output_dir, check_output_file, choice_opt, console,
-                          data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out, out_opt,
-                          overwrite_opt, pick, quiet_libraries, slates_opt, threads_opt, write_json_out)
+from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, Terminated, app, check_output_dir, check_output_file, choice_opt,
+                          console, data_to_stdout, finish_report, hidden_alias, json_opt, limit_opt, load_slates, out,
+                          out_opt, overwrite_opt, pick, quiet_libraries, slates_opt, slates_source, threads_opt)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -105,14 +105,8 @@ def loadtest_cmd(
         resolve(model)
     data = load_slates(slates, limit=limit)
     report = loadtest_report(model, url, data, clients, requests, max_seconds, n_items, batch_size, max_wait_ms,
-                             threads, rounds, note, "<stdin>" if str(slates) == "-" else str(slates or "packaged sample"),
-                             log=lambda m: console.print(m))
-    write_json_out(out_path, report)
-    _print_table(report)
-    if out_path and str(out_path) != "-":
-        out.print(f"report → {out_path}")
-    if json_out:
-        emit_json(report)
+                             threads, rounds, note, slates_source(slates), log=lambda m: console.print(m))
+    finish_report(out_path, report, json_out, show=_print_table)
 
 
 def _print_table(report: dict) -> None:

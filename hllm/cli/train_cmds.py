@@ -10,8 +10,8 @@ import typer
 
 from hllm.cli.app import (MAX_ITEMS, MAX_SEQ, app, batch_opt, check_output_dir, check_output_file, choice_opt,
                           console, data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out,
-                          out_opt, pick, positions_opt, progress, quiet_libraries, slates_file, slates_opt, threads_opt,
-                          write_json_out)
+                          out_opt, pick, positions_opt, progress, quiet_libraries, slates_file, slates_opt,
+                          slates_source, threads_opt, write_json_out)
 from hllm.errors import HllmError
 from hllm.formats.checkpoint import HEAD_KINDS
 
@@ -331,7 +331,7 @@ def eval_cmd(
             task = bar.add_task(desc, total=total)
             return lambda n: bar.advance(task, n)
 
-        result = evaluate_rankers(rankers, rows, str(slates or "packaged sample"), seed, batch_size, features, bar_for,
+        result = evaluate_rankers(rankers, rows, slates_source(slates), seed, batch_size, features, bar_for,
                                   on_ranker)
     out.print(table)
     if str(out_json) == "-":
