@@ -74,7 +74,9 @@ hllm bench versus-ar "$CKPT" --ar "$AR" -s "$SLATES" -n 50 --count "$AR_SLATES" 
   "${THREADS_OPT[@]}" -o "$OUT/versus_ar.json" "$MACHINE" "${NOTE_OPT[@]}"
 
 if "$PY" -c "import matplotlib" 2>/dev/null; then
-  hllm bench chart --stages "$OUT/stages.json" --versus "$OUT/versus_ar.json" -n 50 -o "$OUT/stages.png"
+  SCALING_OPT=()
+  [ -f "$OUT/scaling.json" ] && SCALING_OPT=(--scaling "$OUT/scaling.json")
+  hllm bench chart --stages "$OUT/stages.json" --versus "$OUT/versus_ar.json" "${SCALING_OPT[@]}" -n 50 -o "$OUT/stages.png"
 else
   echo "matplotlib not installed: no chart (pip install 'hllm[bench]')" >&2
 fi

@@ -61,6 +61,8 @@ class _Contender:
     ranker: object
     dims: object
     load_s: float
+    precision: str = "fp32"
+    flavour: str | None = None
     samples: dict = field(default_factory=dict)
 
 
@@ -96,20 +98,23 @@ def bench_stages(
         peak_gflops: the machine's measured fp32 GEMM peak (for ``peak_fraction``).
         on_call: progress callback, called with a label after every engine call.
     Returns:
-        records with keys ``kind, schema, model, backend, n_items, batch_size, runs, warmup,
+        records with keys ``kind, schema, model, backend, precision, flavour, n_items, batch_size, runs, warmup,
         stage_ms`` (per-stage medians, ms per call), ``stage_stats`` (full statistics),
         ``lapjv_us`` (per slate), ``engine_io_ms``, ``overhead_fraction``, ``prompt_tokens_mean``,
         ``tokens_per_s``, ``gflops``, ``peak_fraction``, ``load_s``.
     Raises: HllmError subclasses from loading or running a model; SlateError if a slate is too small.
     """
     from hllm.runtime import Ranker
+    from hllm.runtime.artefact import resolve
 
     opened: list[_Contender] = []
     for path in models:
+        art = resolve(path)
         t0 = time.perf_counter()
         ranker = Ranker.from_path(path, threads=threads)
         ranker.engine.activate()
-        opened.append(_Contender(f"{ranker.engine.name}:{path}", str(path), ranker, model_dims(path), time.perf_counter() - t0))
+        opened.append(_Contender(f"{ranker.engine.name}:{path}", str(path), ranker, model_dims(path),
+                                 time.perf_counter() - t0, str(art.precision), art.flavour))
     grid = list(configs) if configs else [(n, b) for n in n_items for b in batch_sizes]
     records = []
     try:
@@ -176,6 +181,8 @@ def _record(m: _Contender, n: int, b: int, runs: int, warmup: int, peak: float |
         "schema": SCHEMA_VERSION,
         "model": m.path,
         "backend": m.ranker.engine.name,
+        "precision": m.precision,
+        "flavour": m.flavour,
         "n_items": n,
         "batch_size": b,
         "runs": runs,

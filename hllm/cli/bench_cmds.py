@@ -294,9 +294,10 @@ def chart_cmd(
     stages: Path = typer.Option(..., help="Stage benchmark JSON (hllm bench stages -o)."),
     versus: Optional[Path] = typer.Option(None, help="hLLM vs AR JSON (hllm bench versus-ar -o)."),
     n_items: int = typer.Option(50, "--n-items", "-n", min=1, max=MAX_ITEMS, help="N of the per-stage panel."),
+    scaling: Optional[Path] = typer.Option(None, help="Engine time vs prompt length JSON (hllm bench scaling -o)."),
     out_path: Path = typer.Option(..., "--out", "-o", help="PNG to write (atomic)."),
 ) -> None:
-    """PNG of the per-stage breakdown (+ hLLM vs AR) from the JSON results (needs matplotlib)."""
+    """PNG of the per-stage breakdown (+ hLLM vs AR, + engine time vs prompt length) from the JSON results (needs matplotlib)."""
     from hllm.bench.chart import write_chart
 
     check_output_file(out_path)
@@ -305,7 +306,8 @@ def chart_cmd(
     if versus is not None:
         recs = _load_doc(versus, ("versus_ar",))["records"]
         vs = ([r for r in recs if r.get("n_items") == n_items] or recs or [None])[0]
-    write_chart(st["records"], out_path, vs, n_items=n_items)
+    sc = _load_doc(scaling, ("scaling",))["records"] if scaling is not None else None
+    write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
     out.print(f"chart → {out_path}")
 
 

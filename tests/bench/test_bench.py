@@ -182,7 +182,7 @@ def test_prefill_flops_formula():
 
 
 # -- end to end on the tiny models ---------------------------------------------------------------
-STAGE_KEYS = {"kind", "schema", "model", "backend", "n_items", "batch_size", "runs", "warmup", "stage_ms",
+STAGE_KEYS = {"kind", "schema", "model", "backend", "precision", "flavour", "n_items", "batch_size", "runs", "warmup", "stage_ms",
               "stage_stats", "lapjv_us", "engine_io_ms", "overhead_fraction", "prompt_tokens_mean",
               "tokens_per_s", "gflops", "peak_fraction", "load_s", "machine", "versions"}
 
@@ -200,6 +200,7 @@ def test_stage_bench_records_on_tiny_models(merged_checkpoint, export_dir):
     json.dumps(doc, allow_nan=False)
     assert [(r["backend"], r["n_items"], r["batch_size"]) for r in recs] == [
         ("torch", 4, 1), ("onnxruntime", 4, 1), ("torch", 8, 2), ("onnxruntime", 8, 2)]
+    assert [(r["precision"], r["flavour"]) for r in recs[:2]] == [("fp32", None), ("fp32", "ort-cpu")]
     for r in recs:
         assert STAGE_KEYS <= set(r)
         assert set(r["stage_ms"]) == {"prompt", "engine", "decode_output", "total", "lapjv", "engine_io"}
@@ -281,10 +282,82 @@ def test_chart_png(tmp_path):
            "stage_ms": {"prompt": 3.0, "engine": 3000.0, "lapjv": 0.05, "decode_output": 0.2, "total": 3003.2}}
     vs = {"n_items": 50, "hllm_ms": 3000.0, "ar_ms": 30000.0, "ar_decode_passes": 149, "speedup": 10.0,
           "ar_unconstrained_ms": 5000.0, "ar_unconstrained_decode_passes": 16, "ar_unconstrained_invalid_rate": 1.0}
-    p = write_chart([rec, {**rec, "backend": "onnxruntime"}], tmp_path / "c.png", vs)
-    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chart = write_chart([rec, {**rec, "backend": "onnxruntime"}], tmp_path / "c.png", vs)
+    assert chart.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(chart.panels) == ["stages", "versus"]
+    assert set(chart.panels["stages"].series) == {"torch", "onnxruntime"}  # older records: backend only
+    assert [v for _, v in chart.panels["versus"].series.popitem()[1]] == [3.0, 30.0, 5.0]  # seconds
     with pytest.raises(HllmError, match="no stage record"):
         write_chart([rec], tmp_path / "d.png", n_items=10)
+
+
+def _stage_rec(model, backend, flavour, precision, engine_ms):
+    return {"model": model, "backend": backend, "flavour": flavour, "precision": precision, "n_items": 50,
+            "batch_size": 1, "stage_ms": {"prompt": 3.0, "engine": engine_ms, "lapjv": 0.05, "decode_output": 0.2,
+                                          "total": engine_ms + 3.25}}
+
+
+def _scaling_recs(contenders, seq_lens=(400, 800, 1350)):
+    """bench_scaling-shaped records: per S, each contender (the first = reference); ms = S × its speed."""
+    recs = []
+    for s in seq_lens:
+        ref_ms = s * contenders[0][4]
+        for model, backend, flavour, precision, ms_per_token in contenders:
+            ms = s * ms_per_token
+            recs.append({"kind": "scaling", "seq_len": s, "n_items": 50, "model": model, "backend": backend,
+                         "precision": precision, "flavour": flavour,
+                         "engine_ms": {"runs": 5, "median": ms, "p90": ms * 1.1, "min": ms * 0.9},
+                         "ratio_to_reference": round(ref_ms / ms, 3), "gflops": 10.0, "peak_fraction": None})
+    return recs
+
+
+def test_chart_many_contenders_and_scaling_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from hllm.bench.chart import contender_labels, write_chart
+
+    contenders = [("ck/merged", "torch", None, "fp32", 2.0),
+                  ("ex/export/model.onnx", "onnxruntime", "ort-cpu", "fp32", 1.0),
+                  ("ex/standard/model.onnx", "onnxruntime", "standard", "fp32", 1.6),
+                  ("ex/int8/model.onnx", "onnxruntime", "ort-cpu", "int8", 0.5),
+                  ("ex/int8-b/model.onnx", "onnxruntime", "ort-cpu", "int8", 0.8)]
+    stages = [_stage_rec(m, b, f, p, 1000.0 * t) for m, b, f, p, t in contenders]
+    stages.append({**stages[0], "n_items": 10})  # another N: not charted
+    scaling = _scaling_recs(contenders)
+    want = ["torch fp32", "onnxruntime ort-cpu fp32", "onnxruntime standard fp32", "onnxruntime ort-cpu int8 (int8)",
+            "onnxruntime ort-cpu int8 (int8-b)"]
+    assert list(contender_labels(stages).values()) == want
+
+    chart = write_chart(stages, tmp_path / "c.png", scaling=scaling)
+    assert chart.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(chart.panels) == ["stages", "scaling"]
+    st = chart.panels["stages"]
+    assert list(st.series) == want
+    assert st.series["onnxruntime ort-cpu int8 (int8)"][1] == ("engine (prefill + head)", 500.0)
+    assert [c for c, _ in st.series["torch fp32"]] == ["prompt + tokenize", "engine (prefill + head)", "LAPJV decode",
+                                                       "decode + output", "total"]
+    sc = chart.panels["scaling"]
+    assert list(sc.series) == want and "speed-up over torch fp32" in sc.title
+    assert sc.series["onnxruntime standard fp32"] == [(400.0, 640.0), (800.0, 1280.0), (1350.0, 2160.0)]
+    # one ratio per S for each non-reference contender: 2/1 = 2.00×, 2/1.6 = 1.25×, 2/0.5 = 4.00×, 2/0.8 = 2.50×
+    assert sorted(sc.texts) == sorted(["2.00×", "1.25×", "4.00×", "2.50×"] * 3)
+
+    chart = write_chart(stages, tmp_path / "d.png", versus=None, scaling=None)
+    assert list(chart.panels) == ["stages"]
+
+
+def test_cli_chart_with_scaling_panel(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from hllm.cli.app import run
+
+    contenders = [("ck", "torch", None, "fp32", 2.0), ("ex/model.onnx", "onnxruntime", "ort-cpu", "int8", 0.5)]
+    st, sc = tmp_path / "stages.json", tmp_path / "scaling.json"
+    st.write_text(json.dumps({"kind": "stages", "records": [_stage_rec(m, b, f, p, 1e3 * t) for m, b, f, p, t in contenders]}))
+    sc.write_text(json.dumps({"kind": "scaling", "records": _scaling_recs(contenders)}))
+    png = tmp_path / "c.png"
+    assert run(["bench", "chart", "--stages", str(st), "--scaling", str(sc), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"chart → {png}" in capsys.readouterr().out
+    assert run(["bench", "chart", "--stages", str(st), "--scaling", str(st), "-o", str(tmp_path / "d.png")]) == 2
+    assert "not a benchmark JSON of kind scaling" in capsys.readouterr().err and not (tmp_path / "d.png").exists()
 
 
 def test_solver_bench_on_real_model_scores(export_dir):
