@@ -12,7 +12,7 @@ from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, c
                           data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt,
                           pick, progress, quiet_libraries, slates_file, slates_opt, threads_opt, write_json_out)
 from hllm.build.quantize import BACKENDS, PRECISIONS
-from hllm.errors import SlateError
+from hllm.errors import EngineError, SlateError
 
 
 @app.command("calibrate")
@@ -91,6 +91,9 @@ def calibrate_cmd(
     art = resolve(export_dir)
     if art.kind != "onnx":
         raise SlateError(f"{export_dir} is a {art.kind}, not an ONNX export (run `hllm export` first)")
+    if backend == "modelopt" and art.flavour != "standard":  # refused before the FP32 reference run
+        raise EngineError(f"{export_dir} is the {art.flavour} flavour: ModelOpt Q/DQ for TensorRT needs "
+                          "`hllm export --flavour standard` (TensorRT cannot parse ONNX Runtime contrib ops)")
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
     evals = load_slates(slates, limit=limit)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
