@@ -10,7 +10,7 @@
 # The defaults are the configuration of the committed figures; raise RUNS / AR_SLATES for tighter ones.
 #
 # Inputs (environment variables, defaults in brackets):
-#   CKPT [work/demo/merged]  hLLM checkpoint (PyTorch engine)     EXPORT [work/demo/export]  its ONNX export (fused ort-cpu)
+#   CKPT [checkpoints/smollm2-beauty]  hLLM checkpoint (PyTorch)   EXPORT [work/demo/export]  its ONNX export (fused ort-cpu)
 #   EXTRA []  more exports of the same checkpoint to race (space-separated: the standard-ONNX flavour, INT8 graphs)
 #   SCALING_RUNS [5]  interleaved rounds per prompt length
 #   AR [work/smollm2]        the same backbone as a causal LM     SLATES [examples/beauty-eval-sample.jsonl.gz]
@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
-CKPT=${CKPT:-work/demo/merged}
+CKPT=${CKPT:-checkpoints/smollm2-beauty}
 EXPORT=${EXPORT:-work/demo/export}
 AR=${AR:-work/smollm2}
 SLATES=${SLATES:-examples/beauty-eval-sample.jsonl.gz}

@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_check.sh                      # TensorRT mode if `import tensorrt` works, else proxy mode
 #   scripts/gpu_check.sh --proxy              # force the PyTorch-CUDA proxy (no TensorRT needed)
-#   CKPT=work/demo/merged SLATES=path/eval.jsonl.gz LIMIT=100 RUNS=50 scripts/gpu_check.sh
+#   CKPT=checkpoints/smollm2-beauty SLATES=path/eval.jsonl.gz LIMIT=100 RUNS=50 scripts/gpu_check.sh
 #
 # TensorRT mode: GPU tests (pytest -m "gpu or tensorrt"); tiny model → FP16 export → `hllm build` →
 # `hllm parity`; real checkpoint → FP16 export → `hllm build --target a100` (timing cache reused by a
@@ -17,7 +17,7 @@ set -euo pipefail
 MODE=auto
 [[ "${1:-}" == "--proxy" ]] && MODE=proxy
 PY=${PYTHON:-python}
-CKPT=${CKPT:-work/demo/merged}
+CKPT=${CKPT:-checkpoints/smollm2-beauty}
 SLATES=${SLATES:-examples/beauty-eval-sample.jsonl.gz}
 LIMIT=${LIMIT:-100}
 RUNS=${RUNS:-50}
@@ -37,7 +37,7 @@ FP16_GATE=(--atol "$ATOL" --min-perm-match 0 --min-top1 0.99 --min-tau 0.99)
 
 if [[ $MODE == tensorrt ]]; then
   $PY -c "import tensorrt; print('TensorRT', tensorrt.__version__)"
-  $PY -m pytest -q -m "gpu or tensorrt" tests/test_tensorrt.py
+  $PY -m pytest -q -m "gpu or tensorrt" tests/build/test_tensorrt.py
   # 1. tiny model, end to end
   $PY scripts/gpu_check.py tiny "$WORK/tiny"
   hllm build "$WORK/tiny/export16" "$WORK/tiny/tiny.plan" --profile 1:1:4/8:128:512/1:8:8 \

@@ -23,6 +23,17 @@ Only ``MatMul``/``Gemm`` are quantized by default, and in static mode only MatMu
 (weight) input: the attention score/value MatMuls, the additive masks and the norms stay float (a
 quantized −inf mask gets an infinite scale; see ``shared/notes/facts.md``).
 
+The fused ``ort-cpu`` graph (:mod:`hllm.build.fusion`) is quantized the same way: its contrib ops
+(:data:`FLOAT_OPS`: ``GroupQueryAttention``, ``MultiHeadAttention``, ``RotaryEmbedding``, the
+``(Skip)SimplifiedLayerNormalization`` norms) have no INT8 kernel, and ONNX Runtime's quantizer only
+touches the op types it is given (``op_types_to_quantize``; an op type outside its QDQ registry would
+get Q/DQ pairs around a float kernel, ``onnxruntime/python/tools/quantization/registry.py``), so they are
+refused as op types and checked afterwards (:func:`float_ops_fed_by_quantized`). In static QDQ mode ORT
+also quantizes each MatMul's *output* unless told otherwise, which would round the q/k/v inputs of
+GroupQueryAttention and the residual branches to 8 bits; ``OpTypesToExcludeOutputQuantization`` keeps
+them float, and ONNX Runtime runs ``DQ → MatMul`` as ``MatMulIntegerToFloat`` (u8×s8 integer GEMM,
+float output) instead of ``QLinearMatMul`` → ``DequantizeLinear``.
+
 Parts that must stay in higher precision are named, resolved to node names through the module path
 the dynamo exporter stores in each node's ``pkg.torch.onnx.name_scopes`` metadata:
 
@@ -52,8 +63,14 @@ PRECISIONS = ("int8", "fp8")
 DEFAULT_OP_TYPES = ("MatMul", "Gemm")
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
              "QLinearMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "MatMulNBits"}
+_ROUNDED_OUTPUT_OPS = {"DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul"}
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_NORM_OPS = {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
+_NORM_OPS = {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+             "SkipSimplifiedLayerNormalization"}
+#: Op types of the fused ``ort-cpu`` graph that must stay float: ONNX Runtime has no INT8 kernel for them
+#: (``com.microsoft`` attention / rotary, the fused norms); never quantized, never fed by a Q/DQ pair.
+FLOAT_OPS = frozenset({"GroupQueryAttention", "MultiHeadAttention", "Attention", "RotaryEmbedding",
+                       "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SkipLayerNormalization"})
 
 MODELOPT_HINT = (
     "NVIDIA ModelOpt is not importable in this environment: install the optional extra "
@@ -121,6 +138,10 @@ class QuantOptions:
             raise EngineError(f"unknown precision {self.precision!r}; one of {list(PRECISIONS)}")
         if self.precision == "fp8" and self.backend != "modelopt":
             raise EngineError("fp8 is a TensorRT (Q/DQ) format: use --backend modelopt (ONNX Runtime CPU has no fp8 kernels)")
+        float_only = sorted(set(self.op_types) & FLOAT_OPS)
+        if float_only:
+            raise EngineError(f"op types {float_only} stay float (ONNX Runtime has no INT8 kernel for them: Q/DQ "
+                              "around them would only round their inputs); quantize MatMul / Gemm")
         if self.activation_type not in ("uint8", "int8"):
             raise EngineError(f"activation_type must be uint8 or int8, got {self.activation_type!r}")
         if self.backend == "ort-weight-only":
@@ -240,12 +261,23 @@ def nodes_in_part(model, part: str) -> list[str]:
 
 
 def excluded_nodes(model, options: QuantOptions) -> list[str]:
-    """Node names to keep in float for ``options`` (parts resolved + explicit names), sorted, unique."""
+    """Node names to keep in float for ``options`` (parts resolved + explicit names), sorted, unique.
+
+    Raises: EngineError for an unknown node name, a part that matches nothing, or parts asked of a graph
+        where a node to quantize (``options.op_types``) carries no module path: it could not be placed in
+        any part, so an exclusion could silently miss it.
+    """
     names = set(options.exclude_nodes)
     known = {n.name for n in model.graph.node}
     unknown = names - known
     if unknown:
         raise EngineError(f"exclude_nodes not in the graph: {sorted(unknown)[:5]}")
+    if options.exclude:
+        blind = [n.name for n in model.graph.node if n.op_type in options.op_types and not module_path(n)]
+        if blind:
+            raise EngineError(f"{len(blind)} {'/'.join(options.op_types)} nodes carry no module path "
+                              f"({', '.join(blind[:3])}): parts cannot be resolved on this graph; pass node names "
+                              "(--exclude-node) or re-export with `hllm export`")
     for part in options.exclude:
         names.update(nodes_in_part(model, part))
     return sorted(names)
@@ -257,6 +289,23 @@ def activation_matmuls(model, op_types: Sequence[str] = DEFAULT_OP_TYPES) -> lis
     consts = {i.name for i in model.graph.initializer}
     consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     return [n.name for n in model.graph.node if n.op_type in op_types and not any(i in consts for i in n.input)]
+
+
+def weight_matmuls(model, op_types: Sequence[str] = DEFAULT_OP_TYPES) -> list:
+    """The ``op_types`` nodes with a constant input (the weight projections the INT8 backends quantize),
+    in graph order; the complement of :func:`activation_matmuls`."""
+    act = set(activation_matmuls(model, op_types))
+    return [n for n in model.graph.node if n.op_type in op_types and n.name not in act]
+
+
+def float_ops_fed_by_quantized(model) -> list[str]:
+    """Names of the :data:`FLOAT_OPS` nodes (contrib attention, rotary, fused norms) of a quantized graph
+    that read a tensor rounded to 8 bits (output of ``DequantizeLinear``, ``QLinearMatMul`` …; the float
+    outputs of ``MatMulInteger`` → scale, ``MatMulIntegerToFloat`` or ``MatMulNBits`` are not rounded).
+    Empty for a graph whose contrib ops all run on unrounded float tensors."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    return [n.name for n in model.graph.node if n.op_type in FLOAT_OPS and any(
+        (p := producer.get(i)) is not None and p.op_type in _ROUNDED_OUTPUT_OPS for i in n.input)]
 
 
 def quantized_nodes(model) -> list[str]:
@@ -364,7 +413,9 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
             activation_type=act, weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
             use_external_data_format=ext, calibrate_method=methods[options.calibrate_method],
             calibration_cache_path=cache_path,
-            extra_options={"MatMulConstBOnly": True},
+            # MatMul outputs stay float (module docstring): ORT runs MatMulIntegerToFloat, and the contrib ops
+            # and residual adds after a MatMul read unrounded values
+            extra_options={"MatMulConstBOnly": True, "OpTypesToExcludeOutputQuantization": list(options.op_types)},
         )
     except HllmError:
         raise
@@ -506,8 +557,10 @@ def quantize_export(
         calib: :class:`hllm.build.calibration_data.CalibrationSet` (static / ModelOpt).
         cache_path: ORT calibration cache path (static).
     Returns: :class:`QuantResult`. The sidecar ``export.json`` gets ``precision`` (``int8``/``fp8``),
-        ``quantization`` (backend, options, excluded nodes, calibration record) and a new ``onnx_sha256``.
-    Raises: EngineError / ExportError.
+        ``quantization`` (backend, options, excluded nodes, ``source_flavour``, calibration record) and a
+        new ``onnx_sha256``; ``flavour`` stays the source's (the ``ort-cpu`` contrib ops are kept).
+    Raises: EngineError (ModelOpt asked of an ``ort-cpu`` export: TensorRT cannot parse its contrib ops;
+        a contrib op left reading quantized values, :func:`float_ops_fed_by_quantized`) / ExportError.
     """
     import onnx
 
@@ -519,6 +572,9 @@ def quantize_export(
     exp = read_export(export_dir)
     if exp.precision is not Precision.FP32:
         raise ExportError(f"{export_dir} is already {exp.precision}: quantize the FP32 export")
+    if options.backend == "modelopt" and exp.flavour != "standard":
+        raise EngineError(f"{export_dir} is the {exp.flavour} flavour (ONNX Runtime contrib ops TensorRT cannot "
+                          "parse): ModelOpt Q/DQ for TensorRT needs `hllm export --flavour standard`")
     meta = exp.raw
     src = exp.onnx_path
     model = onnx.load(str(src), load_external_data=False)
@@ -535,9 +591,13 @@ def quantize_export(
         shutil.copy2(exp.tokenizer_path, tmp / "tokenizer.json")
         qmodel = onnx.load(str(dst), load_external_data=False)
         summary = qdq_summary(qmodel)
+        rounded = float_ops_fed_by_quantized(qmodel)
         del qmodel
         if not summary["quantized_nodes"]:
             raise NothingToQuantize("quantization produced no quantized node (check op types and exclusions)")
+        if rounded:
+            raise EngineError(f"{len(rounded)} float-only ops ({', '.join(rounded[:3])}) would read 8-bit rounded "
+                              "inputs: keep the nodes that feed them in float (--exclude-node)")
         seconds = time.perf_counter() - t0
         q = {
             "backend": options.backend,
@@ -547,6 +607,7 @@ def quantize_export(
             "float_activation_matmuls": act_mm,
             "summary": summary,
             "source_export": str(export_dir),
+            "source_flavour": exp.flavour,
             "source_onnx_sha256": meta.get("onnx_sha256"),
             "seconds": round(seconds, 1),
         }

@@ -12,7 +12,7 @@ from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, c
                           finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
                           progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
 from hllm.build.quantize import BACKENDS, PRECISIONS
-from hllm.errors import SlateError
+from hllm.errors import EngineError, SlateError
 
 
 @app.command("calibrate")
@@ -86,7 +86,7 @@ def calibrate_cmd(
     check_output_file(report, "--report")
     if calib_slates is not None:
         calib_slates = slates_file(calib_slates, "--calib-slates")
-    art, builder = _onnx_export(export_dir)
+    art, builder = _onnx_export(export_dir, backend)
     evals = load_slates(slates, limit=limit)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
     with console.status("[bold]preparing calibration data…"):
@@ -101,10 +101,11 @@ def calibrate_cmd(
     _report(result, dest, report, json_out)
 
 
-def _onnx_export(export_dir: Path):
+def _onnx_export(export_dir: Path, backend: str):
     """The resolved ONNX export at ``export_dir`` and a PromptBuilder over its tokenizer and prompt spec.
 
-    Raises: SlateError if it is another kind of artefact; HllmError from resolving it.
+    Raises: SlateError if it is another kind of artefact; EngineError for ``modelopt`` on a flavour
+        other than ``standard`` (refused before the FP32 reference run); HllmError from resolving it.
     """
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
@@ -112,6 +113,9 @@ def _onnx_export(export_dir: Path):
     art = resolve(export_dir)
     if art.kind != "onnx":
         raise SlateError(f"{export_dir} is a {art.kind}, not an ONNX export (run `hllm export` first)")
+    if backend == "modelopt" and art.flavour != "standard":
+        raise EngineError(f"{export_dir} is the {art.flavour} flavour: ModelOpt Q/DQ for TensorRT needs "
+                          "`hllm export --flavour standard` (TensorRT cannot parse ONNX Runtime contrib ops)")
     return art, PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
 
 

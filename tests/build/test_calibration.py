@@ -344,17 +344,18 @@ def test_fp8_refused_for_a100(tmp_path, capsys):
 
 
 @pytest.mark.skipif(modelopt_available(), reason="checks the message shown when ModelOpt is missing")
-def test_modelopt_missing_names_the_extra(export_dir, calib, tmp_path):
+def test_modelopt_missing_names_the_extra(standard_export_dir, calib, tmp_path):
     with pytest.raises(EngineError, match=r"hllm\[modelopt\]"):
-        quantize_export(export_dir, tmp_path / "m", QuantOptions(backend="modelopt", target="a100"), calib)
+        quantize_export(standard_export_dir, tmp_path / "m", QuantOptions(backend="modelopt", target="a100"), calib)
     assert not (tmp_path / "m").exists()
 
 
 @pytest.mark.skipif(not modelopt_available(), reason="nvidia-modelopt[onnx] is not installed (hllm[modelopt] extra)")
-def test_modelopt_int8_qdq_runs_in_onnxruntime(export_dir, calib, eval_slates, ref_scores, tmp_path):
-    quantize_export(export_dir, tmp_path / "m", QuantOptions(backend="modelopt", target="a100", exclude=("head",)), calib)
+def test_modelopt_int8_qdq_runs_in_onnxruntime(standard_export_dir, calib, eval_slates, ref_scores, tmp_path):
+    opts = QuantOptions(backend="modelopt", target="a100", exclude=("head",))
+    quantize_export(standard_export_dir, tmp_path / "m", opts, calib)
     q = onnx.load(str(tmp_path / "m" / "model.onnx"), load_external_data=False)
-    src = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
+    src = onnx.load(str(standard_export_dir / "model.onnx"), load_external_data=False)
     head = set(nodes_in_part(src, "head"))
     quantized = set(quantized_nodes(q))
     assert quantized and not quantized & head
@@ -363,8 +364,10 @@ def test_modelopt_int8_qdq_runs_in_onnxruntime(export_dir, calib, eval_slates, r
 
 
 @pytest.mark.skipif(not modelopt_available(), reason="nvidia-modelopt[onnx] is not installed (hllm[modelopt] extra)")
-def test_modelopt_fp8_qdq_for_hopper_runs_in_onnxruntime_cpu(export_dir, calib, eval_slates, ref_scores, tmp_path):
-    quantize_export(export_dir, tmp_path / "f", QuantOptions(backend="modelopt", precision="fp8", target="h100"), calib)
+def test_modelopt_fp8_qdq_for_hopper_runs_in_onnxruntime_cpu(standard_export_dir, calib, eval_slates, ref_scores,
+                                                             tmp_path):
+    opts = QuantOptions(backend="modelopt", precision="fp8", target="h100")
+    quantize_export(standard_export_dir, tmp_path / "f", opts, calib)
     q = onnx.load(str(tmp_path / "f" / "model.onnx"), load_external_data=False)
     fp8 = onnx.TensorProto.FLOAT8E4M3FN
     assert any(i.data_type == fp8 for i in q.graph.initializer) or any(
