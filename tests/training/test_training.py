@@ -146,7 +146,7 @@ def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
     ck = tmp_path / "ck"
     code, out, err = _run(["train", bb, str(train_file), str(ck), "-k", "8", "--head-dim", "32", "--head-heads", "4",
                            "--head-ff", "64", "--lora-rank", "2", "--steps", "2", "--accum", "1", "--threads", "1"], capsys)
-    assert code == 0, err and "trained" in out
+    assert code == 0 and "trained" in out, err
     code, _, err = _run(["train", bb, str(train_file), str(ck)], capsys)
     assert code == 2 and "already exists" in err
 
