@@ -4,9 +4,11 @@ assignment's total score minus the best total score of an assignment that puts a
 
 A perturbation of the scores (quantization, FP16) can flip the top item only where it moves the two
 totals by more than this margin combined. Input: a reference-score cache written by
-``hllm calibrate --reference-scores`` (``.npz``, one ``[n_i, K]`` matrix per slate).
+``hllm calibrate --reference-scores`` (``.npz``, one ``[n_i, K]`` matrix per slate), or a checkpoint
+scored by PyTorch from a feature cache of the slates (``hllm features``; cheap with a rows-only cache).
 
 usage: python scripts/score_margins.py REF.npz --out OUT.json
+       python scripts/score_margins.py --checkpoint CKPT --features CACHE --slates FILE [--limit N] --out OUT.json
 """
 
 from __future__ import annotations
@@ -34,11 +36,26 @@ def top1_margin(m: np.ndarray) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("reference")
+    ap.add_argument("reference", nargs="?")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--features")
+    ap.add_argument("--slates")
+    ap.add_argument("--limit", type=int)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    z = np.load(a.reference, allow_pickle=False)
-    mats = [z[f"scores/{i}"] for i in range(len(z["slate_ids"]))]  # layout of hllm.verify.gate.save_reference
+    if a.reference:
+        z = np.load(a.reference, allow_pickle=False)
+        mats = [z[f"scores/{i}"] for i in range(len(z["slate_ids"]))]  # layout of hllm.verify.gate.save_reference
+    elif a.checkpoint and a.features and a.slates:
+        from hllm.runtime.slates import read_slates
+        from hllm.training.features import FeatureCache, scores_from_cache
+
+        slates = read_slates(a.slates, limit=a.limit)
+        ids = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
+        mats = list(scores_from_cache(a.checkpoint, FeatureCache.open(a.features), ids, slates=slates))
+        a.reference = f"{a.checkpoint} on {a.features} ({len(ids)} slates of {a.slates})"
+    else:
+        ap.error("give REF.npz, or --checkpoint, --features and --slates")
     margins = [top1_margin(m.astype(np.float64)) for m in mats]
     out = {
         "reference": a.reference,
