@@ -31,6 +31,39 @@ def stages_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _contender(r: dict) -> str:
+    if r["backend"] == "torch":
+        return "PyTorch eager (reference)"
+    return f"{r['backend']} {r.get('flavour') or ''} {r.get('precision') or ''}".replace("  ", " ").strip()
+
+
+def scaling_table(doc: dict) -> str:
+    """Engine time against prompt length from a ``scaling`` document: one row per contender, one column
+    per S with the median ms and the speed ratio to the reference (> 1 = faster), then GFLOP/s at the
+    longest S (fraction of the fp32 GEMM peak measured in the same run)."""
+    recs = doc["records"]
+    seqs = sorted({r["seq_len"] for r in recs})
+    order = list(dict.fromkeys(r["model"] for r in recs))
+    by = {(r["model"], r["seq_len"]): r for r in recs}
+    head = "| contender | " + " | ".join(f"S={s}: ms (× ref)" for s in seqs) + f" | GFLOP/s at S={seqs[-1]} (of peak) |"
+    lines = [head, "|---|" + "---|" * (len(seqs) + 1)]
+    for m in order:
+        first = next(by[(m, s)] for s in seqs if (m, s) in by)
+        cells = []
+        for s in seqs:
+            r = by.get((m, s))
+            cells.append("–" if r is None else f"{_ms(r['engine_ms']['median'])} ({r['ratio_to_reference']:.2f}×)")
+        last = by.get((m, seqs[-1])) or {}
+        gf = "–" if last.get("gflops") is None else f"{last['gflops']:.0f}" + (
+            f" ({last['peak_fraction']:.0%})" if last.get("peak_fraction") else "")
+        lines.append(f"| {_contender(first)} | " + " | ".join(cells) + f" | {gf} |")
+    peak = doc.get("matmul_peak") or {}
+    if peak.get("peak_gflops"):
+        lines.append(f"\nfp32 GEMM peak measured in the same run: {peak['peak_gflops']} GFLOP/s "
+                     f"({peak['n']}³, best of {peak['runs']}).")
+    return "\n".join(lines)
+
+
 def versus_table(doc: dict) -> str:
     """hLLM vs autoregressive per N from a ``versus_ar`` document."""
     lines = [

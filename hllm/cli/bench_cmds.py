@@ -328,9 +328,9 @@ def markdown_cmd(
     files: List[Path] = typer.Argument(..., help="Benchmark JSON files (stages, versus_ar, lapjv)."),
 ) -> None:
     """Print the Markdown tables of benchmark JSON files (the figures docs/benchmarks.md shows)."""
-    from hllm.bench.markdown import lapjv_table, stages_table, versus_table
+    from hllm.bench.markdown import lapjv_table, scaling_table, stages_table, versus_table
 
-    render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table}
+    render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table, "scaling": scaling_table}
     docs = [(f, _load_doc(f, tuple(render))) for f in files]  # every file checked before any output
     for f, doc in docs:
         print(f"<!-- from {f} ({doc.get('created_utc')}, shared machine: {doc.get('shared')}) -->")

@@ -274,6 +274,23 @@ def test_markdown_tables_render_the_json_figures():
     assert "| 50 | 2 | 3,300 | 21,000 | 149 | **6.4×** | 5,200 | 16 | 100% | 1301 / 1437 |" in versus_table({"records": [vs]})
 
 
+def test_scaling_table_renders_each_contender_per_prompt_length():
+    from hllm.bench.markdown import scaling_table
+
+    def rec(model, backend, flavour, s, ms, ratio, gf=None, pf=None):
+        return {"seq_len": s, "model": model, "backend": backend, "flavour": flavour, "precision": "fp32",
+                "engine_ms": {"median": ms}, "ratio_to_reference": ratio, "gflops": gf, "peak_fraction": pf}
+
+    doc = {"records": [rec("ck", "torch", None, 400, 900.0, 1.0), rec("fused", "onnxruntime", "ort-cpu", 400, 600.0, 1.5),
+                       rec("ck", "torch", None, 2600, 7000.0, 1.0, 120.0, 0.6),
+                       rec("fused", "onnxruntime", "ort-cpu", 2600, 4375.0, 1.6, 192.0, 0.96)],
+           "matmul_peak": {"peak_gflops": 200.0, "n": 2048, "runs": 3}}
+    t = scaling_table(doc)
+    assert "| PyTorch eager (reference) | 900 (1.00×) | 7,000 (1.00×) | 120 (60%) |" in t
+    assert "| onnxruntime ort-cpu fp32 | 600 (1.50×) | 4,375 (1.60×) | 192 (96%) |" in t
+    assert "S=400: ms (× ref)" in t and "200.0 GFLOP/s" in t
+
+
 def test_chart_png(tmp_path):
     pytest.importorskip("matplotlib")
     from hllm.bench.chart import write_chart
