@@ -20,7 +20,7 @@ def calibrate_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (from `hllm export`)."),
     out_dir: Optional[Path] = typer.Argument(None, show_default=False, help="Quantized export directory to write (only if it passes the gate)."),
     backend: str = choice_opt("ort-static", BACKENDS, "--backend", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations) or modelopt (TensorRT Q/DQ)."),
-    precision: str = choice_opt("int8", PRECISIONS, "--precision", help="int8, or fp8 (modelopt, Ada/Hopper targets only)."),
+    precision: str = choice_opt("int8", PRECISIONS + ("bf16",), "--precision", help="int8, fp8 (modelopt, Ada/Hopper targets only), or bf16 (checked against the CPU: AVX512_BF16 / AMX; refused with the reason)."),
     target: str = typer.Option("cpu", help="cpu, a GPU name (a100, l4, h100 …) or compute capability (8.0)."),
     calib_slates: Optional[Path] = typer.Option(None, help="Slates to draw calibration data from (e.g. the train split)."),
     calibration: Optional[Path] = typer.Option(None, help="A saved calibration set (.npz/.json) to reuse instead."),

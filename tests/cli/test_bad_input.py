@@ -71,6 +71,8 @@ CASES = [
     ("unknown-flavour", ["export", "{ckpt}", "{tmp}/e", "--flavour", "tensorrt"], "flavour must be one of ort-cpu, standard"),
     ("unknown-precision", ["export", "{ckpt}", "{tmp}/e", "--precision", "int4"], "precision must be one of"),
     ("unknown-backend", ["calibrate", "{export}", "{tmp}/q", "--backend", "tflite"], "backend must be one of"),
+    # bf16 is checked against the CPU (AVX512_BF16 / AMX) and refused with the reason (issue 14.3)
+    ("bf16-on-cpu", ["calibrate", "{tmp}/nope", "{tmp}/q", "--precision", "bf16"], "bf16 on CPU needs AVX512_BF16 or AMX"),
     ("fp8-on-a100", ["calibrate", "{tmp}/nope", "{tmp}/q", "--backend", "modelopt", "--precision", "fp8", "--target", "a100"],
      "fp8 is not supported on target a100"),
     ("unknown-teacher-kind", ["teacher", "{backbone}", "-s", "{good}", "-o", "{out}", "--kind", "oracle"], "kind must be one of"),
