@@ -36,7 +36,7 @@ records them (older sidecars without the keys still load):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hllm.errors import EngineError, HllmError
@@ -167,9 +167,13 @@ def read_export(path: str | os.PathLike, verify_hash: bool = False) -> ExportMet
     for what, f in (("onnx", meta.onnx_path), ("tokenizer", meta.tokenizer_path)):
         if not f.is_file():
             raise EngineError(f"{side}: {what} file {f.name} is missing")
-    if not p.is_dir() and p.resolve() != meta.onnx_path:
+    twin = ((meta.raw.get("fp16") or {}).get("cpu_emulation") or {}).get("onnx")
+    twin_path = contained_path(root, twin, f"{side}: fp16.cpu_emulation.onnx", EngineError) if twin else None
+    if not p.is_dir() and p.resolve() not in (meta.onnx_path, twin_path):
         raise EngineError(f"{p} is not the graph {side} describes ({meta.onnx_path.name})")
     verify_export(meta, verify_hash)
+    if not p.is_dir() and p.resolve() == twin_path:  # the FP16 export's CPU-emulated twin (parity on CPU)
+        return replace(meta, onnx_path=twin_path)
     return meta
 
 

@@ -217,3 +217,22 @@ def test_export_rejects_unknown_precision(merged_checkpoint, tmp_path):
 
     with pytest.raises(ExportError, match="precision"):
         export_onnx(merged_checkpoint, tmp_path / "x", precision="fp8")
+
+
+def test_emulated_twin_opens_through_its_export_sidecar(fp16_export, tmp_path):
+    """`hllm parity CKPT EXPORT/model.fp16-emulated.onnx` (docs/tensorrt.md) must open the twin the
+    sidecar records, while any other file beside the sidecar is still refused."""
+    import shutil
+
+    from hllm.build.onnx import EMULATED_NAME
+    from hllm.errors import EngineError
+    from hllm.formats.export import read_export
+
+    meta = read_export(fp16_export / EMULATED_NAME)
+    assert meta.onnx_path == (fp16_export / EMULATED_NAME).resolve()
+    assert read_export(fp16_export).onnx_path.name == "model.onnx"
+    stray = tmp_path / "x"
+    shutil.copytree(fp16_export, stray)
+    shutil.copy(stray / EMULATED_NAME, stray / "other.onnx")
+    with pytest.raises(EngineError, match="is not the graph"):
+        read_export(stray / "other.onnx")
