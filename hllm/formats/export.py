@@ -154,6 +154,8 @@ def verify_export(meta: ExportMeta, verify_hash: bool = False) -> None:
 def read_export(path: str | os.PathLike, verify_hash: bool = False) -> ExportMeta:
     """Read the sidecar of an export directory (or of the ``.onnx`` file inside it) and check that the
     files are the ones exported (:func:`verify_export`; the graph's sha256 only with ``verify_hash``).
+    ``path`` may also be the CPU-emulated twin an FP16 export records (``fp16.cpu_emulation.onnx``):
+    the returned meta then has ``onnx_path`` = the twin (what CPU parity runs).
 
     Raises: EngineError when the sidecar is missing, unreadable, malformed (see :func:`parse_export`),
         names files that do not exist, or a file is not the one recorded.
