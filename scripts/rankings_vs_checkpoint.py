@@ -2,7 +2,7 @@
 checkpoint run from a feature cache (``hllm features``) on the same slates: how many permutations
 match exactly, top-1 agreement, and max |Δ| of the scores at the assigned (item, position) cells.
 
-usage: python scripts/rankings_vs_checkpoint.py RANKINGS.jsonl CHECKPOINT CACHE SLATES --out OUT.json
+usage: python scripts/rankings_vs_checkpoint.py RANKINGS.jsonl CHECKPOINT CACHE SLATES [--limit N] --out OUT.json
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ def main() -> None:
     ap.add_argument("checkpoint")
     ap.add_argument("cache")
     ap.add_argument("slates")
+    ap.add_argument("--limit", type=int, help="only the first LIMIT slates of SLATES")
     ap.add_argument("--what", default="", help="free text stored in the JSON")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     rows = {r["slate_id"]: r for r in map(json.loads, open(a.rankings, encoding="utf-8"))}
-    slates = read_slates(a.slates)
+    slates = read_slates(a.slates, limit=a.limit)
     ids = [s["slate_id"] for s in slates]
     missing = [i for i in ids if i not in rows]
     if missing:
