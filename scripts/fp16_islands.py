@@ -2,8 +2,8 @@
 """Which FP32 islands does the FP16 graph need? Ablation on real slates, CPU emulation vs PyTorch FP32.
 
 For each variant (default islands; none; default minus one; default plus residual; optionally a ModelOpt AutoCast graph) the FP32 ONNX graph of ``hllm export`` is rewritten
-by :func:`hllm.build.fp16.convert_to_fp16`, emulated in float32 by
-:func:`hllm.build.fp16.emulate_fp16` (float16 rounding and overflow after every float16 node),
+by :func:`hllm.exporter.fp16.convert_to_fp16`, emulated in float32 by
+:func:`hllm.exporter.fp16.emulate_fp16` (float16 rounding and overflow after every float16 node),
 run in ONNX Runtime CPU, and compared slate by slate with the PyTorch FP32 reference
 (:func:`hllm.verify.parity.compare_slate`; reference scores computed once). Writes one JSON.
 
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hllm.engines.ort import OnnxRuntimeEngine
     from hllm.formats.provenance import library_versions
-    from hllm.build.fp16 import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
+    from hllm.exporter.fp16 import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
                                          load_onnx, save_onnx)
     from hllm.files import atomic_write_json, sha256_file
     from hllm.verify.parity import ParityReport, Thresholds, compare_slate

@@ -28,9 +28,9 @@ import numpy as np
 
 
 def cmd_tiny(args) -> int:
-    from hllm.build.merge import merge_checkpoint
-    from hllm.build.onnx import export_onnx
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
+    from hllm.exporter.onnx import export_onnx
+    from hllm.checkpoint.init import init_checkpoint
     from hllm.runtime.slates import write_jsonl
     from hllm.testing import tiny_backbone, tiny_slates
 

@@ -37,7 +37,7 @@ FP16_GATE=(--atol "$ATOL" --min-perm-match 0 --min-top1 0.99 --min-tau 0.99)
 
 if [[ $MODE == tensorrt ]]; then
   $PY -c "import tensorrt; print('TensorRT', tensorrt.__version__)"
-  $PY -m pytest -q -m "gpu or tensorrt" tests/build/test_tensorrt.py
+  $PY -m pytest -q -m "gpu or tensorrt" tests/engines/test_tensorrt.py
   # 1. tiny model, end to end
   $PY scripts/gpu_check.py tiny "$WORK/tiny"
   hllm build "$WORK/tiny/export16" "$WORK/tiny/tiny.plan" --profile 1:1:4/8:128:512/1:8:8 \

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def tiny_export(root: Path) -> Path:
     """The tests' tiny export (tests/conftest.py): random Qwen3 backbone, K=8, merged, ONNX fp32."""
-    from hllm.build.init import init_checkpoint
-    from hllm.build.merge import merge_checkpoint
-    from hllm.build.onnx import export_onnx
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
+    from hllm.exporter.onnx import export_onnx
     from hllm.testing import tiny_backbone, tiny_slates
 
     bb = tiny_backbone(root / "backbone", "qwen3", seed=0)

@@ -38,7 +38,7 @@ def qwen3_backbone(backbones) -> Path:
 @pytest.fixture(scope="session")
 def lora_checkpoint(tiny_dir, qwen3_backbone) -> Path:
     """Untrained self-attention checkpoint (K=8) with a non-zero LoRA adapter (r=4)."""
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.init import init_checkpoint
 
     return init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-lora", "self_attention", 8, seed=0, lora_rank=4,
                            head_kwargs=TINY_HEAD)
@@ -46,7 +46,7 @@ def lora_checkpoint(tiny_dir, qwen3_backbone) -> Path:
 
 @pytest.fixture(scope="session")
 def merged_checkpoint(tiny_dir, lora_checkpoint) -> Path:
-    from hllm.build.merge import merge_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
     from hllm.testing import tiny_slates
 
     merge_checkpoint(lora_checkpoint, tiny_dir / "ckpt-merged", tiny_slates(2, (2, 8)))
@@ -56,7 +56,7 @@ def merged_checkpoint(tiny_dir, lora_checkpoint) -> Path:
 @pytest.fixture(scope="session")
 def export_dir(tiny_dir, merged_checkpoint) -> Path:
     """ONNX export (fp32, opset 20, default flavour ort-cpu: fused contrib ops) of the merged tiny checkpoint."""
-    from hllm.build.onnx import export_onnx
+    from hllm.exporter.onnx import export_onnx
 
     export_onnx(merged_checkpoint, tiny_dir / "export")
     return tiny_dir / "export"
@@ -65,7 +65,7 @@ def export_dir(tiny_dir, merged_checkpoint) -> Path:
 @pytest.fixture(scope="session")
 def standard_export_dir(tiny_dir, merged_checkpoint) -> Path:
     """ONNX export, flavour standard (only ai.onnx ops: the TensorRT / FP16 / quantization input)."""
-    from hllm.build.onnx import export_onnx
+    from hllm.exporter.onnx import export_onnx
 
     export_onnx(merged_checkpoint, tiny_dir / "export-standard", flavour="standard")
     return tiny_dir / "export-standard"

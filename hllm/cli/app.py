@@ -67,11 +67,11 @@ CPUS = os.cpu_count() or 1
 MAX_THREADS = 4 * CPUS
 #: --workers (Ray actors, one engine each): like --threads, at most 4× the cores.
 MAX_WORKERS = 4 * CPUS
-#: --batch-size: the exported graph's batch dimension is declared ≤ 1024 (hllm.build.onnx, Dim("batch")).
+#: --batch-size: the exported graph's batch dimension is declared ≤ 1024 (hllm.exporter.onnx, Dim("batch")).
 MAX_BATCH = 1024
-#: K, --n-items: the graph's items dimension is declared ≤ 4096 (hllm.build.onnx, Dim("items")).
+#: K, --n-items: the graph's items dimension is declared ≤ 4096 (hllm.exporter.onnx, Dim("items")).
 MAX_ITEMS = 4096
-#: prompt lengths: the graph's seq dimension is declared ≤ 65536 (hllm.build.onnx, Dim("seq")).
+#: prompt lengths: the graph's seq dimension is declared ≤ 65536 (hllm.exporter.onnx, Dim("seq")).
 MAX_SEQ = 65536
 
 _state: dict[str, Any] = {"debug": False}

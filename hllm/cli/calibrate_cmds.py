@@ -11,7 +11,7 @@ from rich.table import Table
 from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console, data_to_stdout,
                           finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
                           progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
-from hllm.build.quantize import BACKENDS, PRECISIONS
+from hllm.calibration.quantize import BACKENDS, PRECISIONS
 from hllm.errors import EngineError, SlateError
 
 
@@ -59,8 +59,8 @@ def calibrate_cmd(
     bench_rounds: Optional[int] = hidden_alias("--bench-rounds"),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
-    from hllm.build.calibrate import CalibrateRequest, prepare_calibration
-    from hllm.build.quantize import QuantOptions
+    from hllm.calibration.pipeline import CalibrateRequest, prepare_calibration
+    from hllm.calibration.quantize import QuantOptions
     from hllm.verify.gate import GateThresholds
 
     quiet_libraries()
@@ -120,8 +120,8 @@ def _onnx_export(export_dir: Path, backend: str):
 
 
 def _calibrate_with_progress(req) -> tuple[dict, Path]:
-    """:func:`hllm.build.calibrate.calibrate` with its steps and progress shown on the console."""
-    from hllm.build.calibrate import calibrate
+    """:func:`hllm.calibration.pipeline.calibrate` with its steps and progress shown on the console."""
+    from hllm.calibration.pipeline import calibrate
 
     with progress() as bar:
         def bar_for(desc: str, total: int):

@@ -31,7 +31,7 @@ def convert_gguf_cmd(
 
     Cached: if OUT_DIR already holds a conversion of the same GGUF file, nothing is done.
     """
-    from hllm.build.gguf import convert_gguf, smollm2_gguf_path
+    from hllm.checkpoint.gguf import convert_gguf, smollm2_gguf_path
     from hllm.files import sha256_file
 
     if gguf is not None and not gguf.is_file():
@@ -66,7 +66,7 @@ def init_cmd(
     overwrite: bool = overwrite_opt("OUT_DIR"),
 ) -> None:
     """Make an untrained checkpoint (seeded head, optional non-zero LoRA) from a backbone directory."""
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.init import init_checkpoint
     from hllm.formats.prompt import PromptSpec
 
     if not backbone.is_dir():
@@ -92,7 +92,7 @@ def merge_cmd(
     tol: Optional[float] = hidden_alias("--tol"),
 ) -> None:
     """Merge the LoRA adapter into the backbone (peft merge_and_unload) and prove it: max|ΔM| ≤ atol."""
-    from hllm.build.merge import merge_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
     from hllm.formats.checkpoint import load_manifest
 
     limit, atol = pick(limit, check_slates, 2), pick(atol, tol, 1e-4)
@@ -129,8 +129,8 @@ def export_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """Export prefill + readout + head as ONE ONNX graph and validate it in ONNX Runtime at untraced shapes."""
-    from hllm.build.fp16 import parse_islands
-    from hllm.build.onnx import export_onnx
+    from hllm.exporter.fp16 import parse_islands
+    from hllm.exporter.onnx import export_onnx
     from hllm.formats.checkpoint import load_manifest
 
     quiet_libraries()

@@ -34,7 +34,7 @@ def build_cmd(
     max_batch: Optional[int] = hidden_alias("--max-batch"),
 ) -> None:
     """Build a strongly typed TensorRT plan (TensorRT 10.x / 11.x) with optimization profiles and a metadata sidecar."""
-    from hllm.build.tensorrt import check_standard_graph
+    from hllm.engines.tensorrt.builder import check_standard_graph
     from hllm.formats.profiles import Profile, default_profile, validate_profiles
     from hllm.runtime.artefact import resolve
 
@@ -54,7 +54,7 @@ def build_cmd(
     if plan.exists() and not overwrite:
         raise FileExistsError(f"{plan} already exists (pass --overwrite to replace it)")
     check_output_file(plan, "PLAN")
-    from hllm.build.tensorrt import build_plan
+    from hllm.engines.tensorrt.builder import build_plan
 
     with step(f"building TensorRT plan ({precision}, {len(profiles)} profile(s))"):
         meta = build_plan(art.path, plan, profiles, timing_cache=timing_cache, opt_level=opt_level,

@@ -9,7 +9,7 @@ A set is two files, so a quantized build can be repeated bit for bit:
   id and ``data_sha256`` (a hash of the arrays' bytes, independent of the zip container's timestamps).
 
 :meth:`CalibrationSet.save` is the one writer and :func:`load_calibration_set` the one reader;
-:mod:`hllm.build.calibration_data` draws and encodes the slates.
+:mod:`hllm.calibration.data` draws and encodes the slates.
 """
 
 from __future__ import annotations

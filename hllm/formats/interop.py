@@ -6,7 +6,7 @@
   (Polygraphy ``polygraphy/json/serde.py``, ``Encoder.register(np.ndarray)``; ``constants.TYPE_MARKER``
   is ``"polygraphy_class"``; docs "Using Custom Input Data", ``--load-inputs``). No pickle anywhere.
 * :func:`trtexec_command` / :func:`polygraphy_convert_command`: the command lines that build the same
-  plan as ``hllm build`` (:func:`hllm.build.tensorrt.build_plan`): the ONNX graph, one optimization
+  plan as ``hllm build`` (:func:`hllm.engines.tensorrt.builder.build_plan`): the ONNX graph, one optimization
   profile per :class:`hllm.formats.profiles.Profile` (min/opt/max shapes per input), strongly typed,
   builder optimization level, timing cache, hardware compatibility level, workspace pool limit.
   Flags from TensorRT ``samples/common/sampleOptions.cpp`` (trtexec: ``--profile=I`` before each extra

@@ -128,7 +128,7 @@ def open_engine(artefact: Artefact, **options):
                                  intra_op_threads=options.get("threads") or 0, graph_optimization=level,
                                  precision=artefact.precision, context=artefact.context)
     if artefact.kind == "tensorrt":
-        from hllm.engines.tensorrt import TensorRTEngine
+        from hllm.engines.tensorrt.runner import TensorRTEngine
 
         return TensorRTEngine(artefact.path, artefact.num_positions, sidecar=artefact.meta,
                               device=options.get("device") or 0)

@@ -114,7 +114,7 @@ def build_model(cfg: TrainConfig) -> tuple[TrainableModel, HeadSpec, int]:
     if cfg.lora_rank:
         from peft import get_peft_model
 
-        from hllm.build.init import lora_config
+        from hllm.checkpoint.init import lora_config
 
         lc = lora_config(cfg.lora_rank)
         if cfg.lora_layers is not None and cfg.lora_layers < n_layers:

@@ -455,7 +455,7 @@ def test_build_dry_run_prints_trtexec_and_polygraphy(standard_export_dir, tmp_pa
 
 def test_fp16_export_keeps_the_metadata(merged_checkpoint, tmp_path):
     onnx = pytest.importorskip("onnx")
-    from hllm.build.onnx import export_onnx
+    from hllm.exporter.onnx import export_onnx
 
     export_onnx(merged_checkpoint, tmp_path / "e16", precision="fp16", slates=[])
     for name in ("model.onnx", "model.fp16-emulated.onnx"):

@@ -7,7 +7,7 @@ import pytest
 
 from hllm.formats.checkpoint import load_manifest
 from hllm.errors import CheckpointError
-from hllm.build.init import init_checkpoint
+from hllm.checkpoint.init import init_checkpoint
 from tests.conftest import TINY_HEAD
 
 

@@ -192,7 +192,7 @@ def test_backbone_tokenizer_larger_than_the_embedding(ckpt, qwen3_backbone, tmp_
 
 # -- hllm merge never writes outside its output ------------------------------------------------------
 def test_merge_refuses_escaping_head_and_writes_nothing(ckpt, tmp_path):
-    from hllm.build.merge import merge_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
     from hllm.testing import tiny_slates
 
     (tmp_path / "evil").mkdir()
@@ -206,7 +206,7 @@ def test_merge_refuses_escaping_head_and_writes_nothing(ckpt, tmp_path):
 
 
 def test_merge_keeps_a_subdirectory_head_inside_its_output(ckpt, tmp_path):
-    from hllm.build.merge import merge_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
     from hllm.testing import tiny_slates
 
     (ckpt / "w").mkdir()

@@ -17,7 +17,7 @@ from tests.conftest import TINY_HEAD
 
 @pytest.fixture(scope="module")
 def context_checkpoint(tiny_dir, qwen3_backbone):
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.init import init_checkpoint
 
     return init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-context", "self_attention", 8, seed=5,
                            head_kwargs={**TINY_HEAD, "context": True})
@@ -59,7 +59,8 @@ def test_model_reads_the_context_position(context_checkpoint):
 
 @pytest.mark.parametrize("flavour", ["ort-cpu", "standard"])
 def test_context_export_matches_pytorch_and_ranks(tiny_dir, context_checkpoint, flavour):
-    from hllm.build.onnx import export_onnx, synthetic_batch
+    from hllm.exporter.onnx import export_onnx
+    from hllm.exporter.validate import synthetic_batch
     from hllm.engines.reference import TorchEngine
     from hllm.runtime import Ranker
     from hllm.runtime.artefact import resolve

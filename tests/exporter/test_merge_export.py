@@ -10,8 +10,9 @@ from hllm.formats.checkpoint import load_manifest
 from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.engines.reference import TorchEngine
 from hllm.errors import CheckpointError, ShapeError
-from hllm.build.merge import ADAPTER_FILES, merge_checkpoint
-from hllm.build.onnx import export_onnx, synthetic_batch, validation_batches
+from hllm.checkpoint.merge import ADAPTER_FILES, merge_checkpoint
+from hllm.exporter.onnx import export_onnx
+from hllm.exporter.validate import synthetic_batch, validation_batches
 from hllm.model.hllm import load_model
 from hllm.testing import tiny_slates
 
@@ -43,7 +44,7 @@ def test_merged_checkpoint_is_standalone(merged_checkpoint):
 
 def test_merge_parity_tied_embeddings(backbones, tmp_path):
     """Llama tiny has tie_word_embeddings=True: merge must still reproduce the adapter model."""
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.init import init_checkpoint
     from tests.conftest import TINY_HEAD
 
     ck = init_checkpoint(backbones["llama"], tmp_path / "ck", "linear", 6, lora_rank=2, head_kwargs=TINY_HEAD)
@@ -87,7 +88,7 @@ def test_onnx_graph_has_dynamic_dims(export_dir):
 @pytest.mark.parametrize("family,kind", [("qwen2", "linear"), ("llama", "slot_query")])
 def test_export_other_families_and_heads(backbones, tmp_path, family, kind):
     """Every head kind and backbone family exports (qwen3 + self_attention is the export_dir fixture)."""
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.init import init_checkpoint
     from tests.conftest import TINY_HEAD
 
     ck = init_checkpoint(backbones[family], tmp_path / "ck", kind, 5, head_kwargs=TINY_HEAD)

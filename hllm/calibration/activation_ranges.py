@@ -12,7 +12,7 @@ needs it is read from three figures per activation tensor, measured here on real
   the channel's abs-max (≫ 1: a few channels carry the range, the SmoothQuant case).
 
 Tensors: the activation input of every weight ``MatMul`` / ``Gemm`` of the decoder blocks (module paths
-``…layers.I…`` from the exporter's node metadata, :func:`hllm.build.quantize.module_path`); one entry
+``…layers.I…`` from the exporter's node metadata, :func:`hllm.calibration.quantize.module_path`); one entry
 per tensor with the MatMuls it feeds (q/k/v share the normed hidden state, gate/up the MLP input). The
 FP32 export is run with ONNX Runtime (CPU) with those tensors added as graph outputs; pad positions
 (``≥ lengths[b]``) are left out. Percentiles come from a histogram of |x| keyed by the top 16 bits of the
@@ -43,7 +43,7 @@ def decoder_matmul_inputs(model) -> dict[str, dict]:
 
     Raises: EngineError if the graph carries no module metadata (no decoder MatMul found).
     """
-    from hllm.build.quantize import _BLOCK_RE, module_path, weight_matmuls
+    from hllm.calibration.quantize import _BLOCK_RE, module_path, weight_matmuls
 
     consts = {i.name for i in model.graph.initializer}
     consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}

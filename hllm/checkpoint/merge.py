@@ -26,7 +26,7 @@ from hllm.files import atomic_dir, contained_path, sha256_tree
 from hllm.engines.reference import TorchEngine
 from hllm.model.hllm import load_model
 from hllm.verify.scoring import score_slates
-from hllm.build.init import copy_tokenizer_files
+from hllm.checkpoint.init import copy_tokenizer_files
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")

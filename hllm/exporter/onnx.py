@@ -16,8 +16,8 @@ https://pytorch.org/docs/stable/onnx_export.html). The example input has batch 2
 an example with batch 1 silently specialises the batch dimension to 1. Weights go to external data
 (``model.onnx.data``, referenced relative to the model file) when the model is over 2 GB.
 
-Two flavours (:mod:`hllm.build.fusion`), both exported under
-:func:`hllm.build.export_patches.causal_sdpa_export` (SDPA with ``is_causal``: no materialised mask, no
+Two flavours (:mod:`hllm.exporter.fusion`), both exported under
+:func:`hllm.exporter.patches.causal_sdpa_export` (SDPA with ``is_causal``: no materialised mask, no
 ``Where(IsNaN)`` guard): ``ort-cpu`` (default) rewrites each decoder attention into
 ``com.microsoft.GroupQueryAttention`` and the RMSNorms into ``(Skip)SimplifiedLayerNormalization`` for
 ONNX Runtime; ``standard`` keeps only ``ai.onnx`` ops (TensorRT, other runtimes; ``--precision fp16``
@@ -42,14 +42,15 @@ import torch
 
 from hllm.formats.checkpoint import load_manifest
 from hllm.formats.graph import graph_io_specs
-from hllm.build.fusion import FLAVOURS
+from hllm.exporter.fusion import FLAVOURS
 from hllm.errors import CheckpointError, ExportError
 from hllm.files import atomic_dir, sha256_file, sha256_tree
 from hllm.formats.export import write_export
 from hllm.formats.interop import onnx_metadata_props
 from hllm.formats.provenance import library_versions
 from hllm.model.hllm import load_model
-from hllm.runtime.prompt import Batch, PromptBuilder, load_tokenizer
+from hllm.exporter.validate import synthetic_batch, validate_against_torch, validate_fp16_emulation, validation_batches
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
 ONNX_NAME = "model.onnx"
 EMULATED_NAME = "model.fp16-emulated.onnx"
@@ -72,36 +73,6 @@ class ExportReport:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def synthetic_batch(rng: np.random.Generator, vocab: int, lengths: Sequence[int], n_items: Sequence[int]) -> Batch:
-    """A right-padded random batch: ``lengths[b]`` tokens, ``n_items[b]`` distinct readout positions
-    (sorted, inside the real tokens) and a context position before the first readout, per row. Used to
-    validate exports at untraced shapes. Raises ValueError if a row has fewer tokens than items."""
-    b, s, n = len(lengths), max(lengths), max(n_items)
-    ids = np.zeros((b, s), dtype=np.int64)
-    pos = np.zeros((b, n), dtype=np.int64)
-    mask = np.zeros((b, n), dtype=bool)
-    ctx = np.zeros(b, dtype=np.int64)
-    for i, (L, k) in enumerate(zip(lengths, n_items)):
-        if k > L:
-            raise ValueError(f"row {i}: {k} items need at least {k} tokens, got {L}")
-        ids[i, :L] = rng.integers(0, vocab, L)
-        pos[i, :k] = np.sort(rng.choice(L, size=k, replace=False))
-        mask[i, :k] = True
-        ctx[i] = rng.integers(0, pos[i, 0] + 1)
-    return Batch(ids, pos, mask, np.array(lengths), np.array(n_items), context_positions=ctx)
-
-
-def validation_batches(vocab: int, k: int, seed: int = 0) -> list[tuple[str, Batch]]:
-    """Shapes the export is validated at, all different from the traced (B=2, S=32, N=min(4,K))."""
-    rng = np.random.default_rng(seed)
-    shapes = [
-        ("B1_N1", [9], [1]),
-        ("B3_unequal", [40, 17, 29], [min(6, k), min(2, k), min(5, k)]),
-        ("B2_NK", [max(64, k + 8), max(20, k)], [k, max(1, k // 2)]),
-    ]
-    return [(name, synthetic_batch(rng, vocab, ls, ns)) for name, ls, ns in shapes]
 
 
 def export_onnx(
@@ -128,12 +99,12 @@ def export_onnx(
         slates: optional real slates; the first two are validated as one padded batch of 2.
         progress: optional callable(str) told about each step.
         precision: ``fp32`` (default) or ``fp16``: the validated float32 graph is rewritten by
-            :func:`hllm.build.fp16.convert_to_fp16` (float16 with float32 islands) and a
+            :func:`hllm.exporter.fp16.convert_to_fp16` (float16 with float32 islands) and a
             float32 emulation ``model.fp16-emulated.onnx`` is written beside it for ONNX Runtime CPU.
             The emulation is validated at ranking level: no non-finite score and mean Kendall tau
             ≥ ``fp16_min_tau`` over the validation rows (|ΔM| is recorded, not enforced).
         fp32_islands: islands kept in float32 (default:
-            :data:`hllm.build.fp16.DEFAULT_ISLANDS`).
+            :data:`hllm.exporter.fp16.DEFAULT_ISLANDS`).
         flavour: ``ort-cpu`` (fused ONNX Runtime graph) or ``standard`` (only ``ai.onnx`` ops); default
             ``standard`` with ``precision="fp16"`` (a TensorRT input), else ``ort-cpu``.
     Raises:
@@ -167,7 +138,7 @@ def export_onnx(
         if slates:
             builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=k)
             batches.append(("real_slates", builder.encode(list(slates)[:2])))
-        results, refs = _validate(model, onnx_path, k, batches, context)
+        results, refs = validate_against_torch(model, onnx_path, k, batches, context)
         worst = max(r["max_abs_diff"] for r in results)
         bad = [r for r in results if not (r["max_abs_diff"] <= atol) or r["nonfinite"]]
         if bad:
@@ -213,30 +184,10 @@ def _sidecar(m, tmp: Path, onnx_path: Path, precision: str, flavour: str, fusion
     }
 
 
-def _validate(model, onnx_path: Path, k: int, batches, context: bool) -> tuple[list[dict], list[np.ndarray]]:
-    """PyTorch vs ONNX Runtime on each validation batch: per batch ``{shape, batch, seq, items,
-    max_abs_diff, nonfinite}`` and the reference scores ``[B, N, K]``."""
-    from hllm.engines.ort import OnnxRuntimeEngine
-
-    results, refs = [], []
-    with OnnxRuntimeEngine(onnx_path, k, context=context) as eng, torch.inference_mode():
-        for name, b in batches:
-            ref = model(*(torch.from_numpy(x) for x in b.inputs(context).values())).numpy()
-            refs.append(ref)
-            got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
-            results.append({"shape": name, "batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
-                            "items": int(b.item_mask.shape[1]), "max_abs_diff": float(np.abs(ref - got).max()),
-                            "nonfinite": int((~np.isfinite(got)).sum())})
-    return results, refs
-
-
 def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: bool = False) -> dict:
     """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
-    from hllm.engines.ort import OnnxRuntimeEngine
-    from hllm.build.fp16 import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+    from hllm.exporter.fp16 import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
                                          load_onnx, save_onnx)
-    from hllm.verify.parity import compare_slate
-
     islands = tuple(DEFAULT_ISLANDS if islands is None else islands)
     src = load_onnx(onnx_path)
     fp16, rep = convert_to_fp16(src, islands)
@@ -254,19 +205,7 @@ def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: b
         p.unlink()
     save_onnx(fp16, onnx_path)
     del fp16
-    rows = []
-    with OnnxRuntimeEngine(emu_path, refs[0].shape[-1], context=context) as eng:
-        for (name, b), ref in zip(batches, refs):
-            got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
-            for j, n in enumerate(b.n_items):
-                r = compare_slate(ref[j, :n], got[j, :n], f"{name}[{j}]")
-                rows.append({k: r[k] for k in ("slate_id", "n_items", "max_abs_diff", "nonfinite", "kendall_tau",
-                                              "top1_match")})
-    tau = float(np.mean([r["kendall_tau"] for r in rows]))
-    nonfinite = int(sum(r["nonfinite"] for r in rows))
-    if nonfinite or not tau >= min_tau:
-        raise ExportError(f"FP16 emulation fails the ranking check: nonfinite={nonfinite}, mean Kendall tau "
-                          f"{tau:.4f} (min {min_tau}); rows: {rows}")
+    validation = validate_fp16_emulation(emu_path, batches, refs, min_tau, context)
     return {
         "islands": list(islands),
         "conversion": rep.to_dict(),
@@ -276,8 +215,7 @@ def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: b
                     "produces rounded through Cast(float16)->Cast(float32) (overflow -> inf); each node "
                     "computes in float32 (no float16 accumulation inside MatMul/ReduceMean)",
         },
-        "validation": {"min_kendall_tau": min_tau, "kendall_tau_mean": tau, "nonfinite": nonfinite,
-                       "max_abs_diff": float(max(r["max_abs_diff"] for r in rows)), "rows": rows},
+        "validation": validation,
     }
 
 
@@ -309,8 +247,8 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     non-standard op or an ``IsNaN``, or the fused graph lacks one GroupQueryAttention per decoder layer."""
     from torch.export import Dim
 
-    from hllm.build.export_patches import causal_sdpa_export
-    from hllm.build.fusion import clean_standard, fuse_for_ort, nonstandard_ops, op_counts
+    from hllm.exporter.patches import causal_sdpa_export
+    from hllm.exporter.fusion import clean_standard, fuse_for_ort, nonstandard_ops, op_counts
 
     from hllm.formats.graph import input_names
 

@@ -1,15 +1,15 @@
-"""TensorRT runner: load a plan built by :mod:`hllm.build.tensorrt` and run it (torch-free).
+"""TensorRT runner: load a plan built by :mod:`hllm.engines.tensorrt.builder` and run it (torch-free).
 
 One recipe for TensorRT 10.x and 11.x (TensorRT "Migrating from 10.x to 11.x": 11 removed
 ``BuilderFlag.FP16/BF16/INT8`` and weak typing). Precision lives in the ONNX graph
-(``hllm export --precision fp16``: FP16 with FP32 islands, :mod:`hllm.build.fp16`); the network
+(``hllm export --precision fp16``: FP16 with FP32 islands, :mod:`hllm.exporter.fp16`); the network
 is strongly typed, so TensorRT runs every tensor in the graph's type:
 
 * TensorRT 10.x: ``create_network(1 << NetworkDefinitionCreationFlag.STRONGLY_TYPED)``, no precision flag.
 * TensorRT 11.x: every network is strongly typed (the flag is deprecated and ignored), so none is passed.
 * TensorRT < 10: refused (no strongly typed ONNX import, no ``execute_async_v3`` / INT64 I/O).
 
-Plans are built by :mod:`hllm.build.tensorrt` (it shares :func:`trt_api` and :func:`device_info`).
+Plans are built by :mod:`hllm.engines.tensorrt.builder` (it shares :func:`trt_api` and :func:`device_info`).
 
 Run (:class:`TensorRTEngine`): ``Runtime.deserialize_cuda_engine`` after the sidecar compatibility
 check; device buffers from cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` in older
@@ -125,7 +125,7 @@ def device_info(device: int = 0) -> DeviceInfo:
 
 # -- run -------------------------------------------------------------------------------------------------
 class TensorRTEngine(Engine):
-    """Runs a plan built by :func:`hllm.build.tensorrt.build_plan` on one GPU.
+    """Runs a plan built by :func:`hllm.engines.tensorrt.builder.build_plan` on one GPU.
 
     Args:
         plan_path: the ``.plan`` file.

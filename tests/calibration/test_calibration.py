@@ -8,11 +8,11 @@ import numpy as np
 import onnx
 import pytest
 
-from hllm.build.calibration_data import build_calibration_set, choose_slates
+from hllm.calibration.data import build_calibration_set, choose_slates
 from hllm.formats.calibration_set import load_calibration_set
 from hllm.verify.gate import check_disjoint
 from hllm.verify.gate import GateThresholds, gate_scores, label_metrics, reference_scores, run_gate
-from hllm.build.quantize import (
+from hllm.calibration.quantize import (
     QuantOptions, auto_exclude, check_target, modelopt_available, module_path, nodes_in_part, quantize_export,
     quantized_nodes, sensitivity_ladder,
 )

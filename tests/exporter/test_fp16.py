@@ -1,4 +1,4 @@
-"""FP16 graph with FP32 islands (hllm.build.fp16) and its CPU emulation.
+"""FP16 graph with FP32 islands (hllm.exporter.fp16) and its CPU emulation.
 
 Structure: no float16 reduction inside RMSNorm, Cast placement at island borders, float32 output.
 Numerics: the explicit emulation reproduces float16 overflow that ONNX Runtime CPU's own float16
@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hllm.errors import ExportError
-from hllm.build.fp16 import (DEFAULT_ISLANDS, FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+from hllm.exporter.fp16 import (DEFAULT_ISLANDS, FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
                                      island_of, load_onnx, parse_islands)
 
 
@@ -46,7 +46,7 @@ def fp16_model(fp32_model):
 
 @pytest.fixture(scope="module")
 def fp16_export(tmp_path_factory, merged_checkpoint):
-    from hllm.build.onnx import export_onnx
+    from hllm.exporter.onnx import export_onnx
 
     out = tmp_path_factory.mktemp("fp16") / "export"
     export_onnx(merged_checkpoint, out, precision="fp16")
@@ -154,7 +154,7 @@ def test_emulated_fp16_export_ranks_like_fp32(fp16_export, merged_checkpoint):
     import torch
 
     from hllm.engines.ort import OnnxRuntimeEngine
-    from hllm.build.onnx import EMULATED_NAME, validation_batches
+    from hllm.exporter.onnx import EMULATED_NAME, validation_batches
     from hllm.model.hllm import load_model
     from hllm.verify.parity import compare_slate
 
@@ -196,7 +196,7 @@ def test_rmsnorm_island_is_needed_for_large_activations(fp32_model):
     """Embeddings × 5000 (|x| ≈ 100–500, so x² > 65,504 for many elements): against the float32 run of the
     same graph, float16 with the RMSNorm island stays within 1% of the score scale; without it x² → inf,
     rsqrt → 0 and the normalised states collapse: the scores are wrong by about the score scale itself."""
-    from hllm.build.onnx import validation_batches
+    from hllm.exporter.onnx import validation_batches
 
     big = _scaled(fp32_model, 5000.0)
     _, b = validation_batches(320, 8)[1]
@@ -213,7 +213,7 @@ def test_rmsnorm_island_is_needed_for_large_activations(fp32_model):
 
 
 def test_export_rejects_unknown_precision(merged_checkpoint, tmp_path):
-    from hllm.build.onnx import export_onnx
+    from hllm.exporter.onnx import export_onnx
 
     with pytest.raises(ExportError, match="precision"):
         export_onnx(merged_checkpoint, tmp_path / "x", precision="fp8")
@@ -224,7 +224,7 @@ def test_emulated_twin_opens_through_its_export_sidecar(fp16_export, tmp_path):
     sidecar records, while any other file beside the sidecar is still refused."""
     import shutil
 
-    from hllm.build.onnx import EMULATED_NAME
+    from hllm.exporter.onnx import EMULATED_NAME
     from hllm.errors import EngineError
     from hllm.formats.export import read_export
 

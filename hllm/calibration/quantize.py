@@ -3,7 +3,7 @@
 Backends (sources):
 
 * ``ort-static`` — :func:`onnxruntime.quantization.quantize_static`, QDQ format, activation ranges
-  from a :class:`hllm.build.calibration_data.CalibrationSet` (MinMax), per-channel weights, optional
+  from a :class:`hllm.calibration.data.CalibrationSet` (MinMax), per-channel weights, optional
   ``reduce_range`` (7-bit weights: needed on AVX2 machines without VNNI to avoid overflow in the
   u8×s8 kernels, ORT quantization guide, "When and why do I need to try U8U8 / reduce_range").
 * ``ort-dynamic`` — :func:`onnxruntime.quantization.quantize_dynamic`: weights INT8 offline,
@@ -23,7 +23,7 @@ Only ``MatMul``/``Gemm`` are quantized by default, and in static mode only MatMu
 (weight) input: the attention score/value MatMuls, the additive masks and the norms stay float (a
 quantized −inf mask gets an infinite scale; see ``shared/notes/facts.md``).
 
-The fused ``ort-cpu`` graph (:mod:`hllm.build.fusion`) is quantized the same way: its contrib ops
+The fused ``ort-cpu`` graph (:mod:`hllm.exporter.fusion`) is quantized the same way: its contrib ops
 (:data:`FLOAT_OPS`: ``GroupQueryAttention``, ``MultiHeadAttention``, ``RotaryEmbedding``, the
 ``(Skip)SimplifiedLayerNormalization`` norms) have no INT8 kernel, and ONNX Runtime's quantizer only
 touches the op types it is given (``op_types_to_quantize``; an op type outside its QDQ registry would
@@ -380,7 +380,7 @@ def quantize_ort(src: Path, dst: Path, options: QuantOptions, calib=None, exclud
     Args:
         src, dst: FP32 and output ``.onnx`` paths.
         options: backend ``ort-static`` (needs ``calib``), ``ort-dynamic`` or ``ort-weight-only``.
-        calib: a :class:`hllm.build.calibration_data.CalibrationSet` (static).
+        calib: a :class:`hllm.calibration.data.CalibrationSet` (static).
         exclude: node names kept in float.
         cache_path: ORT calibration cache (JSON of tensor ranges): written on first use, reused after,
             so re-quantizing with other exclusions skips the calibration runs.
@@ -554,7 +554,7 @@ def quantize_export(
         export_dir: output of ``hllm export`` (``export.json`` with ``precision: fp32``).
         out_dir: the quantized export to write (replaced if present).
         options: :class:`QuantOptions`.
-        calib: :class:`hllm.build.calibration_data.CalibrationSet` (static / ModelOpt).
+        calib: :class:`hllm.calibration.data.CalibrationSet` (static / ModelOpt).
         cache_path: ORT calibration cache path (static).
     Returns: :class:`QuantResult`. The sidecar ``export.json`` gets ``precision`` (``int8``/``fp8``),
         ``quantization`` (backend, options, excluded nodes, ``source_flavour``, calibration record) and a

@@ -12,9 +12,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from hllm.build.activation_ranges import RESOLUTION, activation_ranges, decoder_matmul_inputs
-from hllm.build.calibration_data import build_calibration_set
-from hllm.build.quantize import (FLOAT_OPS, QuantOptions, excluded_nodes, float_ops_fed_by_quantized, module_path,
+from hllm.calibration.activation_ranges import RESOLUTION, activation_ranges, decoder_matmul_inputs
+from hllm.calibration.data import build_calibration_set
+from hllm.calibration.quantize import (FLOAT_OPS, QuantOptions, excluded_nodes, float_ops_fed_by_quantized, module_path,
                                  nodes_in_part, quantize_export, quantized_nodes, sensitivity_ladder, weight_matmuls)
 from hllm.cli import main
 from hllm.errors import EngineError
@@ -30,8 +30,8 @@ CONTRIB = ("GroupQueryAttention", "MultiHeadAttention", "SkipSimplifiedLayerNorm
 @pytest.fixture(scope="module")
 def llama_fused(tmp_path_factory):
     """(checkpoint, fused export) of a tiny Llama with head_dim 16 (GQA applies the rotary itself)."""
-    from hllm.build.init import init_checkpoint
-    from hllm.build.onnx import export_onnx
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.exporter.onnx import export_onnx
     from hllm.testing import tiny_backbone
 
     root = tmp_path_factory.mktemp("int8-fused")

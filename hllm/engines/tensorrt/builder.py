@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from hllm.engines.tensorrt import device_info, import_tensorrt, trt_api
+from hllm.engines.tensorrt.runner import device_info, import_tensorrt, trt_api
 from hllm.errors import EngineError
 from hllm.files import atomic_path, sha256_file
 from hllm.formats.graph import sidecar_reads_context
@@ -28,12 +28,12 @@ HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAM
 
 def check_standard_graph(art) -> None:
     """Refuse what TensorRT cannot take: anything but an ONNX export, or a graph with ops outside the
-    ONNX standard (the ``ort-cpu`` flavour's ONNX Runtime contrib ops, :func:`hllm.build.fusion.nonstandard_ops`).
+    ONNX standard (the ``ort-cpu`` flavour's ONNX Runtime contrib ops, :func:`hllm.exporter.fusion.nonstandard_ops`).
 
     Args: art: a resolved :class:`hllm.runtime.artefact.Artefact`.
     Raises: EngineError naming the ops and the export to run instead.
     """
-    from hllm.build.fusion import nonstandard_ops
+    from hllm.exporter.fusion import nonstandard_ops
 
     if art.kind != "onnx":
         raise EngineError(f"{art.path} is a {art.kind}, not an ONNX export: "

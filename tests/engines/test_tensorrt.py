@@ -4,7 +4,7 @@ TensorRT 10 / 11 code paths, the build recipe, and artefact resolution of a plan
 The ``tensorrt`` module cannot be imported on the CPU development machines (its wheels fetch the real
 libraries from NVIDIA's index). Where it cannot be imported, the build and version-dispatch tests use
 a small stub of its API surface (``_FakeTrt`` below: Builder, network, OnnxParser, builder config,
-optimization profile, timing cache — the calls :func:`hllm.build.tensorrt.build_plan` makes, with
+optimization profile, timing cache — the calls :func:`hllm.engines.tensorrt.builder.build_plan` makes, with
 the names of the TensorRT Python API). The stub records the calls, so the tests check the recipe:
 strongly typed flag on 10.x and none on 11.x, no FP16 builder flag, one ``set_shape`` per input per
 profile, optimization level, hardware compatibility, timing cache reuse. Where ``tensorrt`` imports,
@@ -41,7 +41,7 @@ def _trt_importable() -> bool:
 
 def _gpu_present() -> bool:
     try:
-        from hllm.engines.tensorrt import device_info
+        from hllm.engines.tensorrt.runner import device_info
 
         device_info()
     except Exception:
@@ -272,7 +272,7 @@ def _fake_trt(version: str, strongly_typed: bool = True, fp16_flag: bool = True,
 
 
 def test_version_dispatch_10_and_11():
-    from hllm.engines.tensorrt import trt_api
+    from hllm.engines.tensorrt.runner import trt_api
 
     t10 = trt_api(_fake_trt("10.13.0.35")[0])
     assert (t10.major, t10.network_flags) == (10, 1 << 1)
@@ -291,7 +291,7 @@ def test_version_dispatch_10_and_11():
 def test_real_tensorrt_dispatch():
     import tensorrt
 
-    from hllm.engines.tensorrt import trt_api
+    from hllm.engines.tensorrt.runner import trt_api
 
     api = trt_api(tensorrt)
     assert api.major == int(tensorrt.__version__.split(".")[0])
@@ -299,7 +299,7 @@ def test_real_tensorrt_dispatch():
 
 @pytest.mark.parametrize("version, flags", [("10.13.0", 2), ("11.4.0", 0)])
 def test_build_recipe(standard_export_dir, tmp_path, version, flags):
-    from hllm.build.tensorrt import build_plan
+    from hllm.engines.tensorrt.builder import build_plan
 
     trt, rec = _fake_trt(version, fp16_flag=version.startswith("10"))
     cache = tmp_path / "timing.cache"
@@ -334,7 +334,7 @@ def test_build_recipe(standard_export_dir, tmp_path, version, flags):
 
 
 def test_build_refuses_bad_profile_before_tensorrt(standard_export_dir, tmp_path):
-    from hllm.build.tensorrt import build_plan
+    from hllm.engines.tensorrt.builder import build_plan
 
     trt, rec = _fake_trt("10.13.0")
     with pytest.raises(EngineError, match="exceeds the head's K=8"):
@@ -344,7 +344,7 @@ def test_build_refuses_bad_profile_before_tensorrt(standard_export_dir, tmp_path
 
 def test_build_refuses_a_fused_graph_before_tensorrt(export_dir, tmp_path):
     """The default export (flavour ort-cpu) holds ONNX Runtime contrib ops: build names them and the fix."""
-    from hllm.build.tensorrt import build_plan
+    from hllm.engines.tensorrt.builder import build_plan
 
     assert json.loads((export_dir / "export.json").read_text())["flavour"] == "ort-cpu"
     trt, rec = _fake_trt("10.13.0")
@@ -366,7 +366,7 @@ def test_cli_build_refuses_a_fused_graph(export_dir):
 
 
 def test_build_refuses_existing_plan(standard_export_dir, tmp_path):
-    from hllm.build.tensorrt import build_plan
+    from hllm.engines.tensorrt.builder import build_plan
 
     trt, _ = _fake_trt("11.4.0", fp16_flag=False)
     plan = tmp_path / "x.plan"
@@ -378,8 +378,8 @@ def test_build_refuses_existing_plan(standard_export_dir, tmp_path):
 
 @pytest.mark.skipif(_trt_importable(), reason="checks the message shown when tensorrt is missing")
 def test_engine_without_tensorrt_says_how_to_install(standard_export_dir, tmp_path):
-    from hllm.build.tensorrt import build_plan
-    from hllm.engines.tensorrt import TensorRTEngine
+    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.engines.tensorrt.runner import TensorRTEngine
 
     trt, _ = _fake_trt("10.13.0")
     plan = tmp_path / "m.plan"
@@ -409,8 +409,8 @@ def test_cli_build_dry_run_and_bad_profile(standard_export_dir):
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not (_trt_importable() and _gpu_present()), reason="needs an NVIDIA GPU with tensorrt and cuda-python")
 def test_tiny_fp16_plan_matches_reference(tmp_path, merged_checkpoint, slates):
-    from hllm.build.onnx import export_onnx
-    from hllm.build.tensorrt import build_plan
+    from hllm.exporter.onnx import export_onnx
+    from hllm.engines.tensorrt.builder import build_plan
     from hllm.verify.parity import Thresholds, run_parity
 
     exp = tmp_path / "export16"
@@ -419,7 +419,7 @@ def test_tiny_fp16_plan_matches_reference(tmp_path, merged_checkpoint, slates):
     build_plan(exp, plan, [Profile.parse("1:2:4/2:64:256/1:8:8")], timing_cache=tmp_path / "tc")
     rep = run_parity(merged_checkpoint, plan, slates, Thresholds(atol=0.05, min_perm_match=0, min_top1=0.8, min_tau=0.8))
     assert rep.precision == "fp16" and rep.summary().nonfinite == 0 and rep.passed, rep.failures()
-    from hllm.engines.tensorrt import TensorRTEngine
+    from hllm.engines.tensorrt.runner import TensorRTEngine
 
     with TensorRTEngine(plan, 8) as eng, pytest.raises(EngineError, match="outside every optimization profile"):
         eng.run(np.zeros((1, 300), np.int64), np.zeros((1, 2), np.int64), np.ones((1, 2), bool))

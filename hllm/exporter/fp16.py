@@ -25,7 +25,7 @@ Islands (names used by ``hllm export --fp32-islands`` and recorded in ``export.j
 
 Nodes are assigned to islands from the module path the dynamo exporter records on each node
 (``pkg.torch.onnx.class_hierarchy`` / ``pkg.torch.onnx.name_scopes`` metadata), so the pass needs an
-export made by :func:`hllm.build.onnx.export_onnx`.
+export made by :func:`hllm.exporter.onnx.export_onnx`.
 
 Why our own pass and not ModelOpt AutoCast (``modelopt.onnx.autocast``): see ``docs/tensorrt.md``
 (measured); in short, AutoCast pins onnx 1.21 / onnxruntime-gpu and decides by data magnitudes,
@@ -154,7 +154,7 @@ def convert_to_fp16(model, islands: tuple[str, ...] = DEFAULT_ISLANDS):
     """Float16 graph with float32 islands from a float32 ONNX model (in memory).
 
     Args:
-        model: ``onnx.ModelProto`` exported by :func:`hllm.build.onnx.export_onnx` (float32,
+        model: ``onnx.ModelProto`` exported by :func:`hllm.exporter.onnx.export_onnx` (float32,
             with value_info and the dynamo exporter's node metadata).
         islands: island names (see module docstring) kept in float32.
     Returns:

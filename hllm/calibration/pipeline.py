@@ -3,13 +3,13 @@
 Steps (each a function below, the CLI only parses options and prints):
 
 1. :func:`prepare_calibration` — load a saved calibration set or draw one from real slates
-   (:mod:`hllm.build.calibration_data`); refused when it overlaps the gate's evaluation slates.
+   (:mod:`hllm.calibration.data`); refused when it overlaps the gate's evaluation slates.
 2. :func:`fp32_reference` — the FP32 export's score matrices on the evaluation slates, computed once
    (optionally cached in an ``.npz`` keyed by the graph's sha256).
-3. :class:`Attempts` — one quantize (:func:`hllm.build.quantize.quantize_export`) + gate
+3. :class:`Attempts` — one quantize (:func:`hllm.calibration.quantize.quantize_export`) + gate
    (:func:`hllm.verify.gate.run_gate`) per set of parts kept in float; with ``auto`` the
-   :func:`hllm.build.quantize.sensitivity_ladder` adds parts one at a time
-   (:func:`hllm.build.quantize.auto_exclude`) until the gate passes.
+   :func:`hllm.calibration.quantize.sensitivity_ladder` adds parts one at a time
+   (:func:`hllm.calibration.quantize.auto_exclude`) until the gate passes.
 4. Optional interleaved speed run against FP32 (:func:`hllm.bench.speed.compare_speed`).
 5. The candidate directory is promoted to ``out_dir`` if it passed, else to ``out_dir.FAILED``, with
    ``calibration_report.json`` and (when drawn here) the calibration set inside it.
@@ -77,7 +77,7 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
     Raises: SlateError (another prompt spec, overlap with the evaluation slates, no data for a backend
         that needs it).
     """
-    from hllm.build.calibration_data import build_calibration_set
+    from hllm.calibration.data import build_calibration_set
     from hllm.formats.calibration_set import load_calibration_set
     from hllm.runtime.slates import read_slates
     from hllm.verify.gate import check_disjoint
@@ -126,7 +126,7 @@ def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = 
 class Attempts:
     """Quantize + gate variants of one run into a staging directory; remembers each gate report.
 
-    ``attempt(parts)`` → ``(passed, record)`` is the callable :func:`hllm.build.quantize.auto_exclude`
+    ``attempt(parts)`` → ``(passed, record)`` is the callable :func:`hllm.calibration.quantize.auto_exclude`
     drives. ``reports[parts]`` holds the gate dict of every variant that produced a graph.
     """
 
@@ -139,7 +139,7 @@ class Attempts:
     reports: dict = field(default_factory=dict)
 
     def attempt(self, parts: tuple[str, ...]) -> tuple[bool, dict]:
-        from hllm.build.quantize import NothingToQuantize, QuantOptions, quantize_export
+        from hllm.calibration.quantize import NothingToQuantize, QuantOptions, quantize_export
         from hllm.verify.gate import run_gate
 
         req, o = self.req, self.req.options
@@ -173,7 +173,7 @@ class Attempts:
         auto record or {}). Raises NothingToQuantize when no try produced a graph."""
         import onnx
 
-        from hllm.build.quantize import NothingToQuantize, auto_exclude, calibration_ranges, sensitivity_ladder
+        from hllm.calibration.quantize import NothingToQuantize, auto_exclude, calibration_ranges, sensitivity_ladder
 
         req, start = self.req, tuple(self.req.options.exclude)
         ok, rec = self.attempt(start)
@@ -200,7 +200,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     Raises: FileExistsError never (the caller checks ``--overwrite``); SlateError / EngineError /
         ExportError / NothingToQuantize from the steps.
     """
-    from hllm.build.quantize import QuantOptions
+    from hllm.calibration.quantize import QuantOptions
     from hllm.files import atomic_write_json, promote_dir
     from hllm.runtime.artefact import resolve
 

@@ -12,9 +12,10 @@ import onnx
 import pytest
 import torch
 
-from hllm.build.export_patches import causal_sdpa_export
-from hllm.build.fusion import nonstandard_ops
-from hllm.build.onnx import export_onnx, synthetic_batch
+from hllm.exporter.patches import causal_sdpa_export
+from hllm.exporter.fusion import nonstandard_ops
+from hllm.exporter.onnx import export_onnx
+from hllm.exporter.validate import synthetic_batch
 from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.errors import ExportError
 from hllm.model.hllm import load_model
@@ -34,7 +35,7 @@ ARCHS = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from hllm.build.init import init_checkpoint
+    from hllm.checkpoint.init import init_checkpoint
     from hllm.testing import tiny_backbone
 
     root = tmp_path_factory.mktemp("fusion")
@@ -140,7 +141,7 @@ def test_flavour_defaults_and_refusals(checkpoints, tmp_path):
 
 
 def test_export_fails_and_writes_nothing_when_attention_does_not_fuse(checkpoints, tmp_path, monkeypatch):
-    from hllm.build import fusion
+    from hllm.exporter import fusion
 
     monkeypatch.setattr(fusion.CausalGroupQueryAttention, "check", lambda self, context, **kw: False)
     with pytest.raises(ExportError, match=r"attention fusion matched 0 of 2 decoder layers.*--flavour standard"):

@@ -1,7 +1,7 @@
 """Graph rewrites of the exported hLLM graph: the portable ``standard`` flavour and the fused
 ``ort-cpu`` flavour (ONNX Runtime contrib ops).
 
-Both start from the graph exported under :func:`hllm.build.export_patches.causal_sdpa_export`, where
+Both start from the graph exported under :func:`hllm.exporter.patches.causal_sdpa_export`, where
 every decoder attention is SDPA with the exporter's float causal mask (``Trilu``) and no NaN guard.
 
 ``standard`` (:func:`clean_standard`): only ``ai.onnx`` ops, for TensorRT and other runtimes. The one

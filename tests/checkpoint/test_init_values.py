@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hllm.build.init import init_checkpoint
+from hllm.checkpoint.init import init_checkpoint
 from hllm.errors import CheckpointError, HllmError
 from hllm.formats.prompt import PromptSpec
 from tests.conftest import TINY_HEAD
