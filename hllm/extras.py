@@ -20,6 +20,8 @@ MODULE_EXTRA = {
     "click": "cli",
     "tokenizers": "runtime",
     "onnxruntime": "runtime",
+    "openvino": "openvino",
+    "nncf": "openvino",
     "lap": "runtime",
     "torch": "export",
     "transformers": "export",

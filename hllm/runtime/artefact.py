@@ -111,7 +111,9 @@ def _resolve_plan(p: Path, verify_hash: bool) -> Artefact:
 def open_engine(artefact: Artefact, **options):
     """Construct (not activate) the engine for ``artefact``.
 
-    Options: ``threads`` (torch intra-op threads / ORT intra-op threads), ``providers`` and
+    Options: ``engine`` (``auto`` = what the export sidecar's ``engine`` key says, else ONNX Runtime;
+    ``onnxruntime``; ``openvino``), ``inference_precision`` (OpenVINO: ``f32`` / ``bf16``; default the
+    sidecar's ``openvino.inference_precision``, else f32), ``threads`` (torch / ORT / OpenVINO threads), ``providers`` and
     ``graph_optimization`` (ONNX Runtime; FP8 Q/DQ graphs default to ``basic``: ORT's CPU provider has
     no FP8 kernels for the extended fusions), ``device`` (TensorRT GPU ordinal).
     Raises: EngineError for an unknown kind.
@@ -120,6 +122,8 @@ def open_engine(artefact: Artefact, **options):
         from hllm.engines.reference import TorchEngine
 
         return TorchEngine(artefact.path, threads=options.get("threads"))
+    if artefact.kind == "onnx" and _wants_openvino(artefact, options.get("engine")):
+        return _openvino_engine(artefact, options)
     if artefact.kind == "onnx":
         from hllm.engines.ort import OnnxRuntimeEngine
 
@@ -133,3 +137,34 @@ def open_engine(artefact: Artefact, **options):
         return TensorRTEngine(artefact.path, artefact.num_positions, sidecar=artefact.meta,
                               device=options.get("device") or 0)
     raise EngineError(f"unknown artefact kind {artefact.kind!r}")
+
+
+#: Engines that run an export directory (``hllm rank --engine``); ``auto`` follows the sidecar.
+EXPORT_ENGINES = ("auto", "onnxruntime", "openvino")
+
+
+def _wants_openvino(artefact: Artefact, engine: str | None) -> bool:
+    engine = engine or "auto"
+    if engine not in EXPORT_ENGINES:
+        raise EngineError(f"unknown engine {engine!r}; one of {EXPORT_ENGINES}")
+    if engine == "auto":
+        return artefact.meta.get("engine") == "openvino"
+    if engine == "onnxruntime" and artefact.meta.get("engine") == "openvino" and (artefact.meta.get("openvino") or {}).get("ir"):
+        raise EngineError(f"{artefact.path.parent} is an OpenVINO IR export (its sidecar says engine: openvino); "
+                          "run it with --engine openvino or auto")
+    return engine == "openvino"
+
+
+def _openvino_engine(artefact: Artefact, options: dict):
+    from hllm.engines.openvino import OpenVinoEngine
+    from hllm.files import contained_path
+
+    ov_meta = artefact.meta.get("openvino") or {}
+    path = artefact.path
+    if ov_meta.get("ir"):
+        path = contained_path(artefact.path.parent, ov_meta["ir"], "export.json: openvino.ir", EngineError)
+        if not path.is_file():
+            raise EngineError(f"export.json: openvino.ir file {path.name} is missing")
+    prec = options.get("inference_precision") or ov_meta.get("inference_precision") or "f32"
+    return OpenVinoEngine(path, artefact.num_positions, threads=options.get("threads"), inference_precision=prec,
+                          precision=artefact.precision, context=artefact.context, flavour=artefact.flavour)

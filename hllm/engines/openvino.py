@@ -1,0 +1,135 @@
+"""OpenVINO backend (CPU plugin): the ``standard`` ONNX export in fp32 or bf16, or an NNCF INT8 IR; torch-free.
+
+OpenVINO reads the ONNX graph with its ONNX frontend and compiles it for the CPU plugin, where it fuses
+RMSNorm and the rotary embedding itself. It cannot read the ``ort-cpu`` flavour (ONNX Runtime contrib ops
+such as ``com.microsoft.GroupQueryAttention``): such a graph is refused with the reason.
+
+Precision: ``f32`` runs every op in float32 (``INFERENCE_PRECISION_HINT=f32``); ``bf16`` lets the CPU
+plugin run matrix multiplications in bfloat16 — only on a CPU with AVX512_BF16 or AMX-BF16
+(:func:`hllm.bench.machine.bf16_support`), refused elsewhere because the plugin would otherwise fall back
+or emulate silently. An INT8 IR (``model.xml`` written by :func:`hllm.calibration.openvino_int8.quantize_openvino`)
+carries its own FakeQuantize nodes and runs with the f32 hint for the parts kept in float.
+
+Sources: OpenVINO Python API (``openvino.Core.read_model`` / ``compile_model``, properties
+``INFERENCE_PRECISION_HINT``, ``INFERENCE_NUM_THREADS``, ``PERFORMANCE_HINT``),
+https://docs.openvino.ai/2026/openvino-workflow/running-inference.html and
+https://docs.openvino.ai/2026/openvino-workflow/running-inference/optimize-inference/precision-control.html
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hllm.engines.base import Engine
+from hllm.errors import EngineError
+from hllm.formats.graph import OUTPUT_NAME, input_names
+from hllm.formats.precision import Precision
+
+#: Inference precisions this engine accepts (OpenVINO's names for ``INFERENCE_PRECISION_HINT``).
+INFERENCE_PRECISIONS = ("f32", "bf16")
+
+
+def check_inference_precision(value: str) -> str:
+    """Validate an inference precision for this CPU; returns OpenVINO's name (``f32`` / ``bf16``).
+
+    ``bf16`` / ``fp32`` are accepted as aliases. Raises EngineError for an unknown value, and for bf16 on
+    a CPU without AVX512_BF16 / AMX-BF16, naming the missing instruction sets and the CPU features found.
+    """
+    v = {"fp32": "f32", "float32": "f32", "bfloat16": "bf16"}.get(str(value).lower(), str(value).lower())
+    if v not in INFERENCE_PRECISIONS:
+        raise EngineError(f"OpenVINO inference precision {value!r} is not one of {INFERENCE_PRECISIONS}")
+    if v == "bf16":
+        from hllm.bench.machine import bf16_support
+
+        ok, what = bf16_support()
+        if not ok:
+            raise EngineError("bf16 needs AVX512_BF16 or AMX-BF16 instructions, which this CPU lacks; "
+                              f"{what}. Use fp32, or INT8 (`hllm calibrate --backend openvino`)")
+    return v
+
+
+class OpenVinoEngine(Engine):
+    """Runs an exported hLLM graph (``standard`` ONNX, or an OpenVINO IR ``.xml``) with OpenVINO on the CPU.
+
+    Args:
+        model_path: ``model.onnx`` of a ``standard`` export, or an IR ``.xml`` (its ``.bin`` beside it).
+        num_positions: K of the head (checked against the graph's output shape on activate).
+        threads: ``INFERENCE_NUM_THREADS`` (0 / None = OpenVINO's default, all cores).
+        inference_precision: ``f32`` or ``bf16`` (:func:`check_inference_precision`; checked at construction).
+        precision: the graph's :class:`Precision` recorded in reports (INT8 for an NNCF IR; BF16 is set
+            automatically when ``inference_precision`` is bf16).
+        context: the graph has the ``context_positions`` input (checked on activate).
+        flavour: the export's flavour when known; ``ort-cpu`` is refused (contrib ops OpenVINO cannot read).
+    Raises: EngineError (at construction for a refused flavour or precision; on activate for a graph
+        OpenVINO cannot read or whose inputs/K do not match the sidecar).
+    """
+
+    name = "openvino"
+
+    def __init__(self, model_path: str | os.PathLike, num_positions: int, threads: int | None = None,
+                 inference_precision: str = "f32", precision: Precision = Precision.FP32, context: bool = False,
+                 flavour: str | None = None):
+        if flavour == "ort-cpu":
+            raise EngineError(f"OpenVINO cannot run {model_path}: it is the `ort-cpu` flavour (ONNX Runtime contrib "
+                              "ops such as com.microsoft.GroupQueryAttention); export with --flavour standard")
+        self.inference_precision = check_inference_precision(inference_precision)
+        if self.inference_precision == "bf16" and Precision.parse(precision) is Precision.FP32:
+            precision = Precision.BF16
+        super().__init__(num_positions, precision, context)
+        self.model_path = Path(model_path)
+        self.threads = threads
+        self._compiled = None
+        self._request = None
+
+    def config(self) -> dict:
+        """The CPU plugin properties this engine compiles with (strings, as OpenVINO accepts them)."""
+        cfg = {"INFERENCE_PRECISION_HINT": self.inference_precision, "PERFORMANCE_HINT": "LATENCY"}
+        if self.threads:
+            cfg["INFERENCE_NUM_THREADS"] = int(self.threads)
+        return cfg
+
+    def _activate(self) -> None:
+        try:
+            import openvino as ov
+        except ImportError:
+            raise EngineError("the OpenVINO engine needs openvino: pip install 'hllm[openvino]'") from None
+        if not self.model_path.is_file():
+            raise EngineError(f"model not found: {self.model_path}")
+        core = ov.Core()
+        try:
+            model = core.read_model(str(self.model_path))
+        except Exception as e:
+            raise EngineError(f"OpenVINO cannot read {self.model_path} (only the `standard` flavour is supported): "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        names = sorted(n for p in model.inputs for n in p.get_names() if n in input_names(True))
+        want = sorted(input_names(self.context))
+        if names != want:
+            raise EngineError(f"{self.model_path} has inputs {names}, expected {want} (its sidecar says the head "
+                              f"{'reads' if self.context else 'does not read'} the user context)")
+        k = model.output(0).get_partial_shape()[-1]
+        if k.is_static and k.get_length() != self.num_positions:
+            raise EngineError(f"{self.model_path} outputs K={k.get_length()} positions, expected {self.num_positions}")
+        try:
+            self._compiled = core.compile_model(model, "CPU", self.config())
+        except Exception as e:
+            raise EngineError(f"OpenVINO cannot compile {self.model_path} for the CPU: {e}") from None
+        self._request = self._compiled.create_infer_request()
+
+    def _deactivate(self) -> None:
+        self._request = None
+        self._compiled = None
+
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None) -> np.ndarray:
+        feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
+        if context_positions is not None:
+            feeds["context_positions"] = context_positions
+        try:
+            res = self._request.infer(feeds)
+        except Exception as e:
+            raise EngineError(f"OpenVINO failed: {e}") from None
+        out = self._compiled.output(OUTPUT_NAME) if OUTPUT_NAME in self._compiled.output(0).get_names() else \
+            self._compiled.output(0)
+        return np.array(res[out], dtype=np.float32, copy=True)

@@ -1,0 +1,93 @@
+"""OpenVINO engine: the ``standard`` export of tiny Qwen3 / Qwen2 / Llama (a context head on each) equals
+PyTorch within 1e-4 in fp32 at shapes the export did not trace; the fused flavour and bf16 on a CPU
+without bf16 instructions are refused with the reason; the sidecar / ``engine=`` option select it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+
+from hllm.engines.openvino import OpenVinoEngine, check_inference_precision  # noqa: E402
+from hllm.errors import EngineError  # noqa: E402
+from hllm.exporter.validate import synthetic_batch  # noqa: E402
+from hllm.model.hllm import load_model  # noqa: E402
+from tests.conftest import TINY_HEAD  # noqa: E402
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """{family: (checkpoint, standard export)} with a context-reading head (K=8)."""
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.exporter.onnx import export_onnx
+    from hllm.testing import tiny_backbone
+
+    root = tmp_path_factory.mktemp("openvino")
+    out = {}
+    for i, fam in enumerate(("qwen3", "qwen2", "llama")):
+        bb = tiny_backbone(root / f"bb-{fam}", fam, seed=20 + i)
+        ck = init_checkpoint(bb, root / f"ck-{fam}", "self_attention", K, seed=i,
+                             head_kwargs={**TINY_HEAD, "context": True})
+        export_onnx(ck, root / f"ex-{fam}", flavour="standard")
+        out[fam] = (ck, root / f"ex-{fam}")
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+def test_openvino_fp32_matches_pytorch_at_untraced_shapes(family, exports):
+    ckpt, export = exports[family]
+    model = load_model(ckpt)
+    rng = np.random.default_rng(7)
+    vocab = model.backbone.config.vocab_size
+    # the export traced B=2, S=32, N<=4: B>1 with unequal lengths and N<K, a long single row, N=K
+    shapes = {"B3_unequal_N<K": ([57, 9, 130], [5, 1, 7]), "B1_S300": ([300], [K]), "B2_N=K": ([80, 45], [K, K])}
+    with OpenVinoEngine(export / "model.onnx", K, threads=1, context=True, flavour="standard") as eng:
+        for name, (lengths, items) in shapes.items():
+            b = synthetic_batch(rng, vocab, lengths, items)
+            with torch.inference_mode():
+                ref = model(*(torch.from_numpy(x) for x in b.inputs(context=True).values())).numpy()
+            got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
+            assert got.shape == (len(lengths), max(items), K) and np.isfinite(got).all()
+            assert np.abs(ref - got).max() <= 1e-4, (name, float(np.abs(ref - got).max()))
+            assert np.abs(ref).max() > 1e-3  # the comparison is not between two zero matrices
+
+
+def test_openvino_refuses_the_fused_flavour_and_a_wrong_context(exports, tmp_path):
+    with pytest.raises(EngineError, match="ort-cpu.*--flavour standard"):
+        OpenVinoEngine(tmp_path / "model.onnx", K, flavour="ort-cpu")
+    _, export = exports["llama"]
+    with pytest.raises(EngineError, match="context"):
+        OpenVinoEngine(export / "model.onnx", K, context=False).activate()
+    with pytest.raises(EngineError, match="K=8"):
+        OpenVinoEngine(export / "model.onnx", 5, context=True).activate()
+
+
+def test_bf16_is_refused_without_bf16_instructions(monkeypatch):
+    from hllm.bench import machine
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    with pytest.raises(EngineError, match="AVX512_BF16 or AMX-BF16.*avx512_vnni"):
+        check_inference_precision("bf16")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx512f", "avx512_bf16"])
+    assert check_inference_precision("bf16") == "bf16"
+    assert check_inference_precision("fp32") == "f32"
+    with pytest.raises(EngineError, match="not one of"):
+        check_inference_precision("int4")
+
+
+def test_open_engine_selects_openvino_by_option_and_sidecar(exports):
+    from hllm.runtime.artefact import open_engine, resolve
+
+    _, export = exports["qwen2"]
+    art = resolve(export)
+    assert open_engine(art).name == "onnxruntime"
+    eng = open_engine(art, engine="openvino", threads=1)
+    assert eng.name == "openvino" and eng.context
+    art.meta["engine"] = "openvino"
+    assert open_engine(art).name == "openvino"
+    with pytest.raises(EngineError, match="unknown engine"):
+        open_engine(art, engine="tvm")
