@@ -26,6 +26,8 @@ def rank_cmd(
     threads: Optional[int] = threads_opt("Intra-op threads of the engine (with --ray: per actor, default 1)."),
     ray: bool = typer.Option(False, "--ray", help="Rank on Ray Data with one engine per actor (pip install 'hllm[ray]'); same output, same order."),
     workers: int = typer.Option(2, "--workers", min=1, max=MAX_WORKERS, help=f"With --ray: number of actors (engines), at most {MAX_WORKERS} (4 × cores)."),
+    engine: str = typer.Option("auto", "--engine", help="Engine for an export: auto (its sidecar's choice, else "
+                               "onnxruntime), onnxruntime, or openvino (standard flavour; pip install 'hllm[openvino]')."),
     json_out: bool = json_opt(),
 ) -> None:
     """Rank slates: one prefill pass per batch, LAPJV decode, JSONL rankings out."""
@@ -40,7 +42,7 @@ def rank_cmd(
         return
     resolve(model)  # a bad path fails before reading slates
     data = load_slates(slates, limit=limit)
-    ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads)
+    ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads, engine=engine)
     t0 = time.perf_counter()
     with ranker, progress() as bar:
         task = bar.add_task(f"ranking with {ranker.engine.name}", total=len(data))

@@ -91,3 +91,26 @@ def test_open_engine_selects_openvino_by_option_and_sidecar(exports):
     assert open_engine(art).name == "openvino"
     with pytest.raises(EngineError, match="unknown engine"):
         open_engine(art, engine="tvm")
+
+
+def test_nncf_int8_export_opens_with_openvino_and_keeps_named_parts_in_fp32(exports, tmp_path):
+    from hllm.calibration.openvino_int8 import quantize_openvino
+    from hllm.runtime.artefact import open_engine, resolve
+
+    ckpt, export = exports["llama"]
+    vocab = load_model(ckpt).backbone.config.vocab_size
+    rng = np.random.default_rng(0)
+    feeds = [synthetic_batch(rng, vocab, [40, 25], [K, 5]).inputs(context=True) for _ in range(4)]
+    full = quantize_openvino(export, tmp_path / "int8", feeds)
+    kept = quantize_openvino(export, tmp_path / "int8-keep", feeds, keep_float=["block:1", "head"])
+    assert full["fake_quantize_nodes"] > kept["fake_quantize_nodes"] > 0 and kept["ignored_nodes"] > 0
+    with pytest.raises(EngineError, match="exists"):
+        quantize_openvino(export, tmp_path / "int8", feeds)
+    art = resolve(tmp_path / "int8")
+    assert art.precision.value == "int8" and art.meta["engine"] == "openvino"
+    b = synthetic_batch(rng, vocab, [70, 33], [K, 3])
+    with OpenVinoEngine(export / "model.onnx", K, context=True) as ref, open_engine(art, threads=1) as q:
+        assert q.name == "openvino" and str(q.precision) == "int8"
+        want = ref.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
+        got = q.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
+    assert np.isfinite(got).all() and 0 < np.abs(got - want).max() < 0.5 * np.abs(want).max()

@@ -1,0 +1,123 @@
+"""INT8 for the OpenVINO engine: NNCF post-training quantization of a ``standard`` export, with SmoothQuant.
+
+NNCF (``nncf.quantize`` with ``model_type=ModelType.TRANSFORMER``) inserts FakeQuantize nodes on the
+MatMul inputs and weights (8-bit, per-channel weights, per-tensor activations) from ranges measured on
+calibration inputs, and for transformer models first applies SmoothQuant (Xiao et al. 2023, "SmoothQuant:
+Accurate and Efficient Post-Training Quantization for Large Language Models", §4): activation outlier
+channels are divided by ``s_j = max|X_j|^α / max|W_j|^(1-α)`` and the following weights multiplied by it,
+which is exact in real arithmetic and moves the quantization difficulty from activations to weights.
+Parts named in ``keep_float`` (module paths or parts as :func:`hllm.calibration.quantize.nodes_in_part`
+resolves them, e.g. ``backbone.layers.11.mlp.down_proj``, ``block:11``, ``head``) go to NNCF's
+``IgnoredScope`` and stay fp32.
+
+The output is an export directory that ``hllm rank`` / :func:`hllm.runtime.artefact.open_engine` open with
+the OpenVINO engine: the FP32 export's files plus ``model_int8.xml`` / ``.bin`` (OpenVINO IR, weights
+kept uncompressed), and ``export.json`` with ``precision: int8``, ``engine: openvino``,
+``openvino: {ir, inference_precision}`` and ``quantization`` (what was done, for ``hllm info``).
+
+Sources: NNCF post-training quantization, https://docs.openvino.ai/2026/openvino-workflow/model-optimization-guide/quantizing-models-post-training/basic-quantization-flow.html ;
+``nncf.IgnoredScope``, ``nncf.AdvancedSmoothQuantParameters`` (NNCF API reference).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from hllm.errors import EngineError
+
+IR_NAME = "model_int8.xml"
+
+
+def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
+    """ONNX node names of the parts to keep in fp32 (OpenVINO's ONNX frontend keeps them as op names).
+
+    Raises: EngineError for a part that matches no node (:func:`hllm.calibration.quantize.nodes_in_part`).
+    """
+    if not keep_float:
+        return []
+    import onnx
+
+    from hllm.calibration.quantize import nodes_in_part
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    names: list[str] = []
+    for part in keep_float:
+        names += [n for n in nodes_in_part(model, part) if n not in names]
+    return names
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike, calibration: Iterable[dict],
+                      keep_float: Sequence[str] = (), smooth_quant_alpha: float | None = None,
+                      subset_size: int | None = None) -> dict:
+    """Quantize the FP32 ``standard`` export in ``export_dir`` to INT8 with NNCF; write ``out_dir``.
+
+    Args:
+        export_dir: an FP32 export of flavour ``standard`` (OpenVINO cannot read the fused one).
+        out_dir: the new export directory (must not exist; never inside ``export_dir``).
+        calibration: feed dicts ``{input name: array}`` — e.g. a :class:`hllm.formats.calibration_set.CalibrationSet`
+            of real slates encoded with the export's prompt builder.
+        keep_float: parts kept in fp32 (module doc). smooth_quant_alpha: SmoothQuant α for MatMuls
+            (None = NNCF's default for transformers; a negative value disables smoothing).
+        subset_size: calibration inputs NNCF reads (default: all).
+    Returns: the ``quantization`` record written into the sidecar.
+    Raises: EngineError (wrong flavour / precision, out_dir exists, a part that matches nothing,
+        NNCF failure).
+    """
+    import nncf
+    import openvino as ov
+
+    from hllm.formats.export import read_export, write_export
+
+    meta = read_export(export_dir)
+    out = Path(out_dir)
+    if meta.flavour != "standard" or meta.precision.value != "fp32":
+        raise EngineError(f"{meta.root}: NNCF INT8 needs an fp32 export of flavour standard, got "
+                          f"{meta.precision.value} {meta.flavour} (export with --flavour standard)")
+    if out.exists():
+        raise EngineError(f"{out} exists; choose a new directory")
+    feeds = list(calibration)
+    if not feeds:
+        raise EngineError("NNCF INT8 needs at least one calibration input")
+    ignored = ignored_node_names(meta.onnx_path, keep_float)
+    advanced = None
+    if smooth_quant_alpha is not None:
+        advanced = nncf.AdvancedQuantizationParameters(
+            smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=float(smooth_quant_alpha)))
+    t0 = time.perf_counter()
+    model = ov.Core().read_model(str(meta.onnx_path))
+    try:
+        q = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                          subset_size=subset_size or len(feeds),
+                          ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+                          advanced_parameters=advanced)
+    except Exception as e:
+        raise EngineError(f"NNCF quantization failed: {e}") from None
+    seconds = time.perf_counter() - t0
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    ov.save_model(q, str(staging / IR_NAME), compress_to_fp16=False)
+    for f in meta.root.iterdir():
+        if f.is_file() and f.name != "export.json":
+            _link_or_copy(f, staging / f.name)
+    n_fq = sum(op.get_type_name() == "FakeQuantize" for op in q.get_ops())
+    record = {"backend": "nncf", "precision": "int8", "nncf": nncf.__version__, "openvino": ov.__version__,
+              "model_type": "transformer", "smooth_quant_alpha": smooth_quant_alpha,
+              "calibration_inputs": subset_size or len(feeds), "keep_float": list(keep_float),
+              "ignored_nodes": len(ignored), "fake_quantize_nodes": n_fq, "seconds": round(seconds, 1)}
+    raw = {**meta.raw, "precision": "int8", "engine": "openvino", "quantization": record,
+           "openvino": {"ir": IR_NAME, "inference_precision": "f32"}}
+    write_export(staging, raw)
+    staging.rename(out)
+    return record
