@@ -120,7 +120,7 @@ def export_cmd(
     overwrite: bool = overwrite_opt("OUT_DIR"),
     precision: str = choice_opt("fp32", ("fp32", "fp16"), "--precision",
                                 help="fp32, or fp16: FP16 graph with FP32 islands (for strongly typed TensorRT) plus its CPU emulation."),
-    fp32_islands: Optional[str] = typer.Option(None, help="With --precision fp16: comma list of FP32 islands (rmsnorm,rotary,softmax,layernorm,scores; 'none'). Default: all."),
+    fp32_islands: Optional[str] = typer.Option(None, help="With --precision fp16: comma list of FP32 islands (rmsnorm,rotary,softmax,layernorm,scores, module paths such as backbone.layers.11.mlp; 'none'), or an islands .json from `hllm debug precision`. Default: all."),
     flavour: Optional[str] = choice_opt(None, tuple(sorted(FLAVOURS)), "--flavour",
                                         help="ort-cpu: fused graph for ONNX Runtime (GroupQueryAttention, "
                                         "SimplifiedLayerNormalization contrib ops); standard: only ai.onnx ops, for "
@@ -129,13 +129,14 @@ def export_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """Export prefill + readout + head as ONE ONNX graph and validate it in ONNX Runtime at untraced shapes."""
-    from hllm.exporter.fp16 import parse_islands
+    from hllm.exporter.fp16 import parse_islands, read_islands_file
     from hllm.exporter.onnx import export_onnx
     from hllm.formats.checkpoint import load_manifest
 
     quiet_libraries()
     data_to_stdout(json_out)
-    islands = parse_islands(fp32_islands)
+    islands = (read_islands_file(fp32_islands) if fp32_islands and fp32_islands.endswith(".json")
+               else parse_islands(fp32_islands))
     load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
     check_output_dir(out_dir, overwrite, "OUT_DIR")
     sample = [] if slates is not None and str(slates) in ("", ".") else load_slates(slates, limit=2)

@@ -23,6 +23,11 @@ Islands (names used by ``hllm export --fp32-islands`` and recorded in ``export.j
     the residual ``Add`` of every ``*DecoderLayer``: the residual stream stays float32 (SmolLM2 carries
     activations of ~2·10⁴ in a few channels, where float16 spacing is 16).
 
+Module islands: besides these op-class names, an island may name a module path of the exported model,
+``backbone.layers.11.mlp`` or ``backbone.layers.3.self_attn`` (every node recorded inside that module stays
+float32) — what ``hllm debug precision`` writes into an islands file. ``--fp32-islands FILE.json`` reads the
+``islands`` list of such a file (:func:`read_islands_file`).
+
 Nodes are assigned to islands from the module path the dynamo exporter records on each node
 (``pkg.torch.onnx.class_hierarchy`` / ``pkg.torch.onnx.name_scopes`` metadata), so the pass needs an
 export made by :func:`hllm.exporter.onnx.export_onnx`.
@@ -44,8 +49,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -72,10 +79,49 @@ def parse_islands(text: str | None) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip() and s.strip() != "none")
     if "default" in names:
         names = DEFAULT_ISLANDS + tuple(n for n in names if n != "default" and n not in DEFAULT_ISLANDS)
-    bad = [n for n in names if n not in ISLANDS]
+    bad = [n for n in names if n not in ISLANDS and not is_module_island(n)]
     if bad:
-        raise ExportError(f"unknown FP32 island(s) {bad}; choose from {list(ISLANDS)} or 'none'")
+        raise ExportError(f"unknown FP32 island(s) {bad}; choose from {list(ISLANDS)}, a module path "
+                          "(backbone.layers.N.mlp, backbone.layers.N.self_attn, head) or 'none'")
     return names
+
+
+_MODULE_ISLAND = re.compile(r"^(backbone|head)(\.[A-Za-z0-9_]+)*$")
+
+
+def is_module_island(name: str) -> bool:
+    """True for a module-path island (``backbone.layers.11.mlp``, ``head``), see the module docstring."""
+    return bool(_MODULE_ISLAND.match(name)) and name not in ISLANDS
+
+
+def read_islands_file(path: str | os.PathLike) -> tuple[str, ...]:
+    """The ``islands`` list of an islands file written by ``hllm debug precision`` (JSON object with an
+    ``islands`` list of island names / module paths), validated by :func:`parse_islands`.
+
+    Raises: ExportError (unreadable file, no ``islands`` list, an unknown island).
+    """
+    import json
+
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ExportError(f"cannot read islands file {path}: {e}") from None
+    isl = d.get("islands") if isinstance(d, dict) else None
+    if not isinstance(isl, list) or not all(isinstance(x, str) for x in isl):
+        raise ExportError(f"islands file {path}: expected a JSON object with an 'islands' list of strings")
+    return parse_islands(",".join(isl) or "none")
+
+
+def module_island_of(node, islands: Sequence[str]) -> str | None:
+    """The first module-path island of ``islands`` that ``node`` lies in (its recorded module scopes), or None."""
+    mods = [m for m in islands if is_module_island(m)]
+    if not mods:
+        return None
+    scopes = _literal_list(_meta(node).get("pkg.torch.onnx.name_scopes"))[:-1]
+    for m in mods:
+        if any(sc == m or sc.startswith(m + ".") for sc in scopes):
+            return m
+    return None
 
 
 def _meta(node) -> dict:
@@ -228,7 +274,7 @@ class _Fp16Rewrite:
 
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             raise ExportError(f"node {node.name} ({node.op_type}) has a subgraph; the FP16 pass does not handle them")
-        isl = island_of(node)
+        isl = module_island_of(node, self.islands) or island_of(node)
         prec = FLOAT if isl in self.islands else FLOAT16
         if prec == FLOAT:
             self.rep.fp32_nodes += 1
@@ -435,7 +481,7 @@ def fp32_islands_check(model) -> list[str]:
         types[t.name] = t.data_type
     bad = []
     for n in g.node:
-        isl = island_of(n)
+        isl = module_island_of(n, tuple(islands)) or island_of(n)
         float_io = [x for x in list(n.input) + list(n.output) if types.get(x) in (FLOAT, FLOAT16)]
         if n.op_type == "Cast" and n.name.startswith("hllm_cast_"):
             continue
