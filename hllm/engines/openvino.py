@@ -47,7 +47,7 @@ def check_inference_precision(value: str) -> str:
         ok, what = bf16_support()
         if not ok:
             raise EngineError("bf16 needs AVX512_BF16 or AMX-BF16 instructions, which this CPU lacks; "
-                              f"{what}. Use fp32, or INT8 (`hllm calibrate --backend openvino`)")
+                              f"{what}. use fp32, or INT8 (NNCF on OpenVINO, AVX512-VNNI)")
     return v
 
 

@@ -4,6 +4,8 @@ without bf16 instructions are refused with the reason; the sidecar / ``engine=``
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -114,3 +116,27 @@ def test_nncf_int8_export_opens_with_openvino_and_keeps_named_parts_in_fp32(expo
         want = ref.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
         got = q.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
     assert np.isfinite(got).all() and 0 < np.abs(got - want).max() < 0.5 * np.abs(want).max()
+
+
+def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsys, monkeypatch):
+    from hllm.bench import machine
+    from hllm.cli.app import run
+    from hllm.testing import tiny_slates
+
+    _, export = exports["qwen3"]
+    src = tmp_path / "s.jsonl"
+    src.write_text("".join(json.dumps(s) + "\n" for s in tiny_slates(3, (2, K), seed=1)))
+    outs = {}
+    for engine in ("onnxruntime", "openvino"):
+        assert run(["rank", str(export), "-s", str(src), "-o", str(tmp_path / f"{engine}.jsonl"),
+                    "--engine", engine, "--threads", "1"]) == 0
+        outs[engine] = [json.loads(x)["order"] for x in (tmp_path / f"{engine}.jsonl").read_text().splitlines()]
+        assert f"with {engine}" in capsys.readouterr().out
+    assert outs["openvino"] == outs["onnxruntime"]  # same permutations from both engines
+    assert run(["info", str(export), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["engine"] == "onnxruntime" and info["engines"] == ["onnxruntime", "openvino"]
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    assert run(["debug", "precision", str(export), "--target", "bf16", "-o", str(tmp_path / "i.json"),
+                "-s", str(src)]) == 2
+    assert "AVX512_BF16 or AMX-BF16" in capsys.readouterr().err and not (tmp_path / "i.json").exists()

@@ -1,0 +1,81 @@
+"""``hllm debug precision``: which modules must stay fp32 for a reduced-precision graph to keep the rankings
+(:mod:`hllm.calibration.precision_debug`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hllm.cli.app import (app, check_output_file, choice_opt, finish_report, json_opt, limit_opt, load_slates, out,
+                          quiet_libraries, slates_opt, threads_opt)
+
+debug_app = typer.Typer(help="Debugging tools judged by rankings (like `polygraphy debug`).", no_args_is_help=True)
+app.add_typer(debug_app, name="debug")
+
+
+def _int_list(text: Optional[str], what: str) -> Optional[list[int]]:
+    from hllm.errors import HllmError
+
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HllmError(f"{what} must be a comma list of integers, got {text!r}") from None
+
+
+@debug_app.command("precision")
+def precision_cmd(
+    export_dir: Path = typer.Argument(..., help="FP32 export directory (flavour standard for int8)."),
+    target: str = choice_opt("fp16", ("fp16", "int8", "bf16"), "--target", help="fp16 (CPU emulation of the FP16 graph), int8 (NNCF on OpenVINO) or bf16 (AVX512_BF16 / AMX CPUs only)."),
+    islands_out: Path = typer.Option(..., "--out", "-o", help="Islands file to write (.json; read by `hllm export --fp32-islands`)."),
+    slates: Optional[Path] = slates_opt(help="Real slates the variants are ranked on (default: the packaged sample)."),
+    limit: Optional[int] = limit_opt(10, "Use the first LIMIT slates."),
+    layers: Optional[str] = typer.Option(None, help="Comma list of decoder layers to try (default: all)."),
+    parts: str = typer.Option("mlp,self_attn", help="Module kinds tried per layer: mlp, self_attn."),
+    calib_slates: Optional[Path] = typer.Option(None, help="int8: slates to draw calibration data from (e.g. the train split)."),
+    calib_count: int = typer.Option(16, min=1, max=10_000, help="int8: calibration slates."),
+    min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="A variant passes at this top-1 agreement with FP32 ..."),
+    min_tau: float = typer.Option(0.9, min=-1.0, max=1.0, help="... and this mean Kendall tau (and all scores finite)."),
+    max_islands: int = typer.Option(8, min=1, max=1000, help="Most modules the greedy search keeps in fp32."),
+    report: Optional[Path] = typer.Option(None, help="Full report JSON (every candidate's figures)."),
+    threads: Optional[int] = threads_opt(),
+    json_out: bool = json_opt(),
+) -> None:
+    """Keep one module at a time in fp32, rank real slates, report each module's ΔM / top-1 / tau, then add
+    the most sensitive modules until the rankings match; write the islands file."""
+    from hllm.calibration.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
+                                                  islands_file)
+    from hllm.files import atomic_write_json
+    from hllm.runtime.artefact import resolve
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+    quiet_libraries()
+    check_output_file(islands_out, "--out")
+    art = resolve(export_dir)
+    data = load_slates(slates, limit=limit)
+    builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
+    batches = [builder.encode([s]) for s in data]
+    calib = None
+    if target == "int8" and calib_slates is not None:
+        from hllm.calibration.data import build_calibration_set
+        from hllm.runtime.slates import read_slates
+
+        calib = build_calibration_set(read_slates(calib_slates), builder, calib_count, 0, 1,
+                                      exclude_ids=[str(s.get("slate_id", "")) for s in data])
+    n_layers = int((art.meta.get("backbone") or {}).get("num_layers") or 0)
+    cands = candidate_modules(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
+                              _int_list(layers, "--layers"))
+    runner = VariantRunner(export_dir, target, batches, calib, threads)
+    try:
+        ref = runner.reference()
+        res = debug_precision(runner, ref, data, cands, DebugSettings(min_top1, min_tau, max_islands), say=out.print)
+    finally:
+        runner.close()
+    doc = islands_file(target, res, str(export_dir))
+    atomic_write_json(islands_out, doc)
+    out.print(f"islands → {islands_out}: {', '.join(res['islands']) or 'none'} "
+              f"({'passes' if res['passed'] else 'does NOT pass'} top-1 ≥ {min_top1}, tau ≥ {min_tau})")
+    finish_report(report, {**res, "target": target, "slates": len(data), "export": str(export_dir)}, json_out)
