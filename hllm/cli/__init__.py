@@ -4,7 +4,7 @@ Without the ``cli`` extra (typer, rich) ``main`` prints ``pip install 'hllm[cli]
 """
 
 try:
-    from hllm.cli import checkpoint_cmds, ranking_cmds, inspect_cmds, serve_cmds, calibrate_cmds, bench_cmds, engine_cmds, train_cmds, debug_cmds  # noqa: F401  (register commands)
+    from hllm.cli import checkpoint_cmds, ranking_cmds, inspect_cmds, serve_cmds, calibrate_cmds, bench_cmds, engine_cmds, train_cmds, debug_cmds, frontier_cmds  # noqa: F401  (register commands)
     from hllm.cli.app import app, main
 except ModuleNotFoundError as _missing:
     from hllm.extras import missing_message

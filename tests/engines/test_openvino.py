@@ -140,3 +140,22 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
     assert run(["debug", "precision", str(export), "--target", "bf16", "-o", str(tmp_path / "i.json"),
                 "-s", str(src)]) == 2
     assert "AVX512_BF16 or AMX-BF16" in capsys.readouterr().err and not (tmp_path / "i.json").exists()
+
+
+def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypatch):
+    from hllm.bench import machine
+    from hllm.bench.frontier import Contender, frontier
+    from hllm.testing import tiny_slates
+
+    ckpt, export = exports["qwen2"]
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    cs = [Contender("ort", str(export), "onnxruntime"), Contender("ov", str(export), "openvino"),
+          Contender("ov-bf16", str(export), "openvino", "bf16", "bf16", gate={"top1_agreement": 0.9})]
+    res = frontier(str(ckpt), cs, tiny_slates(2, (3, K), seed=2), rounds=2, warmup=0, threads=1, peak_n=128)
+    rows = {r["name"]: r for r in res["rows"]}
+    assert set(rows) == {"PyTorch fp32 eager", "ort", "ov", "ov-bf16"}
+    assert rows["PyTorch fp32 eager"]["vs_torch_fp32"] == 1.0
+    assert rows["ov"]["engine_name"] == "openvino" and len(rows["ov"]["samples_s"]) == 2
+    assert 0 < rows["ort"]["gemm_peak_fraction"] and rows["ort"]["s_per_slate"] > 0
+    assert "AVX512_BF16" in rows["ov-bf16"]["refused"] and rows["ov-bf16"]["gate"] == {"top1_agreement": 0.9}
+    assert res["peaks_gflops"]["fp32"] > 0 and res["peaks_gflops"]["bf16"] is None

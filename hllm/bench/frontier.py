@@ -1,0 +1,130 @@
+"""Every engine × precision side by side in ONE interleaved run (``hllm bench frontier``).
+
+For each contender (PyTorch fp32 eager on the checkpoint = the reference, ONNX Runtime on the fused and
+the standard export, OpenVINO fp32 / bf16 / INT8 …) the engine call on the same encoded slates (batch 1)
+is timed interleaved (:func:`hllm.bench.stats.time_interleaved`: round r runs every engine once, order
+rotated), warm-up rounds discarded; the table reports the median seconds per slate, the ratio to PyTorch
+fp32 eager (higher = faster), and the fraction of the GEMM peak *of its dtype* measured in the same run
+(prefill FLOPs of :func:`hllm.bench.machine.prefill_flops` / median time / peak). Contenders this CPU
+cannot run (bf16 without AVX512_BF16 / AMX) are listed with the reason instead of a time. Gate figures
+(top-1, tau, ΔRecall@10 … on labelled eval slates) are attached from the JSON files that measured them.
+
+Peaks: fp32 ``torch.mm`` / numpy (:func:`hllm.bench.machine.matmul_peak`); int8 ``torch._int_mm``
+(int8 × int8 → int32); bf16 ``torch.mm`` in bfloat16, only where the CPU has bf16 instructions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass
+class Contender:
+    """One row: ``path`` (checkpoint / export dir), ``engine`` (auto / onnxruntime / openvino / torch),
+    ``dtype`` of its GEMMs (fp32 / int8 / bf16), OpenVINO ``inference_precision``, and gate figures."""
+
+    name: str
+    path: str
+    engine: str = "auto"
+    dtype: str = "fp32"
+    inference_precision: str | None = None
+    gate: dict = field(default_factory=dict)
+
+
+def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
+    """GEMM peaks of this CPU in G(FL)OP/s per dtype, measured now: ``{fp32, int8, bf16 (None without bf16
+    instructions), n}``."""
+    import torch
+
+    from hllm.bench.machine import bf16_support, matmul_peak
+
+    def best(fn) -> float:
+        fn()
+        ts = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return round(2.0 * n**3 / min(ts) / 1e9, 1)
+
+    out = {"n": n, "fp32": matmul_peak(n, runs)["peak_gflops"]}
+    a8 = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    try:
+        out["int8"] = best(lambda: torch._int_mm(a8, a8))
+    except RuntimeError:
+        out["int8"] = None
+    ok, _ = bf16_support()
+    ab = torch.randn(n, n, dtype=torch.bfloat16)
+    out["bf16"] = best(lambda: torch.mm(ab, ab)) if ok else None
+    return out
+
+
+def _open(c: Contender, threads: int):
+    from hllm.runtime.artefact import open_engine, resolve
+
+    opts = {"threads": threads}
+    if c.engine not in ("auto", "torch"):
+        opts["engine"] = c.engine
+    if c.inference_precision:
+        opts["inference_precision"] = c.inference_precision
+    return open_engine(resolve(c.path), **opts)
+
+
+def frontier(checkpoint: str, contenders: Sequence[Contender], slates: Sequence[dict], rounds: int = 5,
+             warmup: int = 1, threads: int = 2, peak_n: int = 2048) -> dict:
+    """Time ``contenders`` and PyTorch fp32 eager on ``checkpoint`` interleaved (module doc); ``peak_n``: size
+    of the square GEMMs that measure the peaks.
+
+    Returns: ``{rows: [{name, engine, dtype, s_per_slate, vs_torch_fp32, gemm_peak_fraction, gate, refused}],
+        peaks, flops_per_slate, rounds, warmup, slates, threads, seq_lens, items}``.
+    Raises: EngineError / CheckpointError for an artefact that cannot be opened.
+    """
+    from hllm.bench.machine import prefill_flops
+    from hllm.bench.stats import summarize, time_interleaved
+    from hllm.errors import EngineError
+    from hllm.formats.checkpoint import load_manifest
+    from hllm.runtime.artefact import resolve
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+    art = resolve(checkpoint)
+    builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
+    batches = [builder.encode([s]) for s in slates]
+    dims = load_manifest(checkpoint).dims
+    flops = float(np.mean([prefill_flops(dims, int(b.lengths[0])) for b in batches]))
+    ref = Contender("PyTorch fp32 eager", checkpoint, "torch")
+    engines, refused = {}, {}
+    for c in [ref, *contenders]:
+        try:
+            engines[c.name] = _open(c, threads).activate()
+        except EngineError as e:
+            refused[c.name] = str(e)
+    calls = {k: (lambda i, e=e: e.run(*_feeds(batches[i % len(batches)], e))) for k, e in engines.items()}
+    try:
+        samples = time_interleaved(calls, rounds=rounds, warmup=warmup, unit=1.0)
+    finally:
+        for e in engines.values():
+            e.deactivate()
+    peaks = gemm_peaks(peak_n)
+    base = summarize(samples[ref.name])["median"]
+    rows = []
+    for c in [ref, *contenders]:
+        row = {"name": c.name, "path": c.path, "engine": c.engine, "dtype": c.dtype, "gate": c.gate or None}
+        if c.name in refused:
+            rows.append({**row, "refused": refused[c.name]})
+            continue
+        med = summarize(samples[c.name])["median"]
+        peak = peaks.get(c.dtype)
+        rows.append({**row, "s_per_slate": round(med, 3), "samples_s": [round(x, 3) for x in samples[c.name]],
+                     "vs_torch_fp32": round(base / med, 3), "engine_name": engines[c.name].name,
+                     "gemm_peak_fraction": round(flops / med / 1e9 / peak, 3) if peak else None})
+    return {"rows": rows, "peaks_gflops": peaks, "flops_per_slate": flops, "rounds": rounds, "warmup": warmup,
+            "slates": len(slates), "threads": threads, "seq_lens": [int(b.lengths[0]) for b in batches],
+            "items": [int(b.n_items[0]) for b in batches]}
+
+
+def _feeds(b, engine) -> tuple:
+    return b.input_ids, b.readout_positions, b.item_mask, (b.context_positions if engine.context else None)

@@ -1,0 +1,69 @@
+"""``hllm bench frontier``: every engine × precision side by side in one interleaved run (:mod:`hllm.bench.frontier`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from hllm.cli.app import finish_report, json_opt, limit_opt, load_slates, out, quiet_libraries, slates_opt
+from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
+
+
+def parse_contender(text: str):
+    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → :class:`hllm.bench.frontier.Contender`.
+
+    Raises: HllmError naming the malformed value (engine one of auto/onnxruntime/openvino, dtype fp32/int8/bf16)."""
+    from hllm.bench.frontier import Contender
+    from hllm.errors import HllmError
+
+    parts = text.split("|")
+    if len(parts) not in (4, 5) or not all(parts[:4]):
+        raise HllmError(f"--contender must be NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION], got {text!r}")
+    if parts[2] not in ("auto", "onnxruntime", "openvino") or parts[3] not in ("fp32", "int8", "bf16"):
+        raise HllmError(f"--contender {text!r}: engine auto/onnxruntime/openvino, dtype fp32/int8/bf16")
+    return Contender(parts[0], parts[1], parts[2], parts[3], parts[4] if len(parts) == 5 else None)
+
+
+@bench_app.command("frontier")
+def frontier_cmd(
+    checkpoint: Path = typer.Argument(..., help="The checkpoint (PyTorch fp32 eager reference; its prompt spec encodes the slates)."),
+    contender: List[str] = typer.Option(..., "--contender", "-c", help="NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]; repeatable."),
+    gates: Optional[Path] = typer.Option(None, help="JSON {contender name: gate figures} measured on labelled eval slates."),
+    slates: Optional[Path] = slates_opt(),
+    limit: Optional[int] = limit_opt(1, "Slates cycled through (batch 1)."),
+    rounds: int = typer.Option(5, min=1, max=1000, help="Measured interleaved rounds."),
+    warmup: int = typer.Option(1, min=0, max=100, help="Discarded warm-up rounds."),
+    threads: int = typer.Option(2, min=1, max=256, help="Threads of every engine."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON to write (e.g. results/bench/frontier.json)."),
+    shared: Optional[bool] = _SHARED,
+    note: Optional[str] = _NOTE,
+    json_out: bool = json_opt(),
+) -> None:
+    """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags."""
+    from hllm.bench.frontier import frontier
+    from hllm.bench.machine import describe_machine
+    from hllm.formats.provenance import library_versions
+
+    quiet_libraries()
+    cs = [parse_contender(c) for c in contender]
+    if gates is not None:
+        g = json.loads(Path(gates).read_text(encoding="utf-8"))
+        for c in cs:
+            c.gate = g.get(c.name) or {}
+    data = load_slates(slates, limit=limit)
+    res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads)
+    doc = {"benchmark": "frontier", **res, "machine": describe_machine(shared, note), "libraries": library_versions()}
+    t = Table(title="engine × precision frontier (median of interleaved rounds, batch 1)")
+    for col in ("contender", "s/slate", "× PyTorch fp32", "GEMM peak", "top-1", "tau"):
+        t.add_column(col)
+    for r in res["rows"]:
+        g = r.get("gate") or {}
+        t.add_row(r["name"], f"{r['s_per_slate']:.3f}" if "s_per_slate" in r else f"refused: {r['refused'][:60]}",
+                  f"{r.get('vs_torch_fp32', 0):.2f}", f"{r['gemm_peak_fraction']:.0%}" if r.get("gemm_peak_fraction") else "-",
+                  str(g.get("top1_agreement", "-")), str(g.get("kendall_tau_mean", "-")))
+    _print_table(t)
+    finish_report(out_path, doc, json_out)
