@@ -50,6 +50,18 @@ def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
     return names
 
 
+def calibration_feeds(slates: Sequence[dict], builder, count: int, seed: int = 0, context: bool = False,
+                      exclude_ids: Sequence[str] = ()) -> list[dict]:
+    """``count`` slates drawn reproducibly (:func:`hllm.calibration.data.choose_slates`) and encoded one per feed
+    with the export's prompt builder, with ``context_positions`` when the graph reads the user context.
+
+    Raises: SlateError (too few eligible slates, encoding).
+    """
+    from hllm.calibration.data import choose_slates
+
+    return [builder.encode([s]).inputs(context=context) for s in choose_slates(slates, count, seed, exclude_ids)]
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
@@ -89,6 +101,12 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     feeds = list(calibration)
     if not feeds:
         raise EngineError("NNCF INT8 needs at least one calibration input")
+    from hllm.formats.graph import input_names, sidecar_reads_context
+
+    want = set(input_names(sidecar_reads_context(meta.raw)))
+    if set(feeds[0]) != want:
+        raise EngineError(f"calibration inputs {sorted(feeds[0])} do not match the graph's {sorted(want)} "
+                          "(encode them with calibration_feeds(..., context=...))")
     ignored = ignored_node_names(meta.onnx_path, keep_float)
     advanced = None
     if smooth_quant_alpha is not None:

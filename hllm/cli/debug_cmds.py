@@ -60,11 +60,11 @@ def precision_cmd(
     batches = [builder.encode([s]) for s in data]
     calib = None
     if target == "int8" and calib_slates is not None:
-        from hllm.calibration.data import build_calibration_set
+        from hllm.calibration.openvino_int8 import calibration_feeds
         from hllm.runtime.slates import read_slates
 
-        calib = build_calibration_set(read_slates(calib_slates), builder, calib_count, 0, 1,
-                                      exclude_ids=[str(s.get("slate_id", "")) for s in data])
+        calib = calibration_feeds(read_slates(calib_slates), builder, calib_count, 0, art.context,
+                                  exclude_ids=[str(s.get("slate_id", "")) for s in data])
     n_layers = int((art.meta.get("backbone") or {}).get("num_layers") or 0)
     cands = candidate_modules(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
                               _int_list(layers, "--layers"))
