@@ -128,3 +128,20 @@ def frontier(checkpoint: str, contenders: Sequence[Contender], slates: Sequence[
 
 def _feeds(b, engine) -> tuple:
     return b.input_ids, b.readout_positions, b.item_mask, (b.context_positions if engine.context else None)
+
+
+def markdown_table(doc: dict) -> str:
+    """The frontier JSON (:func:`frontier` + machine) as a Markdown table for docs/benchmarks.md."""
+    lines = ["| engine × precision | s / slate | × PyTorch fp32 eager | GEMM peak of its dtype | top-1 | Kendall tau | max abs ΔM |",
+             "|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        g = r.get("gate") or {}
+        top1, tau, dm = (g.get(k) for k in ("top1_agreement", "kendall_tau_mean", "max_abs_dM"))
+        if "refused" in r:
+            lines.append(f"| {r['name']} | refused: {r['refused'].split(';')[0]} | | | | | |")
+            continue
+        peak = f"{r['gemm_peak_fraction']:.0%} ({r['dtype']})" if r.get("gemm_peak_fraction") else "—"
+        lines.append(f"| {r['name']} | {r['s_per_slate']:.2f} | {r['vs_torch_fp32']:.2f} | {peak} | "
+                     f"{'—' if top1 is None else f'{top1:.2f}'} | {'—' if tau is None else f'{tau:.3f}'} | "
+                     f"{'—' if dm is None else f'{dm:.2g}'} |")
+    return "\n".join(lines)

@@ -144,7 +144,7 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
 
 def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypatch):
     from hllm.bench import machine
-    from hllm.bench.frontier import Contender, frontier
+    from hllm.bench.frontier import Contender, frontier, markdown_table
     from hllm.testing import tiny_slates
 
     ckpt, export = exports["qwen2"]
@@ -159,3 +159,5 @@ def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypa
     assert 0 < rows["ort"]["gemm_peak_fraction"] and rows["ort"]["s_per_slate"] > 0
     assert "AVX512_BF16" in rows["ov-bf16"]["refused"] and rows["ov-bf16"]["gate"] == {"top1_agreement": 0.9}
     assert res["peaks_gflops"]["fp32"] > 0 and res["peaks_gflops"]["bf16"] is None
+    md = markdown_table(res).splitlines()
+    assert len(md) == 2 + 4 and md[-1].startswith("| ov-bf16 | refused: bf16 needs AVX512_BF16")
