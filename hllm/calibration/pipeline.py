@@ -74,8 +74,8 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
     for the backends that need none (``ort-dynamic``, ``ort-weight-only``; data given to them is ignored
     with a message).
 
-    Raises: SlateError (another prompt spec, overlap with the evaluation slates, no data for a backend
-        that needs it).
+    Raises: SlateError (another prompt spec, a set without an input the graph declares, overlap with the
+        evaluation slates, no data for a backend that needs it).
     """
     from hllm.calibration.data import build_calibration_set
     from hllm.formats.calibration_set import load_calibration_set
@@ -88,12 +88,16 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
         calib = load_calibration_set(calibration)
         if calib.meta.get("prompt") != artefact.prompt.to_dict():
             raise SlateError(f"calibration set {calibration} was encoded with another prompt spec than {artefact.path}")
+        missing = [n for n in artefact.graph_inputs if n not in calib.inputs]
+        if missing:
+            raise SlateError(f"calibration set {calibration} lacks the graph input(s) {missing} of {artefact.path} "
+                             "(draw a new one with --calib-slates)")
     elif calib_slates is not None and not needs_data:
         say(f"--backend {backend} uses no calibration data: --calib-slates ignored")
     elif calib_slates is not None:
         calib = build_calibration_set(read_slates(calib_slates), builder, count, seed, batch_size,
                                       exclude_ids=eval_ids, source=calib_slates,
-                                      tokenizer_path=artefact.tokenizer_path)
+                                      tokenizer_path=artefact.tokenizer_path, graph_inputs=artefact.graph_inputs)
         say(f"calibration set: {len(calib.slate_ids)} slates from {calib_slates} (seed {seed})")
     elif needs_data:
         raise SlateError(f"--backend {backend} needs calibration data: pass --calib-slates (e.g. the train split) "

@@ -335,9 +335,14 @@ def qdq_summary(model) -> dict:
 # -- ONNX Runtime --------------------------------------------------------------------------------
 
 def calibration_reader(calib):
-    """An ``onnxruntime.quantization.CalibrationDataReader`` over a CalibrationSet's batches (one batch per
-    ``get_next``; also ``rewind``, ``set_range`` for ORT and ``get_first`` for ModelOpt)."""
+    """An ``onnxruntime.quantization.CalibrationDataReader`` over a CalibrationSet's batches (one feed dict
+    per ``get_next``, :func:`hllm.formats.graph.feed_dict` over the set's inputs; also ``rewind``,
+    ``set_range`` for ORT and ``get_first`` for ModelOpt)."""
     from onnxruntime.quantization import CalibrationDataReader
+
+    from hllm.formats.graph import feed_dict
+
+    names = calib.inputs
 
     class _Reader(CalibrationDataReader):
         def __init__(self, batches):
@@ -350,10 +355,10 @@ def calibration_reader(calib):
                 return None
             b = self.batches[self.start + self.i]
             self.i += 1
-            return dict(b)
+            return feed_dict(names, b)
 
         def get_first(self):  # ModelOpt runs one test batch with it (modelopt.onnx graph_utils)
-            return dict(self.batches[self.start])
+            return feed_dict(names, self.batches[self.start])
 
         def rewind(self):
             self.i = 0

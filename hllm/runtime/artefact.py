@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError
-from hllm.formats.graph import sidecar_reads_context
+from hllm.formats.graph import declared_inputs, input_names, sidecar_reads_context
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 
@@ -54,6 +54,12 @@ class Artefact:
     flavour: str | None = None
     meta: dict = field(default_factory=dict)
     context: bool = False
+
+    @property
+    def graph_inputs(self) -> tuple[str, ...]:
+        """The graph's input names, in order: those its sidecar declares, else (a checkpoint) the
+        three base inputs plus ``context_positions`` when the head reads the user context."""
+        return declared_inputs(self.meta) if isinstance(self.meta.get("inputs"), list) else input_names(self.context)
 
 
 def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:

@@ -12,15 +12,6 @@ import torch
 
 from hllm.errors import ShapeError
 from hllm.testing import tiny_slates
-from tests.conftest import TINY_HEAD
-
-
-@pytest.fixture(scope="module")
-def context_checkpoint(tiny_dir, qwen3_backbone):
-    from hllm.checkpoint.init import init_checkpoint
-
-    return init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-context", "self_attention", 8, seed=5,
-                           head_kwargs={**TINY_HEAD, "context": True})
 
 
 def test_context_position_is_the_last_user_context_token(qwen3_backbone):

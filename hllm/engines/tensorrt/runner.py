@@ -37,8 +37,6 @@ from hllm.formats.profiles import Profile, select_profile
 MIN_MAJOR = 10
 INSTALL_HINT = ("install TensorRT from NVIDIA's package index, e.g. "
                 "`pip install tensorrt-cu12 cuda-python --extra-index-url https://pypi.nvidia.com` (see docs/tensorrt.md)")
-_DTYPES = {"input_ids": np.int64, "readout_positions": np.int64, "item_mask": np.bool_, "context_positions": np.int64,
-           OUTPUT_NAME: np.float32}
 
 
 def import_tensorrt():
@@ -213,12 +211,8 @@ class TensorRTEngine(Engine):
                 raise EngineError(f"TensorRT cannot switch to optimization profile {idx}")
             self._profile_index = idx
         h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-        feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
-        if context_positions is not None:
-            feeds["context_positions"] = context_positions
-        host = {}
-        for name, arr in feeds.items():
-            arr = host[name] = np.ascontiguousarray(arr, dtype=_DTYPES[name])
+        host = self.feeds(input_ids, readout_positions, item_mask, context_positions)
+        for name, arr in host.items():
             if not ctx.set_input_shape(name, arr.shape):
                 raise EngineError(f"TensorRT rejected shape {arr.shape} for {name}")
             _ok(cudart.cudaMemcpyAsync(self._buf[name], arr.ctypes.data, arr.nbytes, h2d, stream), f"copy {name}")
