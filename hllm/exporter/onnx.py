@@ -1,10 +1,11 @@
 """``hllm export``: the prefill + readout + head graph as ONE ONNX model, validated in ONNX Runtime.
 
-Graph (names are the contract with every engine)::
+Graph (names and dtypes are the contract with every engine, :mod:`hllm.formats.graph`)::
 
     input_ids          [batch, seq]   int64
     readout_positions  [batch, items] int64
     item_mask          [batch, items] bool
+    context_positions  [batch]        int64   only when the head reads the user context (``head.context``)
     → scores           [batch, items, K] float32
 
 No attention-mask input: batches are right-padded and attention is purely causal, so real tokens

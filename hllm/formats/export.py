@@ -20,7 +20,7 @@ quantized export adds ``quantization``, an FP16 export ``fp16`` and ``fp32_islan
 name that escapes the directory, a missing file, a K or prompt of the wrong type, an unknown precision
 or flavour, a key of the wrong type. :func:`write_export` validates the same before writing atomically.
 
-Is it the model that was exported? (issue 16 item 6) :func:`read_export` also checks, when the sidecar
+Is it the model that was exported? :func:`read_export` also checks, when the sidecar
 records them (older sidecars without the keys still load):
 
 * the tokenizer: ``tokenizer_sha256`` must match the file, and its ids must fit the embedding

@@ -1,4 +1,4 @@
-"""CLI conventions (issue 17.3, 17.5; issue 16 exit codes): one name per concept, bounded counts, choices in
+"""CLI conventions: one name per concept, bounded counts, choices in
 --help, the packaged sample, stdin/stdout, --json, the exit-code policy and SIGTERM, `hllm info`,
 `hllm encode` (Polygraphy's input format), `hllm build --dry-run` (trtexec / polygraphy lines), ONNX
 metadata_props."""
