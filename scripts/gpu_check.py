@@ -88,7 +88,7 @@ def _fp16_with_islands(ckpt, device: str = "cuda"):
 def cmd_proxy(args) -> int:
     import torch
 
-    from hllm.bench.stats import summarize
+    from hllm.timing import summarize
     from hllm.files import atomic_write_json
     from hllm.model.hllm import load_model
     from hllm.verify.parity import Thresholds, run_parity

@@ -71,3 +71,22 @@ def test_no_tracker_issue_numbers_in_code_docs_or_readme():
     found = [f"{p.relative_to(REPO)}:{i}" for p in paths
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not found, found
+
+
+def _hllm_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("hllm.")}
+
+
+def test_pipeline_parts_do_not_import_the_benchmarks():
+    """Benchmarks use the pipeline, never the other way round (machine facts live in hllm.machine, timing
+    statistics in hllm.timing)."""
+    for part in ("exporter", "calibration", "checkpoint", "engines", "formats", "runtime", "serve", "verify"):
+        for path in (PACKAGE / part).rglob("*.py"):
+            bad = {m for m in _hllm_imports(path) if m == "hllm.bench" or m.startswith("hllm.bench.")}
+            assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"

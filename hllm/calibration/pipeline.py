@@ -10,7 +10,7 @@ Steps (each a function below, the CLI only parses options and prints):
    (:func:`hllm.verify.gate.run_gate`) per set of parts kept in float; with ``auto`` the
    :func:`hllm.calibration.quantize.sensitivity_ladder` adds parts one at a time
    (:func:`hllm.calibration.quantize.auto_exclude`) until the gate passes.
-4. Optional interleaved speed run against FP32 (:func:`hllm.bench.speed.compare_speed`).
+4. Optional interleaved speed run against FP32 (:func:`hllm.calibration.speed.compare_speed`).
 5. The candidate directory is promoted to ``out_dir`` if it passed, else to ``out_dir.FAILED``, with
    ``calibration_report.json`` and (when drawn here) the calibration set inside it.
 """
@@ -251,8 +251,8 @@ def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, a
 
 
 def _speed(req: CalibrateRequest, staging: Path, say: Say) -> dict:
-    from hllm.bench.machine import describe_machine
-    from hllm.bench.speed import compare_speed
+    from hllm.machine import describe_machine
+    from hllm.calibration.speed import compare_speed
 
     p = req.options.precision
     say(f"timing {p} vs fp32 interleaved ({req.bench_rounds} rounds)")

@@ -128,7 +128,7 @@ class QuantOptions:
         if self.backend not in BACKENDS:
             raise EngineError(f"unknown quantization backend {self.backend!r}; one of {list(BACKENDS)}")
         if self.precision == "bf16":
-            from hllm.bench.machine import bf16_support
+            from hllm.machine import bf16_support
 
             ok, what = bf16_support()
             raise EngineError(f"bf16 on CPU needs AVX512_BF16 or AMX; {what}. " + (

@@ -100,7 +100,7 @@ def _tensor(name: str, dtype: str, dims: list[int], reshape: list[int] | None = 
     (``reshape { shape: [ ] }`` for a graph tensor of shape ``[batch]``; model_configuration.md, Reshape)."""
     if dtype not in TRITON_TYPES:
         raise EngineError(f"tensor {name!r}: dtype {dtype!r} has no Triton type")
-    extra = "" if reshape is None else f'\n    reshape {{\n      shape: [ {", ".join(map(str, reshape))} ]\n    }}'
+    extra = "" if reshape is None else f'\n    reshape {{\n      shape: [ {"".join(f"{d}, " for d in reshape)}]\n    }}'
     return (f'  {{\n    name: "{name}"\n    data_type: {TRITON_TYPES[dtype]}\n    dims: [ {", ".join(map(str, dims))} ]'
             f'{extra}\n  }}')
 
