@@ -56,8 +56,8 @@ def serve_cmd(
         console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from other machines (it has no auth)")
     from hllm.runtime.artefact import resolve
 
-    resolve(model)  # a bad path fails before the server starts
-    ranker = Ranker.from_path(model, threads=threads)
+    art = resolve(model)  # a bad path fails before the server starts
+    ranker = Ranker.from_path(art, threads=threads)
     application = create_app(ranker, opts, info={"model": str(model)})
     console.print(
         f"serving {model} on http://{host}:{port} (max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms); "

@@ -36,7 +36,7 @@ records them (older sidecars without the keys still load):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from hllm.errors import EngineError, HllmError
@@ -70,6 +70,42 @@ class ExportMeta:
     precision: Precision
     flavour: str
     raw: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """The export's self-validation at one shape: PyTorch vs ONNX Runtime, float32 (``validation.shapes[]``).
+
+    Attributes: shape: its name (``B1_N1``, ``B3_unequal``, ``B2_NK``, ``real_slates``); batch, seq, items:
+        B, S, N; max_abs_diff: max |scores_ORT − scores_torch| over the batch; nonfinite: NaN/Inf count in
+        the ONNX Runtime scores.
+    """
+
+    shape: str
+    batch: int
+    seq: int
+    items: int
+    max_abs_diff: float
+    nonfinite: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Fp16Check:
+    """An FP16 export's record (sidecar ``fp16``): the float32 islands kept, the converter's counts, the
+    CPU emulation written beside it, and the emulation's ranking check (``validation``: ``min_kendall_tau``,
+    ``kendall_tau_mean``, ``nonfinite``, ``max_abs_diff``, ``rows``)."""
+
+    islands: tuple[str, ...]
+    conversion: dict
+    cpu_emulation: dict
+    validation: dict
+
+    def to_dict(self) -> dict:
+        return {"islands": list(self.islands), "conversion": self.conversion, "cpu_emulation": self.cpu_emulation,
+                "validation": self.validation}
 
 
 def parse_export(d: object, root: str | os.PathLike, where: str = SIDECAR) -> ExportMeta:
