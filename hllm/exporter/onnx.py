@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from hllm.formats.checkpoint import Manifest, load_manifest
-from hllm.formats.graph import graph_io_specs
+from hllm.formats.graph import MAX_BATCH, MAX_ITEMS, MAX_SEQ, MIN_SEQ, graph_io_specs
 from hllm.exporter.fusion import FLAVOURS
 from hllm.errors import CheckpointError, ExportError, HllmError
 from hllm.files import atomic_dir, sha256_file, sha256_tree
@@ -268,7 +268,7 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     context = model.reads_context
     ex = synthetic_batch(np.random.default_rng(1), vocab, [32, 27], [min(4, k), min(3, k)])
     args = tuple(torch.from_numpy(x) for x in ex.inputs(context).values())
-    batch, seq, items = Dim("batch", min=1, max=1024), Dim("seq", min=2, max=65536), Dim("items", min=1, max=4096)
+    batch, seq, items = Dim("batch", min=1, max=MAX_BATCH), Dim("seq", min=MIN_SEQ, max=MAX_SEQ), Dim("items", min=1, max=MAX_ITEMS)
     dynamic_shapes = {
         "input_ids": {0: batch, 1: seq},
         "readout_positions": {0: batch, 1: items},

@@ -47,6 +47,7 @@ from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
 
 MANIFEST = "hllm.json"
+FORMAT = "hllm-checkpoint"
 FORMAT_VERSION = 1
 HEAD_KINDS = ("linear", "self_attention", "slot_query")
 
@@ -145,7 +146,7 @@ def manifest_dict(
 ) -> dict:
     """The JSON dict of a manifest (paths stored as given: relative to CKPT or absolute)."""
     d = {
-        "format": "hllm-checkpoint",
+        "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "backbone": {"path": str(backbone)},
         "adapter": {"path": str(adapter)} if adapter else None,

@@ -21,6 +21,12 @@ import numpy as np
 
 from hllm.errors import ShapeError
 
+#: Bounds of the graph's dynamic dimensions, declared by the exporter (``torch.export.Dim``) and enforced
+#: by the CLI's count options: batch ≤ 1024 slates, seq in [2, 65536] tokens, items (N, and K) ≤ 4096.
+MAX_BATCH = 1024
+MIN_SEQ, MAX_SEQ = 2, 65536
+MAX_ITEMS = 4096
+
 INPUT_NAMES = ("input_ids", "readout_positions", "item_mask")
 CONTEXT_INPUT = "context_positions"
 OUTPUT_NAME = "scores"

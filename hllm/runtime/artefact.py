@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hllm.errors import EngineError
 from hllm.formats.graph import declared_inputs, input_names, sidecar_reads_context
+from hllm.formats.kind import artefact_kind
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 
@@ -72,24 +73,22 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
     Raises: EngineError (path missing, no or malformed sidecar, unknown kind, a file that is not the
         one recorded); CheckpointError for a bad checkpoint.
     """
-    from hllm.formats.checkpoint import MANIFEST
-    from hllm.formats.export import SIDECAR
-
     p = Path(path)
     if not p.exists():
         raise EngineError(f"not found: {p}")
-    if p.is_dir() and (p / MANIFEST).is_file():
+    kind = artefact_kind(p)
+    if kind == "checkpoint":
         from hllm.formats.checkpoint import load_manifest
 
         m = load_manifest(p)
         return Artefact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions, context=m.head.context)
-    if (p.is_dir() and (p / SIDECAR).is_file()) or p.suffix == ".onnx":
+    if kind == "onnx":
         from hllm.formats.export import read_export
 
         e = read_export(p, verify_hash=verify_hash)
         return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
                         e.flavour, e.raw, sidecar_reads_context(e.raw))
-    if p.suffix in (".plan", ".engine"):
+    if kind == "tensorrt":
         return _resolve_plan(p, verify_hash)
     raise EngineError(f"{p}: not a checkpoint directory, export directory, .onnx or .plan file")
 
