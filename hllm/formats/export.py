@@ -36,7 +36,7 @@ records them (older sidecars without the keys still load):
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hllm.errors import EngineError, HllmError
@@ -89,7 +89,9 @@ class ShapeCheck:
     nonfinite: int
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The sidecar's ``validation.shapes[]`` entry."""
+        return {"shape": self.shape, "batch": self.batch, "seq": self.seq, "items": self.items,
+                "max_abs_diff": self.max_abs_diff, "nonfinite": self.nonfinite}
 
 
 @dataclass(frozen=True)
