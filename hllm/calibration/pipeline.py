@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.errors import SlateError
+from hllm.formats.calibration_report import REPORT_NAME, CalibrationResult
+from hllm.formats.precision import Precision
 from hllm.verify.gate import GateThresholds
 
 Say = Callable[[str], None]
@@ -50,6 +52,8 @@ class CalibrateRequest:
         calibration_saved: True when it came from a file (then it is not copied into out_dir).
         auto / max_tries: automatic exclusion. bench_rounds / bench_warmup: speed run (0 = none).
         threads: ORT intra-op threads. reference_cache: FP32 scores cache (.npz) or None.
+        artefact: the export already resolved by the caller (:func:`hllm.runtime.artefact.resolve`), so it
+            is read once per command; None = resolved here.
     """
 
     export_dir: Path
@@ -66,6 +70,7 @@ class CalibrateRequest:
     bench_warmup: int = 2
     threads: int | None = None
     reference_cache: Path | None = None
+    artefact: object = None
 
 
 def prepare_calibration(artefact, builder, backend: str, calibration: Path | None, calib_slates: Path | None,
@@ -197,9 +202,9 @@ class Attempts:
         return ok, parts, ({"ladder": ladder, "tries": tries} if req.auto else {})
 
 
-def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no_bar) -> tuple[dict, Path]:
-    """Run the whole pipeline (module doc). Returns ``(report dict, directory written)``; the report's
-    ``passed`` says whether the directory is ``out_dir`` (passed) or ``out_dir.FAILED``.
+def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no_bar) -> tuple[CalibrationResult, Path]:
+    """Run the whole pipeline (module doc). Returns ``(result, directory written)``; ``result.passed`` says
+    whether the directory is ``out_dir`` (passed) or ``out_dir.FAILED``.
 
     Raises: FileExistsError never (the caller checks ``--overwrite``); SlateError / EngineError /
         ExportError / NothingToQuantize from the steps.
@@ -208,7 +213,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     from hllm.files import atomic_write_json, promote_dir
     from hllm.runtime.artefact import resolve
 
-    art = resolve(req.export_dir)
+    art = req.artefact if req.artefact is not None else resolve(req.export_dir)
     sha = art.meta.get("onnx_sha256")
     ref, ref_s = fp32_reference(req, sha, progress, say)
     out = Path(req.out_dir)
@@ -220,11 +225,11 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         passed, parts, auto = attempts.search()
         result = _result(req, attempts.reports[parts], passed, parts, ref_s, QuantOptions, auto)
         if req.bench_rounds > 0:
-            result.update(_speed(req, staging, say))
+            result.speed, result.speedup_vs_fp32, result.machine = _speed(req, staging, say)
         dest = out if passed else out.with_name(out.name + ".FAILED")
         if req.calibration is not None and not req.calibration_saved:
             req.calibration.save(staging / "calibration")
-        atomic_write_json(staging / "calibration_report.json", result)
+        atomic_write_json(staging / REPORT_NAME, result.to_dict())
         promote_dir(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -232,25 +237,23 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     return result, dest
 
 
-def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, auto: dict) -> dict:
+def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, auto: dict) -> CalibrationResult:
     o, evals, calib = req.options, req.eval_slates, req.calibration
     ids = [str(s.get("slate_id", "")) for s in evals]
-    r = {
-        "precision": o.precision, "backend": o.backend, "target": o.target, "passed": passed,
-        "top1_agreement": final["top1_agreement"], "kendall_tau_mean": final["kendall_tau_mean"],
-        "recall@10_delta": final["recall@10_delta"], "excluded_parts": list(parts), "gate": final,
-        "eval_slates": {"file": req.eval_source, "count": len(evals), "first_id": ids[0], "last_id": ids[-1]},
-        "calibration": None if calib is None else {k: calib.meta.get(k) for k in
-                                                    ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")},
-        "options": QuantOptions(**{**o.__dict__, "exclude": tuple(parts)}).to_dict(),
-        "reference": str(req.export_dir), "reference_seconds": round(ref_s, 1),
-    }
-    if auto:
-        r["auto"] = auto
-    return r
+    return CalibrationResult(
+        precision=Precision.parse(o.precision), backend=o.backend, target=o.target, passed=passed,
+        top1_agreement=final["top1_agreement"], kendall_tau_mean=final["kendall_tau_mean"],
+        recall10_delta=final["recall@10_delta"], excluded_parts=list(parts), gate=final,
+        eval_slates={"file": req.eval_source, "count": len(evals), "first_id": ids[0], "last_id": ids[-1]},
+        calibration=None if calib is None else {k: calib.meta.get(k) for k in
+                                                ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")},
+        options=QuantOptions(**{**o.__dict__, "exclude": tuple(parts)}).to_dict(),
+        reference=str(req.export_dir), reference_seconds=round(ref_s, 1), auto=auto or None,
+    )
 
 
-def _speed(req: CalibrateRequest, staging: Path, say: Say) -> dict:
+def _speed(req: CalibrateRequest, staging: Path, say: Say) -> tuple[dict, float, dict]:
+    """(speed record, speed-up over FP32, machine) of the interleaved timing run."""
     from hllm.machine import describe_machine
     from hllm.calibration.speed import compare_speed
 
@@ -259,5 +262,4 @@ def _speed(req: CalibrateRequest, staging: Path, say: Say) -> dict:
     evals = req.eval_slates[: max(1, min(len(req.eval_slates), req.bench_rounds))]
     sp = compare_speed({"fp32": req.export_dir, p: staging}, evals, rounds=req.bench_rounds,
                        warmup=req.bench_warmup, threads=req.threads)
-    return {"speed": sp, "speedup_vs_fp32": sp["speedup_vs_fp32"][p],
-            "machine": describe_machine(shared=True, note="CPU cores shared with other processes during the run")}
+    return sp, sp["speedup_vs_fp32"][p], describe_machine(shared=True, note="CPU cores shared with other processes during the run")
