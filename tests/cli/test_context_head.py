@@ -64,8 +64,14 @@ def test_calibrate_every_ort_backend_on_a_context_head(context_export_dir, files
     code, _, err = _run(["calibrate", context_export_dir, "-o", out, "--backend", backend, "--calib-slates", files["train"],
                          "--calib-count", "6", "--calib-batch-size", "2", "--eval-slates", files["eval"],
                          "--min-top1", "0", "--max-recall10-delta", "1", "--min-tau", "-1",
-                         "--report", tmp_path / "r.json"], capsys)
+                         "--report", tmp_path / "r.json", *(["--bench-runs", "2"] if backend == "ort-dynamic" else [])],
+                        capsys)
     assert code == 0, err
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["passed"] is True and rep["backend"] == backend and rep["precision"] == "int8"
+    assert rep == json.loads((out / "calibration_report.json").read_text())
+    if backend == "ort-dynamic":  # the interleaved speed run is recorded (its figures are not asserted)
+        assert set(rep["speed"]["speedup_vs_fp32"]) == {"fp32", "int8"} and rep["speedup_vs_fp32"] > 0 and rep["machine"]
     side = json.loads((out / "export.json").read_text())
     assert [t["name"] for t in side["inputs"]] == FOUR
     with Ranker.from_path(out) as q, Ranker.from_path(context_export_dir) as fp32:
