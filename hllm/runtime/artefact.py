@@ -94,23 +94,14 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
 
 
 def _resolve_plan(p: Path, verify_hash: bool) -> Artefact:
-    from hllm.errors import HllmError
-    from hllm.files import contained_path
-    from hllm.formats.plan import read_sidecar, sidecar_path, verify_plan
+    from hllm.formats.plan import read_plan, sidecar_path, verify_plan
 
-    meta = read_sidecar(p)
-    side = sidecar_path(p)
-    tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
-    if not tok.is_file():
-        raise EngineError(f"{side}: tokenizer file {tok.name} is missing")
-    verify_plan(p, meta, verify_hash)
-    try:
-        prompt = PromptSpec.from_dict(meta["prompt"])
-        precision = Precision.parse(meta.get("precision"), f"{side}: precision")
-    except HllmError as e:
-        raise EngineError(f"{side}: {e}") from None
-    return Artefact("tensorrt", p, prompt, tok, meta["num_positions"], precision, None, meta,
-                    sidecar_reads_context(meta))
+    plan = read_plan(p)
+    if not plan.tokenizer_path.is_file():
+        raise EngineError(f"{sidecar_path(p)}: tokenizer file {plan.tokenizer_path.name} is missing")
+    verify_plan(p, plan.raw, verify_hash)
+    return Artefact("tensorrt", p, plan.prompt, plan.tokenizer_path, plan.num_positions, plan.precision, None,
+                    plan.raw, plan.context)
 
 
 def open_engine(artefact: Artefact, **options):
