@@ -49,9 +49,10 @@ class Target:
     compute_capability: tuple[int, int]
 
     @property
-    def precisions(self) -> tuple[str, ...]:
+    def precisions(self) -> tuple[Precision, ...]:
         cc = self.compute_capability
-        return ("fp32", "fp16", "int8") + (("bf16",) if cc >= (8, 0) else ()) + (("fp8",) if cc >= (8, 9) else ())
+        return ((Precision.FP32, Precision.FP16, Precision.INT8) + ((Precision.BF16,) if cc >= (8, 0) else ())
+                + ((Precision.FP8,) if cc >= (8, 9) else ()))
 
 
 #: Compute capability of named GPUs (NVIDIA, "CUDA GPUs", https://developer.nvidia.com/cuda-gpus).
