@@ -266,7 +266,7 @@ def servable(art, kind: str | None) -> tuple[str, list[str]]:
     if kind is None:
         kind = "cpu" if cpu_graph else "gpu"
     elif kind.lower() == "gpu" and cpu_graph:
-        notes.append("KIND_GPU for an ort-cpu export: its fused contrib ops (GroupQueryAttention, SkipSimplifiedLayerNorm) "
+        notes.append("KIND_GPU for an ort-cpu export: its fused contrib ops (GroupQueryAttention, SkipSimplifiedLayerNormalization) "
                      "run on ONNX Runtime's CPU kernels; export with --flavour standard for a GPU instance")
     return kind.lower(), notes
 
