@@ -125,7 +125,7 @@ def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = 
         say(f"FP32 reference scores from {cache}")
         return load_reference(cache, req.eval_slates, sha), time.perf_counter() - t0
     advance = progress("FP32 reference on eval slates", len(req.eval_slates))
-    ref = reference_scores(cpu_ranker(req.export_dir, req.threads), req.eval_slates, on_progress=advance)
+    ref = reference_scores(cpu_ranker(req.artefact or req.export_dir, req.threads), req.eval_slates, on_progress=advance)
     if cache is not None:
         save_reference(cache, ref, req.eval_slates, sha)
     return ref, time.perf_counter() - t0
