@@ -66,7 +66,7 @@ def _cuda_engine(model, k: int, precision: str, device: str = "cuda"):
         name = f"torch-cuda-{precision}"
 
         def __init__(self):
-            super().__init__(k)
+            super().__init__(k, context=model.reads_context)  # the committed checkpoint's head reads the user context
             self.sidecar = {"precision": precision}  # read by hllm.verify.parity.run_parity
 
         def _activate(self):
@@ -77,8 +77,8 @@ def _cuda_engine(model, k: int, precision: str, device: str = "cuda"):
 
         def _run(self, input_ids, readout_positions, item_mask, context_positions=None):
             with torch.inference_mode():
-                t = [torch.from_numpy(x).to(device) for x in (input_ids, readout_positions, item_mask)]
-                return model(*t).float().cpu().numpy()
+                arrays = (input_ids, readout_positions, item_mask) + ((context_positions,) if self.context else ())
+                return model(*[torch.from_numpy(x).to(device) for x in arrays]).float().cpu().numpy()
 
     return CudaTorchEngine()
 
@@ -137,7 +137,7 @@ def _forward_ms(model, builder, slates, n_items: int, warmup: int, runs: int, de
         s = dict(slates[i % len(slates)])
         s["candidates"] = s["candidates"][:n_items]
         b = builder.encode([s])
-        t = [torch.from_numpy(x).to(dev) for x in (b.input_ids, b.readout_positions, b.item_mask)]
+        t = [torch.from_numpy(x).to(dev) for x in b.inputs(context=model.reads_context).values()]
         sync()
         t1 = time.perf_counter()
         with torch.inference_mode():
@@ -312,7 +312,7 @@ def _rows(path: Path):
 
 
 def cmd_summary(args) -> int:
-    hdr = ("check", "backend/device", "slates", "top1", "tau", "perm", "nonfinite", "ms (fp16/engine)", "ms (fp32/total)")
+    hdr = ("check", "backend/device", "slates", "top1", "tau", "perm", "nonfinite", "ms (fp16/engine)", "ms (fp32/total/paper)")
     rows = [r for p in args.files for r in _rows(Path(p))]
     fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
     widths = [max(len(h), *(len(fmt(r[i])) for r in rows)) if rows else len(h) for i, h in enumerate(hdr)]
