@@ -107,7 +107,7 @@ def build_plan(
     from polygraphy.backend.trt import EngineBytesFromNetwork
 
     t0 = time.perf_counter()
-    with polygraphy_calls(f"building a TensorRT plan from {art.path}"):
+    with polygraphy_calls(f"building a TensorRT plan from {art.path}", stdout_to_stderr=True):
         serialized = EngineBytesFromNetwork(network, config=config,
                                             save_timing_cache=str(cache_path) if cache_path else None)()
     data = bytes(memoryview(serialized))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,14 +68,17 @@ def import_tensorrt():
 
 
 @contextlib.contextmanager
-def polygraphy_calls(what: str):
-    """Run Polygraphy calls quietly (its logger at ERROR: warnings and progress off stdout) and turn a
-    ``PolygraphyException`` (raised by ``G_LOGGER.critical``) into an EngineError naming ``what``."""
+def polygraphy_calls(what: str, stdout_to_stderr: bool = False):
+    """Run Polygraphy calls quietly (its logger at ERROR: warnings and progress off) and turn a
+    ``PolygraphyException`` (raised by ``G_LOGGER.critical``) into an EngineError naming ``what``.
+    ``stdout_to_stderr``: Polygraphy prints errors (e.g. the ONNX parser's) on stdout; the builder moves
+    them to stderr so that ``--json`` output stays clean (not used on the runner's per-call path)."""
     from polygraphy.exception import PolygraphyException
     from polygraphy.logger import G_LOGGER
 
+    redirect = contextlib.redirect_stdout(sys.stderr) if stdout_to_stderr else contextlib.nullcontext()
     try:
-        with G_LOGGER.verbosity(G_LOGGER.ERROR):
+        with redirect, G_LOGGER.verbosity(G_LOGGER.ERROR):
             yield
     except PolygraphyException as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
