@@ -538,6 +538,35 @@ def test_dry_run_commands_name_the_sidecar_profiles(fake_trt, context_export, tm
     assert len(want[0]) == 4 and want[0]["context_positions"] == ((1,), (1,), (4,))
 
 
+def test_polygraphy_convert_line_parses_in_polygraphy():
+    """The printed `polygraphy convert` line is read back by Polygraphy's own `convert` argument groups
+    (no TensorRT needed to parse): same profiles, strongly typed, optimization level, timing cache,
+    workspace pool and hardware compatibility level."""
+    import argparse
+
+    from polygraphy.tools.args import TrtConfigArgs, TrtLoadNetworkArgs
+    from polygraphy.tools.convert.convert import Convert
+
+    from hllm.formats.interop import polygraphy_convert_command
+
+    profiles = [Profile.parse(p) for p in TWO_PROFILES]
+    argv = polygraphy_convert_command("m.onnx", "m.plan", profiles, context=True, opt_level=4, timing_cache="tc",
+                                      hardware_compat="ampere_plus", workspace_gb=1)
+    tool = Convert()
+    parser = argparse.ArgumentParser()
+    tool.setup_parser(parser.add_subparsers())
+    args = parser.parse_args(argv[1:])
+    for group in tool.arg_groups.values():
+        group.parse(args)
+    config = tool.arg_groups[TrtConfigArgs]
+    got = [{name: tuple(tuple(s) for s in shapes) for name, shapes in d.items()} for d in config.profile_dicts]
+    assert got == [p.shapes(context=True) for p in profiles]
+    assert config.builder_optimization_level == 4 and config.load_timing_cache == "tc"
+    assert list(config.memory_pool_limits.values()) == [1 << 30]
+    assert "AMPERE_PLUS" in str(config.hardware_compatibility_level)
+    assert tool.arg_groups[TrtLoadNetworkArgs].strongly_typed is True
+
+
 # -- on a GPU with TensorRT --------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.tensorrt
