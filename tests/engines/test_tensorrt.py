@@ -409,6 +409,24 @@ def test_build_failure_is_one_engine_error_and_stdout_stays_clean(fake_trt, stan
     assert capsys.readouterr().out == ""
 
 
+def test_no_cuda_runtime_is_one_engine_error(fake_trt, standard_export_dir, tmp_path, monkeypatch):
+    """TensorRT importable but no libcudart (no GPU stack): one EngineError, not an OSError traceback."""
+    from polygraphy.cuda import cuda as pg_cuda
+
+    from hllm.engines.tensorrt.builder import build_plan
+
+    fake_trt("10.13.0")
+    monkeypatch.setattr(pg_cuda, "G_CUDA", None)
+
+    def no_lib(name, *a, **k):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(pg_cuda.ctypes, "CDLL", no_lib)
+    with pytest.raises(EngineError, match=r"CUDA runtime library \(libcudart\) cannot be loaded .*cannot open shared"):
+        build_plan(standard_export_dir, tmp_path / "x.plan", [default_profile(8, 64)])
+    assert not (tmp_path / "x.plan").exists()
+
+
 def test_build_refuses_bad_profile_before_tensorrt(fake_trt, standard_export_dir, tmp_path):
     from hllm.engines.tensorrt.builder import build_plan
 

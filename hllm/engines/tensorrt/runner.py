@@ -129,8 +129,12 @@ def _cudart():
     """Polygraphy's global CUDA wrapper (``polygraphy.cuda.wrapper()``: libcudart via ctypes)."""
     from polygraphy import cuda
 
-    with polygraphy_calls("loading the CUDA runtime"):
-        return cuda.wrapper()
+    try:
+        with polygraphy_calls("loading the CUDA runtime"):
+            return cuda.wrapper()
+    except OSError as e:  # ctypes.CDLL("libcudart.so") found nothing: no CUDA runtime, no GPU driver stack
+        raise EngineError(f"the CUDA runtime library (libcudart) cannot be loaded ({e}): TensorRT needs an NVIDIA GPU "
+                          "with CUDA; put libcudart on LD_LIBRARY_PATH or `pip install nvidia-cuda-runtime-cu12`") from None
 
 
 def _cuda_int(wrapper, fn: str, *args) -> int:
