@@ -59,7 +59,7 @@ def calibration_feeds(slates: Sequence[dict], builder, count: int, seed: int = 0
     """
     from hllm.calibration.data import choose_slates
 
-    return [builder.encode([s]).inputs(context=context) for s in choose_slates(slates, count, seed, exclude_ids)]
+    return [builder.encode([s]).inputs(context) for s in choose_slates(slates, count, seed, exclude_ids)]
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

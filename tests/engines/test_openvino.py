@@ -51,7 +51,7 @@ def test_openvino_fp32_matches_pytorch_at_untraced_shapes(family, exports):
         for name, (lengths, items) in shapes.items():
             b = synthetic_batch(rng, vocab, lengths, items)
             with torch.inference_mode():
-                ref = model(*(torch.from_numpy(x) for x in b.inputs(context=True).values())).numpy()
+                ref = model(*(torch.from_numpy(x) for x in b.inputs(True).values())).numpy()
             got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
             assert got.shape == (len(lengths), max(items), K) and np.isfinite(got).all()
             assert np.abs(ref - got).max() <= 1e-4, (name, float(np.abs(ref - got).max()))
@@ -102,7 +102,7 @@ def test_nncf_int8_export_opens_with_openvino_and_keeps_named_parts_in_fp32(expo
     ckpt, export = exports["llama"]
     vocab = load_model(ckpt).backbone.config.vocab_size
     rng = np.random.default_rng(0)
-    feeds = [synthetic_batch(rng, vocab, [40, 25], [K, 5]).inputs(context=True) for _ in range(4)]
+    feeds = [synthetic_batch(rng, vocab, [40, 25], [K, 5]).inputs(True) for _ in range(4)]
     full = quantize_openvino(export, tmp_path / "int8", feeds)
     kept = quantize_openvino(export, tmp_path / "int8-keep", feeds, keep_float=["block:1", "head"])
     assert full["fake_quantize_nodes"] > kept["fake_quantize_nodes"] > 0 and kept["ignored_nodes"] > 0
