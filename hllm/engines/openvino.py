@@ -6,7 +6,7 @@ such as ``com.microsoft.GroupQueryAttention``): such a graph is refused with the
 
 Precision: ``f32`` runs every op in float32 (``INFERENCE_PRECISION_HINT=f32``); ``bf16`` lets the CPU
 plugin run matrix multiplications in bfloat16 — only on a CPU with AVX512_BF16 or AMX-BF16
-(:func:`hllm.bench.machine.bf16_support`), refused elsewhere because the plugin would otherwise fall back
+(:func:`hllm.machine.bf16_support`), refused elsewhere because the plugin would otherwise fall back
 or emulate silently. An INT8 IR (``model.xml`` written by :func:`hllm.calibration.openvino_int8.quantize_openvino`)
 carries its own FakeQuantize nodes and runs with the f32 hint for the parts kept in float.
 
@@ -42,7 +42,7 @@ def check_inference_precision(value: str) -> str:
     if v not in INFERENCE_PRECISIONS:
         raise EngineError(f"OpenVINO inference precision {value!r} is not one of {INFERENCE_PRECISIONS}")
     if v == "bf16":
-        from hllm.bench.machine import bf16_support
+        from hllm.machine import bf16_support
 
         ok, what = bf16_support()
         if not ok:

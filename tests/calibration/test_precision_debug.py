@@ -71,7 +71,7 @@ def test_debugger_finds_the_planted_fp16_layer_and_its_islands_file_exports(plan
     assert islands[-1] == PLANTED and "rmsnorm" in islands
     rep = export_onnx(ck, tmp_path / "fp16", precision="fp16", fp32_islands=islands, slates=[])
     meta = json.loads((tmp_path / "fp16" / "export.json").read_text())
-    assert PLANTED in meta["fp32_islands"] and rep.fp16["validation"]["nonfinite"] == 0
+    assert PLANTED in meta["fp32_islands"] and rep.fp16.validation["nonfinite"] == 0
 
 
 def test_islands_and_targets_are_validated(tmp_path):

@@ -69,7 +69,7 @@ def test_openvino_refuses_the_fused_flavour_and_a_wrong_context(exports, tmp_pat
 
 
 def test_bf16_is_refused_without_bf16_instructions(monkeypatch):
-    from hllm.bench import machine
+    from hllm import machine
 
     monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
     with pytest.raises(EngineError, match="AVX512_BF16 or AMX-BF16.*avx512_vnni"):
@@ -119,7 +119,7 @@ def test_nncf_int8_export_opens_with_openvino_and_keeps_named_parts_in_fp32(expo
 
 
 def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsys, monkeypatch):
-    from hllm.bench import machine
+    from hllm import machine
     from hllm.cli.app import run
     from hllm.testing import tiny_slates
 
@@ -143,7 +143,7 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
 
 
 def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypatch):
-    from hllm.bench import machine
+    from hllm import machine
     from hllm.bench.frontier import Contender, frontier, markdown_table
     from hllm.testing import tiny_slates
 
