@@ -50,6 +50,8 @@ class CalibrateRequest:
         calibration_saved: True when it came from a file (then it is not copied into out_dir).
         auto / max_tries: automatic exclusion. bench_rounds / bench_warmup: speed run (0 = none).
         threads: ORT intra-op threads. reference_cache: FP32 scores cache (.npz) or None.
+        overwrite: replace an existing ``out_dir`` at the commit; False refuses one that a parallel
+            run created meanwhile (FileExistsError).
     """
 
     export_dir: Path
@@ -66,6 +68,7 @@ class CalibrateRequest:
     bench_warmup: int = 2
     threads: int | None = None
     reference_cache: Path | None = None
+    overwrite: bool = True
 
 
 def prepare_calibration(artefact, builder, backend: str, calibration: Path | None, calib_slates: Path | None,
@@ -201,16 +204,19 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         ExportError / NothingToQuantize from the steps.
     """
     from hllm.calibration.quantize import QuantOptions
-    from hllm.files import atomic_write_json, promote_dir
+    import tempfile
+
+    from hllm.files import _staging_prefix, atomic_write_json, promote_dir
     from hllm.runtime.artefact import resolve
 
     art = resolve(req.export_dir)
     sha = art.meta.get("onnx_sha256")
     ref, ref_s = fp32_reference(req, sha, progress, say)
     out = Path(req.out_dir)
-    staging = out.parent / f".{out.name}.candidate"
-    cache = out.parent / f".{out.name}.calib-cache.json"
-    cache.unlink(missing_ok=True)  # ranges are recomputed from this run's calibration data
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # this run's own names (pid, start time, random part): parallel runs of one OUT_DIR never collide
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
+    cache = staging.with_name(staging.name[:-4] + "-calib-cache.json")
     try:
         attempts = Attempts(req, ref, staging, cache, say, progress)
         passed, parts, auto = attempts.search()
@@ -221,7 +227,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         if req.calibration is not None and not req.calibration_saved:
             req.calibration.save(staging / "calibration")
         atomic_write_json(staging / "calibration_report.json", result)
-        promote_dir(staging, dest)
+        promote_dir(staging, dest, overwrite=req.overwrite or not passed)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         cache.unlink(missing_ok=True)

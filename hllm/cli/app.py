@@ -27,10 +27,8 @@ import errno
 import json
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -250,20 +248,20 @@ def load_slates(path: Optional[Path], limit: Optional[int] = None) -> list[dict]
     src = getattr(sys.stdin, "buffer", None)
     if src is None:
         raise SlateError("stdin is not readable")
-    with tempfile.TemporaryDirectory(prefix="hllm-stdin-") as tmp:  # one validator: spool, then read_slates
-        head = src.read(2)
-        spool = Path(tmp) / ("stdin.jsonl.gz" if head == b"\x1f\x8b" else "stdin.jsonl")
-        with open(spool, "wb") as f:
-            f.write(head)
-            shutil.copyfileobj(src, f)
-        try:
-            return _read_slates(spool, limit, "<stdin>")
-        except SlateError as e:
-            raise SlateError(str(e).replace(str(spool), "<stdin>")) from None
+    import io
+
+    from hllm.runtime.slates import iter_slate_stream
+
+    if not hasattr(src, "peek"):
+        src = io.BufferedReader(src)  # type: ignore[arg-type]
+    # streamed (nothing spooled to disk): reading stops after --limit slates, so an endless producer is fine
+    return _read_slates(None, limit, "<stdin>", lambda: list(iter_slate_stream(src, "<stdin>", limit)))
 
 
-def _read_slates(path: Path, limit: Optional[int], name: str) -> list[dict]:
-    """:func:`hllm.runtime.slates.read_slates`, with undecodable files and an empty result as SlateError."""
+def _read_slates(path: Optional[Path], limit: Optional[int], name: str,
+                 read: Optional[Callable[[], list[dict]]] = None) -> list[dict]:
+    """:func:`hllm.runtime.slates.read_slates` of ``path`` (or ``read()``), with undecodable files and an empty
+    result as SlateError."""
     import gzip
     import zlib
 
@@ -271,7 +269,7 @@ def _read_slates(path: Path, limit: Optional[int], name: str) -> list[dict]:
     from hllm.runtime.slates import read_slates
 
     try:
-        rows = read_slates(path, limit=limit)
+        rows = read() if read is not None else read_slates(path, limit=limit)
     except (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile, RecursionError) as e:
         what = {UnicodeDecodeError: "not UTF-8 text", EOFError: "a truncated gzip file",
                 RecursionError: "JSON nested too deeply"}.get(type(e), "not a readable gzip file")
@@ -349,10 +347,40 @@ def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:
 
 # -- output locations, checked before the work (hllm.files.check_writable) ----------------------------------
 
+def command_inputs() -> list[Path]:
+    """The paths the running command was given (every ``Path`` argument and option of the click context,
+    lists included), for :func:`hllm.files.refuse_overlap`. Outside a command: []."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    found: list[Path] = []
+    while ctx is not None:
+        for v in ctx.params.values():
+            for x in (v if isinstance(v, (list, tuple)) else [v]):
+                if isinstance(x, Path) and not is_std(x):
+                    found.append(x)
+        ctx = ctx.parent
+    return found
+
+
+def _refuse_overlap(path: os.PathLike | str, kind: str) -> None:
+    """Refuse an output equal to, inside, or (a directory) containing another path the command was given
+    (:func:`hllm.files.refuse_overlap`). The output's own argument is the one given path equal to it; a
+    second one equal to it is an input named as the output (``rank -s t.jsonl -o t.jsonl``)."""
+    from hllm.files import refuse_overlap
+
+    here = os.path.realpath(path)
+    given = command_inputs()
+    same = [p for p in given if os.path.realpath(p) == here]
+    others = [p for p in given if os.path.realpath(p) != here] + same[1:]
+    refuse_overlap(path, others, kind)
+
+
 def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") -> None:
     """Refuse, before any work, an output file that cannot be written: a directory, a device / pipe /
     socket (the atomic rename would replace it), or a location without a writable directory or free
-    space (:func:`hllm.files.check_writable`). ``-`` (stdout) and None pass. A symbolic link is judged
+    space (:func:`hllm.files.check_writable`); or one that is, or lies inside, an input of the command
+    (:func:`hllm.files.refuse_overlap`). ``-`` (stdout) and None pass. A symbolic link is judged
     by its target. Raises HllmError (OutputError) naming ``what``."""
     from hllm.files import check_writable
 
@@ -360,6 +388,7 @@ def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") ->
         return
     try:
         check_writable(path, "file")
+        _refuse_overlap(path, "file")
     except HllmError as e:
         raise type(e)(f"{what}: {e}") from None
 
@@ -367,14 +396,16 @@ def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") ->
 def check_output_dir(path: os.PathLike | str, overwrite: bool = False, what: str = "output directory",
                      resumable: bool = False) -> None:
     """Refuse, before any work, an output directory that would fail at the end: an existing one without
-    ``--overwrite`` (unless ``resumable``), a file in its place, or a location without a writable directory
-    (:func:`hllm.files.check_writable`). Raises FileExistsError (exists) or HllmError."""
+    ``--overwrite`` (unless ``resumable``), a file in its place, a location without a writable directory
+    (:func:`hllm.files.check_writable`), or one that is, lies inside or contains an input of the command
+    (:func:`hllm.files.refuse_overlap`). Raises FileExistsError (exists) or HllmError."""
     from hllm.files import check_writable
 
     if is_std(path):
         raise HllmError(f"{what} cannot be stdout ('-'); give a directory")
     try:
         check_writable(path, "dir", overwrite=overwrite or resumable)
+        _refuse_overlap(path, "dir")
     except HllmError as e:
         raise type(e)(f"{what}: {e}") from None
 

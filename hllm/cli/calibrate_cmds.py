@@ -96,7 +96,7 @@ def calibrate_cmd(
     req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
                            bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
-                           reference_cache=reference_scores_path)
+                           reference_cache=reference_scores_path, overwrite=overwrite)
     result, dest = _calibrate_with_progress(req)
     _report(result, dest, report, json_out)
 

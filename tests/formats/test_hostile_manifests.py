@@ -357,11 +357,16 @@ def test_plan_sidecar_paths_types_and_size(tmp_path, export_dir):
 
 # -- prompt spec on its own ---------------------------------------------------------------------------
 def test_prompt_spec_literal_braces_and_format_specs():
-    spec = PromptSpec(candidate_template="{{{index:02d}}} {title}")
-    assert spec.candidate_template.format(index=3, title="t") == "{03} t"
+    spec = PromptSpec(candidate_template="{{{index}}} {title}")
+    assert spec.candidate_template.format(index=3, title="t") == "{3} t"
+    for bad in ("{title:>5000000}", "{index:02d} {title}", "{title!r}", "{title!s:^9}"):
+        with pytest.raises(CheckpointError, match="format spec or conversion"):
+            PromptSpec(candidate_template=bad)
+    with pytest.raises(CheckpointError, match="history_item_template.*format spec"):
+        PromptSpec(history_item_template="{title:>5000000}")
     with pytest.raises(CheckpointError, match="must contain {title}"):
         PromptSpec(candidate_template="{{title}} {index}")  # a literal, not the placeholder
-    with pytest.raises(CheckpointError, match="cannot be formatted"):
+    with pytest.raises(CheckpointError, match="format spec"):
         PromptSpec(candidate_template="{title:d}")
     with pytest.raises(CheckpointError, match="unknown placeholder {}"):
         PromptSpec(candidate_template="{} {title}")
