@@ -91,6 +91,7 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
         calib = load_calibration_set(calibration)
         if calib.meta.get("prompt") != artefact.prompt.to_dict():
             raise SlateError(f"calibration set {calibration} was encoded with another prompt spec than {artefact.path}")
+        check_calibration_tokenizer(calib.meta, artefact.tokenizer_path, builder.pad_id, calibration)
     elif calib_slates is not None and not needs_data:
         say(f"--backend {backend} uses no calibration data: --calib-slates ignored")
     elif calib_slates is not None:
@@ -104,6 +105,24 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
     if calib is not None:
         check_disjoint(calib.slate_ids, [{"slate_id": i} for i in eval_ids])
     return calib
+
+
+def check_calibration_tokenizer(meta: dict, tokenizer_path: Path, pad_id: int, where: object) -> None:
+    """Refuse a saved calibration set encoded with another tokenizer than the one the export uses: its
+    ``tokenizer_sha256`` must equal the sha256 of ``tokenizer_path`` and its ``pad_id`` the builder's
+    (the arrays' own hash, ``data_sha256``, cannot tell: token ids of another tokenizer hash just as well).
+
+    Raises: SlateError naming the set and both fingerprints.
+    """
+    from hllm.files import sha256_file
+
+    want = sha256_file(tokenizer_path)
+    got = meta.get("tokenizer_sha256")
+    if got != want:
+        raise SlateError(f"calibration set {where} was encoded with another tokenizer (tokenizer_sha256 {str(got)[:12]}…, "
+                         f"the export's {tokenizer_path.name} is {want[:12]}…): rebuild it with --calib-slates")
+    if meta.get("pad_id") not in (None, pad_id):
+        raise SlateError(f"calibration set {where} pads with id {meta.get('pad_id')!r}, the export with {pad_id}")
 
 
 def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = _no_bar, say: Say = _quiet):

@@ -349,7 +349,7 @@ def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:
 
 def command_inputs() -> list[Path]:
     """The paths the running command was given (every ``Path`` argument and option of the click context,
-    lists included), for :func:`hllm.files.refuse_overlap`. Outside a command: []."""
+    and every string one naming an existing file or directory, lists included), for :func:`hllm.files.refuse_overlap`. Outside a command: []."""
     from typer._click.globals import get_current_context
 
     ctx = get_current_context(silent=True)
@@ -359,6 +359,8 @@ def command_inputs() -> list[Path]:
             for x in (v if isinstance(v, (list, tuple)) else [v]):
                 if isinstance(x, Path) and not is_std(x):
                     found.append(x)
+                elif isinstance(x, str) and x not in ("", "-") and os.path.exists(x):  # e.g. eval's RANKERS
+                    found.append(Path(x))
         ctx = ctx.parent
     return found
 

@@ -25,6 +25,7 @@ import numpy as np
 from hllm.errors import SlateError
 from hllm.files import atomic_path, atomic_write_json, read_json
 from hllm.formats.graph import INPUT_NAMES as INPUTS
+from hllm.formats.npz import CheckedNpz
 
 FORMAT = "hllm-calibration/1"
 
@@ -95,8 +96,13 @@ def arrays_sha256(batches: Sequence[dict[str, np.ndarray]]) -> str:
 def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
     """Load a set written by :meth:`CalibrationSet.save` and verify its content hash.
 
+    Every array's ``.npy`` header is checked against the batch shapes of the ``.json`` (and a 1 GiB bound)
+    BEFORE it is decompressed (:class:`hllm.formats.npz.CheckedNpz`), so a small file declaring a huge
+    array is refused without the memory; the content hash is checked after.
+
     Raises:
-        SlateError: a file is missing or unreadable, or the arrays do not match ``data_sha256``.
+        SlateError: a file is missing or unreadable, an array's shape differs from the ``.json``, or the
+            arrays do not match ``data_sha256``.
     """
     npz, js = calibration_paths(path)
     for p in (npz, js):
@@ -107,12 +113,14 @@ def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
         raise SlateError(f"{js}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise SlateError(f"{js}: not a calibration set (format {meta.get('format')!r}, expected {FORMAT!r})")
-    try:
-        with np.load(npz, allow_pickle=False) as z:
-            n = len(meta["shapes"])
-            batches = [{name: z[f"{name}/{b}"] for name in INPUTS} for b in range(n)]
-    except (OSError, KeyError, ValueError, TypeError) as e:
-        raise SlateError(f"cannot read {npz}: {e}") from None
+    shapes = meta.get("shapes")
+    if not isinstance(shapes, list) or not all(
+            isinstance(sh, dict) and all(type(sh.get(k)) is int and sh[k] >= 0 for k in ("batch", "seq", "items"))
+            for sh in shapes):
+        raise SlateError(f"{js}: shapes must be a list of {{batch, seq, items}} integers")
+    with CheckedNpz(npz, SlateError) as z:  # each member's header is checked against shapes before it is read
+        batches = [{name: z.get(f"{name}/{b}", (sh["batch"], sh["seq"] if name == "input_ids" else sh["items"]))
+                    for name in INPUTS} for b, sh in enumerate(shapes)]
     got = arrays_sha256(batches)
     if meta.get("data_sha256") and got != meta["data_sha256"]:
         raise SlateError(f"{npz}: arrays do not match data_sha256 in {js.name} (file changed or corrupt)")

@@ -402,7 +402,7 @@ def test_calibration_set_meta_of_the_wrong_type(tmp_path):
     np_ = pytest.importorskip("numpy")
     np_.savez(tmp_path / "calib.npz", x=np_.zeros(1))
     for content, words in ((b"[1]", "expected a JSON object, got list"), (b"\xff", "cannot read"),
-                           (b'{"format": "hllm-calibration/1", "shapes": 5}', "cannot read")):
+                           (b'{"format": "hllm-calibration/1", "shapes": 5}', "shapes must be a list")):
         (tmp_path / "calib.json").write_bytes(content)
         with pytest.raises(SlateError, match=words):
             load_calibration_set(tmp_path / "calib")
