@@ -49,19 +49,35 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-#: What reading a JSON file can raise: unreadable (OSError), not UTF-8, malformed, or nested too deeply
-#: for the parser (RecursionError).
-JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
+class DuplicateKeyError(ValueError):
+    """A JSON object with the same key twice (valid JSON per RFC 8259 §4, which says names SHOULD be
+    unique; Python keeps the last silently). hllm refuses it: which one was meant is unknowable."""
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` for ``json.loads`` that refuses duplicate keys (:class:`DuplicateKeyError`)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise DuplicateKeyError(f"duplicate key {dup!r} in a JSON object")
+    return d
+
+
+#: What reading a JSON file can raise: unreadable (OSError), not UTF-8, malformed, nested too deeply
+#: for the parser (RecursionError), a duplicate key, an integer over the digit limit (ValueError).
+JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError)
 
 
 def read_json(path: str | os.PathLike, error: type[Exception] = ValueError,
               message: str = "cannot read {path}: {reason}") -> Any:
     """The JSON document in the UTF-8 file ``path`` (the one reader of hllm's JSON sidecars and manifests).
+    Duplicate keys in an object are refused (:func:`no_duplicate_keys`).
 
     Raises: ``error(message.format(path=path, reason=...))`` for any of :data:`JSON_READ_ERRORS`.
     """
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=no_duplicate_keys)
     except JSON_READ_ERRORS as e:
         raise error(message.format(path=path, reason=e)) from None
 

@@ -48,8 +48,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-console = Console(stderr=True, soft_wrap=True)  # progress, notes, errors
-out = Console(soft_wrap=True)  # results for people; moved to stderr when stdout carries data (--json, -o -)
+# emoji=False: user data (a slate_id ':fire:', a path) is printed literally, never as an emoji; markup in
+# user data is escaped where it is printed (_error, finish_report, step)
+console = Console(stderr=True, soft_wrap=True, emoji=False)  # progress, notes, errors
+out = Console(soft_wrap=True, emoji=False)  # results for people; moved to stderr when stdout carries data (--json, -o -)
 
 # -- exit codes (one place) ---------------------------------------------------------------------------
 EXIT_OK = 0
@@ -134,10 +136,12 @@ def step(description: str) -> Iterator[None]:
     """A spinner with elapsed time for one long step; prints ✓ with the time when done."""
     import time
 
+    from rich.markup import escape
+
     t0 = time.perf_counter()
-    with console.status(f"[bold]{description}…"):
+    with console.status(f"[bold]{escape(description)}…"):
         yield
-    console.print(f"[green]✓[/] {description} ({time.perf_counter() - t0:.1f} s)")
+    console.print(f"[green]✓[/] {escape(description)} ({time.perf_counter() - t0:.1f} s)")
 
 
 # -- option factories: one name, one help text, one bound per concept (README "CLI conventions") -----------
@@ -328,7 +332,9 @@ def finish_report(path: Optional[os.PathLike | str], doc: Any, json_out: bool,
     if show is not None:
         show(doc)
     if path is not None and not is_std(path):
-        out.print(f"{label} → {path}" if label else f"→ {path}")
+        from rich.markup import escape
+
+        out.print(escape(f"{label} → {path}" if label else f"→ {path}"), highlight=False)
     if json_out:
         emit_json(doc)
 
@@ -429,6 +435,13 @@ def _os_message(e: OSError) -> str:
     return f"{e.strerror or e}{where}"
 
 
+def debug_from_env(value: Optional[str] = None) -> bool:
+    """Whether ``HLLM_DEBUG`` (or ``value``) turns debug on: ``1``, ``true``, ``yes``, ``on`` (any case);
+    anything else — unset, empty, ``0``, ``false``, ``no``, ``off`` — is off."""
+    v = os.environ.get("HLLM_DEBUG", "") if value is None else value
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
 def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
@@ -440,7 +453,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def run(argv: Optional[list[str]] = None) -> int:
     """Run ``hllm ARGV`` and return its exit code (module docstring); with ``--debug`` errors propagate."""
-    _state["debug"] = os.environ.get("HLLM_DEBUG", "") not in ("", "0")
+    _state["debug"] = debug_from_env()
     out.file = None  # back to stdout (a previous in-process run may have moved it)
     quiet_libraries()
     previous = None
@@ -507,13 +520,43 @@ def _run(argv: Optional[list[str]]) -> int:
             raise
         _error("out of memory (lower --batch-size or --limit)")
         return EXIT_USAGE
-    except Exception as e:  # a bug
-        return _internal(e)
+    except Exception as e:  # a bug, or a library's error about an input file a reader did not map
+        message = library_file_error(e)
+        if message is None or _state["debug"]:
+            return _internal(e)
+        _error(message)
+        return EXIT_USAGE
     # With standalone_mode=False click returns the code of `raise typer.Exit(code)` instead of exiting; it turns
     # KeyboardInterrupt (SIGINT) into Exit(130) itself.
     if rv == EXIT_SIGINT:
         _error("interrupted (SIGINT); nothing partial was left in place of an output")
     return rv if isinstance(rv, int) else EXIT_OK
+
+
+#: Errors that libraries raise about the bytes of a file they read (a corrupt or hostile input, not a bug of
+#: hllm): safetensors, zip / npz, pickle refusals, gzip, JSON (incl. nesting too deep), text encodings.
+_LIBRARY_FILE_ERRORS = {
+    "SafetensorError": "not a readable safetensors file",
+    "BadZipFile": "not a readable zip / .npz file",
+    "UnpicklingError": "a pickle, which hllm does not load",
+    "BadGzipFile": "not a readable gzip file",
+    "JSONDecodeError": "malformed JSON",
+    "RecursionError": "nested too deeply",
+    "UnicodeDecodeError": "not UTF-8 text",
+}
+
+
+def library_file_error(e: BaseException) -> Optional[str]:
+    """The one-line message (exit 2) for a library's error about the contents of an input file that no
+    reader of hllm mapped to an :class:`HllmError` itself (:data:`_LIBRARY_FILE_ERRORS`, by class name and
+    its bases), naming the file when the exception or its cause carries one; None for anything else (a bug)."""
+    kinds = [c.__name__ for c in type(e).__mro__]
+    what = next((_LIBRARY_FILE_ERRORS[k] for k in kinds if k in _LIBRARY_FILE_ERRORS), None)
+    if what is None:
+        return None
+    name = getattr(e, "filename", None) or getattr(e, "name", None)
+    where = f"{name}: " if isinstance(name, str) else ""
+    return f"{where}an input file is {what} ({type(e).__name__}: {str(e)[:200]})"
 
 
 def _internal(e: BaseException) -> int:

@@ -11,6 +11,7 @@ from rich.table import Table
 from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, finish_report,
                           hidden_alias, json_opt, limit_opt, load_slates, out, pick, progress, quiet_libraries,
                           slates_opt, slates_source, threads_opt)
+from hllm.errors import HllmError
 
 bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -332,7 +333,14 @@ def markdown_cmd(
 
     render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table, "scaling": scaling_table}
     docs = [(f, _load_doc(f, tuple(render))) for f in files]  # every file checked before any output
-    for f, doc in docs:
+    tables = []
+    for f, doc in docs:  # rendered before any output: a record with null / missing / mistyped values is named
+        try:
+            tables.append(render[doc["kind"]](doc))
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+            raise HllmError(f"{f}: a record of this {doc['kind']} benchmark has a missing or non-numeric value "
+                            f"({type(e).__name__}: {e})") from None
+    for (f, doc), table in zip(docs, tables):
         print(f"<!-- from {f} ({doc.get('created_utc')}, shared machine: {doc.get('shared')}) -->")
-        print(render[doc["kind"]](doc))
+        print(table)
         print()

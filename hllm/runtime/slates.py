@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence
 
 from hllm.errors import SlateError
-from hllm.files import atomic_path
+from hllm.files import atomic_path, no_duplicate_keys
 
 
 def _refuse_constant(name: str):
@@ -58,9 +58,10 @@ def _refuse_constant(name: str):
 
 def loads_json(text: str | bytes, where: str = "input") -> Any:
     """Parse JSON strictly: SlateError (naming ``where``) for malformed JSON, ``NaN`` / ``Infinity``
-    literals, nesting too deep for the parser, or integers too long to convert — never an internal error."""
+    literals, nesting too deep for the parser, integers too long to convert, or an object with a duplicate
+    key (:func:`hllm.files.no_duplicate_keys`) — never an internal error."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise SlateError(f"{where}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:

@@ -108,7 +108,7 @@ def test_backbone_path_may_point_outside_but_must_be_a_path(ckpt):
         (lambda d: d["head"].update(kind=5), ["unknown head kind 5"]),
         (lambda d: d["head"].update(file=5), ["head file must be a file name", "got 5"]),
         (lambda d: d["head"].update(context="yes"), ["head context must be true or false"]),
-        (lambda d: d["head"].update(colour="red"), ["bad head section", "colour"]),
+        (lambda d: d["head"].update(colour="red"), ["unknown head keys", "colour"]),
         (lambda d: d["prompt"].update(candidate_template="{index}. {title} ({brand})"), ["candidate_template", "{brand}"]),
         (lambda d: d["prompt"].update(user_template="{history} {title}"), ["user_template", "{title}", "allowed: {history}"]),
         (lambda d: d["prompt"].update(history_item_template="{title.__class__}"), ["history_item_template", "{title.__class__}"]),
