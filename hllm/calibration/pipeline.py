@@ -135,8 +135,9 @@ def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = 
     t0 = time.perf_counter()
     cache = req.reference_cache
     if cache is not None and cache.is_file():
+        ref = load_reference(cache, req.eval_slates, sha)  # before any message: a bad file is the one error line
         say(f"FP32 reference scores from {cache}")
-        return load_reference(cache, req.eval_slates, sha), time.perf_counter() - t0
+        return ref, time.perf_counter() - t0
     advance = progress("FP32 reference on eval slates", len(req.eval_slates))
     ref = reference_scores(cpu_ranker(req.export_dir, req.threads), req.eval_slates, on_progress=advance)
     if cache is not None:
