@@ -369,3 +369,40 @@ def test_onnx_runtime_telemetry_writes_nothing_under_home(tmp_path, export_dir):
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert list(home.rglob("*")) == []
+
+
+def test_loadtest_against_a_server_answering_non_json_is_exit_2(tmp_path, capsys):
+    """``loadtest --url`` at something that answers 200 with HTML: one line naming the URL, exit 2."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from hllm.cli import main
+
+    class Html(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b"<html>not an hllm server</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps(s) + "\n" for s in tiny_slates(2, (2, 4), seed=1)))
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["loadtest", "--url", f"http://127.0.0.1:{server.server_port}", "-s", str(good),
+                  "--requests", "2", "--clients", "1"])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert e.value.code == 2, err
+    assert lines[-1].startswith("error:") and "not an hllm ranking response" in lines[-1], err
