@@ -38,9 +38,9 @@ def rank_cmd(
     if ray:
         _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers, json_out)
         return
-    resolve(model)  # a bad path fails before reading slates
+    art = resolve(model)  # a bad path fails before reading slates
     data = load_slates(slates, limit=limit)
-    ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads)
+    ranker = Ranker.from_path(art, batch_size=batch_size, threads=threads)
     t0 = time.perf_counter()
     with ranker, progress() as bar:
         task = bar.add_task(f"ranking with {ranker.engine.name}", total=len(data))
@@ -95,6 +95,7 @@ def parity_cmd(
     report: Optional[Path] = hidden_alias("--report"),
 ) -> None:
     """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail."""
+    from hllm.runtime import Ranker
     from hllm.runtime.artefact import resolve
     from hllm.verify.parity import Thresholds, run_parity
 
@@ -102,14 +103,14 @@ def parity_cmd(
     out_path = pick(out_path, report)
     check_output_file(out_path)
     data_to_stdout(json_out, out_path)
-    resolve(reference), resolve(test)  # fail on a bad path before any progress output
+    options = {"threads": threads} if threads else {}
+    ref_ranker, test_ranker = (Ranker.from_path(resolve(p), **options) for p in (reference, test))  # bad path: before any output
     data = load_slates(slates, limit=limit)
     th = Thresholds(atol=atol, min_perm_match=min_perm_match, min_top1=min_top1, min_tau=min_tau)
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task("parity (reference + test per slate)", total=len(data))
-        rep = run_parity(reference, test, data, th, batch_size, on_progress=lambda n: bar.advance(task, n),
-                         **({"threads": threads} if threads else {}))
+        rep = run_parity(ref_ranker, test_ranker, data, th, batch_size, on_progress=lambda n: bar.advance(task, n))
     d = rep.to_dict(per_slate=per_slate)
     d["slates_file"] = slates_source(slates, str(slates_file(None)))
     d["seconds"] = round(time.perf_counter() - t0, 1)

@@ -22,8 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import SlateError
-
-TARGET_KINDS = ("clicks", "teacher", "clicks+teacher")
+from hllm.formats.choices import OBJECTIVES as TARGET_KINDS
 
 
 def permutation_target(order: Sequence[int], n: int) -> np.ndarray:
