@@ -96,11 +96,11 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
         calib = load_calibration_set(calibration)
         if calib.meta.get("prompt") != artefact.prompt.to_dict():
             raise SlateError(f"calibration set {calibration} was encoded with another prompt spec than {artefact.path}")
-        check_calibration_tokenizer(calib.meta, artefact.tokenizer_path, builder.pad_id, calibration)
         missing = [n for n in artefact.graph_inputs if n not in calib.inputs]
         if missing:
             raise SlateError(f"calibration set {calibration} lacks the graph input(s) {missing} of {artefact.path} "
                              "(draw a new one with --calib-slates)")
+        check_calibration_tokenizer(calib.meta, artefact.tokenizer_path, builder.pad_id, calibration)
     elif calib_slates is not None and not needs_data:
         say(f"--backend {backend} uses no calibration data: --calib-slates ignored")
     elif calib_slates is not None:

@@ -406,3 +406,32 @@ def test_loadtest_against_a_server_answering_non_json_is_exit_2(tmp_path, capsys
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert e.value.code == 2, err
     assert lines[-1].startswith("error:") and "not an hllm ranking response" in lines[-1], err
+
+
+def test_library_file_errors_left_unmapped_are_exit_2_not_70(monkeypatch, capsys):
+    """The exit-code policy's fallback: a library's error about an input file's bytes (here safetensors and
+    zipfile, raised where no reader mapped them) is one line and exit 2; any other exception stays 70."""
+    import zipfile
+
+    from safetensors import SafetensorError
+
+    from hllm.cli.app import library_file_error, run
+
+    app_mod = sys.modules["hllm.cli.app"]  # the module (hllm.cli.app the attribute is the Typer app)
+
+    assert "not a readable safetensors file" in library_file_error(SafetensorError("header too small"))
+    assert "zip" in library_file_error(zipfile.BadZipFile("File is not a zip file"))
+    assert library_file_error(ValueError("a bug")) is None
+
+    def boom(*a, **k):
+        raise zipfile.BadZipFile("File is not a zip file")
+
+    monkeypatch.setattr(app_mod, "app", boom)
+    assert run(["info", "x"]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+
+    def bug(*a, **k):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(app_mod, "app", bug)
+    assert run(["info", "x"]) == 70
