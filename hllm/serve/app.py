@@ -84,6 +84,8 @@ class ServeOptions:
             ``timeout_keep_alive``).
         max_connections: over this many open connections or running requests uvicorn answers 503
             (``limit_concurrency``).
+        echo_request_id: set ``X-Request-ID`` on every response (off behind a proxy that sets it
+            itself, such as Ray Serve's, which honours the client's header the same way).
     """
 
     batch: BatchOptions = field(default_factory=BatchOptions)
@@ -94,6 +96,7 @@ class ServeOptions:
     header_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 512
+    echo_request_id: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_slates_per_request", "max_connections"):
@@ -462,7 +465,8 @@ class RankService(KServeEndpoints):
         path = metric_path(request.url.path)
         self.metrics.requests.labels(path, str(response.status_code)).inc()
         self.metrics.latency.labels(path).observe(time.perf_counter() - t0)
-        response.headers["X-Request-ID"] = request.state.request_id
+        if self.options.echo_request_id:
+            response.headers["X-Request-ID"] = request.state.request_id
         return response
 
     # --- endpoints ---------------------------------------------------------------------------------
