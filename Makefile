@@ -43,7 +43,7 @@ demo: setup
 	@echo "== 2/4 export prefill+readout+head to ONE fused ONNX graph (ort-cpu flavour; validated at untraced shapes)"
 	$(HLLM) export $(CKPT) $(WORK)/demo/export --slates $(SLATES) --overwrite
 	@echo "== 3/4 parity: the fused ONNX Runtime graph vs the PyTorch checkpoint on $(N) real slates"
-	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(SLATES) --limit $(N) --report $(WORK)/demo/parity.json
+	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(SLATES) --limit $(N) --out $(WORK)/demo/parity.json
 	@echo "== 4/4 rank real slates with the lean runtime (ONNX Runtime, no torch)"
 	$(HLLM) rank $(WORK)/demo/export --slates $(SLATES) --limit $(N) --out $(WORK)/demo/rankings.jsonl
 	@head -c 400 $(WORK)/demo/rankings.jsonl; echo
@@ -69,7 +69,7 @@ train-beauty: setup
 
 # The longer parity run behind results/parity-smollm2-eval200.json (needs the demo's artefacts).
 parity-long: setup
-	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(EVAL) --limit $(LONG_N) --report results/parity-smollm2-eval$(LONG_N).json
+	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(EVAL) --limit $(LONG_N) --out results/parity-smollm2-eval$(LONG_N).json
 
 bench: setup
 	bash scripts/bench.sh

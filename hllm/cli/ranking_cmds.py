@@ -12,6 +12,7 @@ from rich.table import Table
 from hllm.cli.app import (MAX_WORKERS, app, batch_opt, check_output_file, console, data_to_stdout, emit_json,
                           finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, out_opt, pick, progress,
                           quiet_libraries, slates_file, slates_opt, slates_source, threads_opt, write_records)
+from hllm.errors import HllmError
 
 MODEL_HELP = "Checkpoint dir, export dir / .onnx, or TensorRT .plan."
 
@@ -92,9 +93,17 @@ def parity_cmd(
     per_slate: bool = typer.Option(False, help="Include per-slate records in the report."),
     threads: Optional[int] = threads_opt("Intra-op threads of both engines."),
     json_out: bool = json_opt(),
-    report: Optional[Path] = hidden_alias("--report"),
+    allow_non_torch_reference: bool = typer.Option(
+        False, "--allow-non-torch-reference",
+        help="Accept an export or plan as REFERENCE (engine vs engine; refused by default, since parity is against PyTorch)."),
+    report: Optional[Path] = hidden_alias("--report", "--out"),
 ) -> None:
-    """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail."""
+    """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail.
+
+    REFERENCE must be a checkpoint (run by PyTorch); an export or a plan is refused (exit 2) unless
+    --allow-non-torch-reference is given, so `hllm parity EXPORT EXPORT` cannot pass a CI gate by comparing
+    an engine with itself.
+    """
     from hllm.runtime.artefact import resolve
     from hllm.verify.parity import Thresholds, run_parity
 
@@ -102,7 +111,11 @@ def parity_cmd(
     out_path = pick(out_path, report)
     check_output_file(out_path)
     data_to_stdout(json_out, out_path)
-    resolve(reference), resolve(test)  # fail on a bad path before any progress output
+    ref_kind = resolve(reference).kind  # fail on a bad path before any progress output
+    resolve(test)
+    if ref_kind != "checkpoint" and not allow_non_torch_reference:
+        raise HllmError(f"REFERENCE {reference} is a {ref_kind} artefact, not a PyTorch checkpoint: parity compares a "
+                        "backend with the PyTorch reference (pass --allow-non-torch-reference to compare two engines)")
     data = load_slates(slates, limit=limit)
     th = Thresholds(atol=atol, min_perm_match=min_perm_match, min_top1=min_top1, min_tau=min_tau)
     t0 = time.perf_counter()
