@@ -2,7 +2,7 @@
 #   make demo   set up .venv and run the main job on the real SmolLM2 backbone + real Amazon Beauty slates
 #   make test   set up .venv and run the test suite (what CI runs)
 #   make train-beauty  reproduce the committed trained checkpoint (needs the full Beauty train file)
-# Variables: PY (python ≥3.10), VENV, SLATES (slates file), N (slates used by the demo parity check),
+# Variables: PY (python ≥3.11), VENV, SLATES (slates file), N (slates used by the demo parity check),
 # CKPT (the checkpoint the demo deploys; the committed one expects its backbone at work/smollm2, so keep
 # WORK=work with it), TRAIN (training slates).
 
