@@ -171,6 +171,51 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
     assert (tmp_path / "cli.jsonl").read_text().splitlines() == (tmp_path / "one.jsonl").read_text().splitlines()[:10]
 
 
+@pytest.fixture(scope="module")
+def export_k50(qwen3_backbone, tmp_path_factory):
+    """A tiny export with K = 50, so the packaged 100-slate sample (50 candidates each) ranks as it is."""
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.exporter.onnx import export_onnx
+    from tests.conftest import TINY_HEAD
+
+    root = tmp_path_factory.mktemp("k50")
+    ck = init_checkpoint(qwen3_backbone, root / "ckpt", "self_attention", 50, seed=0, head_kwargs=TINY_HEAD)
+    export_onnx(ck, root / "export")
+    return root / "export"
+
+
+def test_ray_rank_of_the_sample_is_byte_identical_to_hllm_rank(local_ray, export_k50, tmp_path):
+    """`hllm rank --ray` (read → map_batches over 2 actors → streamed write) on the packaged 100-slate sample."""
+    from hllm.cli import main
+
+    sample = REPO / "examples" / "beauty-eval-sample.jsonl.gz"
+    one = subprocess.run([sys.executable, "-m", "hllm", "rank", str(export_k50), "--slates", str(sample),
+                          "--out", str(tmp_path / "one.jsonl"), "--batch-size", "4"], capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(export_k50), "--slates", str(sample), "--out", str(tmp_path / "ray.jsonl"), "--batch-size", "4",
+              "--ray", "--workers", "2", "--cpus-per-worker", "0.5"])
+    assert e.value.code == 0
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert len((tmp_path / "ray.jsonl").read_text().splitlines()) == 100
+
+
+def test_ray_rank_refuses_bad_slates_before_ray_and_caps_local_workers(export_dir, tmp_path, capsys, monkeypatch):
+    from hllm.cli import main
+    from hllm.cli.app import MAX_WORKERS
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(tiny_slates(1, (1, 8), seed=1)[0]) + "\n{\"candidates\": []}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(export_dir), "-s", str(bad), "-o", str(tmp_path / "o.jsonl"), "--ray"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{bad}:2" in err and not (tmp_path / "o.jsonl").exists()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(export_dir), "-o", str(tmp_path / "o.jsonl"), "--ray", "--workers", str(MAX_WORKERS + 1)])
+    assert e.value.code == 2 and "RAY_ADDRESS" in capsys.readouterr().err
+
+
 def test_ray_modules_import_no_torch():
     code = ("import sys, hllm.serve.ray_serve, hllm.runtime.ray_data;"
             "bad=[m for m in ('torch','transformers','peft') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
