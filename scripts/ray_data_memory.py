@@ -5,7 +5,7 @@
 
 Each (implementation, slate count) runs in its own driver process (a fresh local Ray on 127.0.0.1,
 ``--workers`` actors): the figure is that process's peak resident set size (``ru_maxrss``) and its growth
-over the RSS measured after ``ray.init`` (imports and Ray's client are the same for both). The model is
+over the RSS measured after ``ray.init`` (imports and Ray's client are the same for both; ``ray.data``, pyarrow and pandas are imported before that baseline). The model is
 the tiny random export (hllm.testing.tiny_export, K = 8), so ranking is cheap; the slates are the file's
 first N slates cut to their first 8 candidates (hllm.runtime.slates.subslate), written once to a
 temporary .jsonl.gz. ``--before-rev`` names the git revision whose hllm/runtime/ray_data.py is "before"
@@ -37,7 +37,10 @@ def _rss_kib() -> int:
 
 def child(impl: str, model: str, slates: str, n: int, out: str, workers: int, batch_size: int) -> None:
     """One driver: start Ray, rank ``n`` slates with ``impl`` (a module file), print a JSON result line."""
+    import pandas  # noqa: F401 — imported by Ray Data at execution; loaded before the baseline
+    import pyarrow  # noqa: F401
     import ray
+    import ray.data  # noqa: F401
 
     spec = importlib.util.spec_from_file_location("ray_data_impl", impl)
     mod = importlib.util.module_from_spec(spec)
@@ -60,7 +63,7 @@ def main() -> None:
     p.add_argument("--counts", default="3000,12000")
     p.add_argument("--before-rev", default="083686c")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--shared", action="store_true", help="other work ran on the same cores (stated in the JSON)")
     p.add_argument("--out", required=True)
     p.add_argument("--child", nargs=7, help=argparse.SUPPRESS)

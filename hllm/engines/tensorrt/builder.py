@@ -1,12 +1,17 @@
-"""``hllm build``: a strongly typed TensorRT plan from an exported ONNX graph (TensorRT 10.x and 11.x).
+"""``hllm build``: a strongly typed TensorRT plan from an exported ONNX graph (TensorRT 10.x and 11.x),
+built through Polygraphy's loaders (``polygraphy.backend.trt``, Polygraphy 0.53.6; docs
+https://docs.nvidia.com/deeplearning/tensorrt/polygraphy/docs/backend/trt/loader.html and config.html).
 
-Build: ``OnnxParser.parse_from_file`` → ``IBuilderConfig`` with one ``IOptimizationProfile`` per
-:class:`hllm.formats.profiles.Profile` (``set_shape(name, min, opt, max)``),
-``builder_optimization_level``, optional ``hardware_compatibility_level``, a timing cache read from /
-written back to a file (``create_timing_cache`` / ``set_timing_cache`` /
-``get_timing_cache().serialize()``) → ``build_serialized_network`` → plan written atomically, plus the
-sidecar of :mod:`hllm.formats.plan` and a copy of the tokenizer. The version-dependent parts
-(network flags, strongly typed) come from :func:`hllm.engines.tensorrt.trt_api`, shared with the runner.
+Build: ``NetworkFromOnnxPath(onnx, strongly_typed=…)`` (TensorRT ``OnnxParser.parse_from_file`` into a
+strongly typed network on 10.x; 11.x networks are always strongly typed) → ``CreateConfig(profiles=[one
+polygraphy ``Profile`` per :class:`hllm.formats.profiles.Profile`, min/opt/max per input],
+builder_optimization_level, hardware_compatibility_level, memory_pool_limits={WORKSPACE: bytes},
+load_timing_cache=file)`` → ``EngineBytesFromNetwork(..., save_timing_cache=file)`` (TensorRT
+``build_serialized_network``; the timing cache is merged and written back) → plan written atomically,
+plus the sidecar of :mod:`hllm.formats.plan` and a copy of the tokenizer. No precision builder flag
+is set (precision lives in the graph); Polygraphy's ``CreateConfig`` clears TF32, so the FP32 islands
+run in IEEE FP32. The version-dependent part (strongly typed flag) comes from
+:func:`hllm.engines.tensorrt.runner.trt_api`, shared with the runner.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
-from hllm.engines.tensorrt.runner import device_info, import_tensorrt, trt_api
+from hllm.engines.tensorrt.runner import device_info, import_tensorrt, polygraphy_calls, trt_api
 from hllm.errors import EngineError
 from hllm.files import atomic_path, sha256_file
 from hllm.formats.graph import sidecar_reads_context
@@ -56,26 +61,25 @@ def build_plan(
     target: str | None = None,
     workspace_gb: float | None = None,
     overwrite: bool = False,
-    trt=None,
     device: DeviceInfo | None = None,
     progress=None,
 ) -> dict:
-    """Build a strongly typed TensorRT plan from an export (directory or its ``.onnx``).
+    """Build a strongly typed TensorRT plan from an export (directory or its ``.onnx``) with Polygraphy.
 
     Args:
         model: export directory (``export.json`` + ``model.onnx``) or the ``.onnx`` file.
         plan_path: the plan to write (atomic); its sidecar ``<plan>.json`` and tokenizer copy
             ``<plan>.tokenizer.json`` go beside it.
         profiles: optimization profiles, validated (min ≤ opt ≤ max, items ≤ K) before TensorRT starts.
-        timing_cache: file read when present and written back after the build (reused across builds).
-        opt_level: ``IBuilderConfig.builder_optimization_level`` 0..5 (TensorRT default 3).
+        timing_cache: file read when present and written back (merged) after the build.
+        opt_level: ``builder_optimization_level`` 0..5 (TensorRT default 3).
         hardware_compat: ``none`` | ``ampere_plus`` | ``same_compute_capability``.
         target: e.g. ``a100``: see :func:`hllm.formats.plan.target_settings`.
-        workspace_gb: workspace memory-pool limit (default: TensorRT's, the device memory).
-        trt, device: the ``tensorrt`` module and build GPU (default: import / query them); tests pass stubs.
+        workspace_gb: workspace memory-pool limit in GiB (default: TensorRT's, the device memory).
+        device: the build GPU (default: :func:`hllm.engines.tensorrt.runner.device_info`).
     Returns: the sidecar dict written.
-    Raises: EngineError (TensorRT missing, not a standard-ONNX export, bad profile, parse or build
-        failure), FileExistsError.
+    Raises: EngineError (TensorRT / Polygraphy missing, not a standard-ONNX export, bad profile,
+        parse or build failure), FileExistsError.
     """
     from hllm.runtime.artefact import resolve
 
@@ -90,28 +94,26 @@ def build_plan(
     plan_path = Path(plan_path)
     if plan_path.exists() and not overwrite:
         raise FileExistsError(f"{plan_path} exists (use --overwrite)")
-    trt = trt or import_tensorrt()
+    trt = import_tensorrt()
     api = trt_api(trt)
     device = device or device_info()
     settings = target_settings(target, device, hardware_compat, precision)
-
     hc = settings["hardware_compatibility"]
-    builder, network, config, cache_reused = _configure(trt, api, art, profiles, opt_level, workspace_gb, hc,
-                                                        timing_cache, say)
-    say(f"building ({len(profiles)} profile(s), optimization level {opt_level}, hardware compatibility {hc})")
+    cache_path = Path(timing_cache) if timing_cache else None
+    cache_reused = bool(cache_path and cache_path.is_file())
+    network, config = polygraphy_loaders(trt, api, art, profiles, opt_level, workspace_gb, hc, cache_path)
+    say(f"building {art.path.name} with TensorRT {api.version} ({len(profiles)} profile(s), optimization level "
+        f"{opt_level}, hardware compatibility {hc})")
+    from polygraphy.backend.trt import EngineBytesFromNetwork
+
     t0 = time.perf_counter()
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise EngineError("TensorRT build failed (see the TensorRT log above)")
+    with polygraphy_calls(f"building a TensorRT plan from {art.path}", stdout_to_stderr=True):
+        serialized = EngineBytesFromNetwork(network, config=config,
+                                            save_timing_cache=str(cache_path) if cache_path else None)()
     data = bytes(memoryview(serialized))
     build_s = time.perf_counter() - t0
     with atomic_path(plan_path) as tmp:
         tmp.write_bytes(data)
-    cache_path = Path(timing_cache) if timing_cache else None
-    if cache_path:
-        new_cache = bytes(memoryview(config.get_timing_cache().serialize()))
-        with atomic_path(cache_path) as tmp:
-            tmp.write_bytes(new_cache)
     tok_name = f"{plan_path.name}.tokenizer.json"
     with atomic_path(plan_path.parent / tok_name) as tmp:
         shutil.copy2(art.tokenizer_path, tmp)
@@ -121,36 +123,39 @@ def build_plan(
     return meta
 
 
-def _configure(trt, api, art, profiles, opt_level: int, workspace_gb, hc: str, timing_cache, say):
-    """Parse the ONNX graph into a strongly typed network and set up the builder config (optimization
-    level, workspace, hardware compatibility, one optimization profile per :class:`Profile`, the
-    timing cache). Returns (builder, network, config, timing cache reused). Raises EngineError."""
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(api.network_flags)
-    parser = trt.OnnxParser(network, logger)
-    say(f"parsing {art.path.name} (TensorRT {api.version}, strongly typed)")
-    if not parser.parse_from_file(str(art.path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise EngineError(f"TensorRT cannot parse {art.path}: {errors[:5]}")
-    config = builder.create_builder_config()
-    config.builder_optimization_level = int(opt_level)
-    if workspace_gb:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * 1024**3))
-    if hc != "none":
-        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_LEVELS[hc])
+def polygraphy_profiles(profiles: list[Profile], context: bool) -> list:
+    """hllm's profiles as Polygraphy ``Profile`` objects: ``Profile().add(name, min, opt, max)`` for every
+    graph input (``context_positions`` too when ``context``), shapes from :meth:`Profile.shapes`."""
+    from polygraphy.backend.trt import Profile as PgProfile
+
+    out = []
     for p in profiles:
-        prof = builder.create_optimization_profile()
-        for name, (mn, opt, mx) in p.shapes(sidecar_reads_context(art.meta)).items():
-            prof.set_shape(name, mn, opt, mx)
-        if config.add_optimization_profile(prof) < 0:
-            raise EngineError(f"TensorRT rejected optimization profile {p}")
-    cache_path = Path(timing_cache) if timing_cache else None
-    cache_reused = bool(cache_path and cache_path.is_file())
-    cache = config.create_timing_cache(cache_path.read_bytes() if cache_reused else b"")
-    if not config.set_timing_cache(cache, False):
-        raise EngineError(f"TensorRT rejected the timing cache {cache_path} (built by another TensorRT/GPU?); delete it")
-    return builder, network, config, cache_reused
+        pg = PgProfile()
+        for name, (mn, opt, mx) in p.shapes(context).items():
+            pg.add(name, mn, opt, mx)
+        out.append(pg)
+    return out
+
+
+def polygraphy_loaders(trt, api, art, profiles: list[Profile], opt_level: int, workspace_gb, hc: str,
+                       cache_path: Path | None):
+    """The two Polygraphy loaders of a build (lazy: nothing runs until called).
+
+    Returns: (``NetworkFromOnnxPath`` — strongly typed on 10.x —, ``CreateConfig`` with one profile per
+    hllm profile, ``builder_optimization_level``, ``hardware_compatibility_level`` (None for ``none``),
+    ``memory_pool_limits`` {``MemoryPoolType.WORKSPACE``: bytes} (None without ``workspace_gb``) and
+    ``load_timing_cache`` (a missing file means an empty cache)).
+    """
+    from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath
+
+    network = NetworkFromOnnxPath(str(art.path), strongly_typed=api.strongly_typed_flag)
+    pools = {trt.MemoryPoolType.WORKSPACE: int(workspace_gb * 1024**3)} if workspace_gb else None
+    level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_LEVELS[hc]) if hc != "none" else None
+    with polygraphy_calls("configuring the TensorRT builder"):
+        config = CreateConfig(profiles=polygraphy_profiles(profiles, sidecar_reads_context(art.meta)),
+                              builder_optimization_level=int(opt_level), hardware_compatibility_level=level,
+                              memory_pool_limits=pools, load_timing_cache=str(cache_path) if cache_path else None)
+    return network, config
 
 
 def _plan_sidecar(art, plan_path: Path, data: bytes, tok_name: str, api, device, settings: dict, opt_level: int,

@@ -1,53 +1,88 @@
-"""TensorRT runner: load a plan built by :mod:`hllm.engines.tensorrt.builder` and run it (torch-free).
+"""TensorRT runner: load a plan built by :mod:`hllm.engines.tensorrt.builder` and run it through
+Polygraphy (torch-free).
 
 One recipe for TensorRT 10.x and 11.x (TensorRT "Migrating from 10.x to 11.x": 11 removed
 ``BuilderFlag.FP16/BF16/INT8`` and weak typing). Precision lives in the ONNX graph
 (``hllm export --precision fp16``: FP16 with FP32 islands, :mod:`hllm.exporter.fp16`); the network
 is strongly typed, so TensorRT runs every tensor in the graph's type:
 
-* TensorRT 10.x: ``create_network(1 << NetworkDefinitionCreationFlag.STRONGLY_TYPED)``, no precision flag.
-* TensorRT 11.x: every network is strongly typed (the flag is deprecated and ignored), so none is passed.
+* TensorRT 10.x: the network is created with ``NetworkDefinitionCreationFlag.STRONGLY_TYPED``
+  (Polygraphy ``NetworkFromOnnxPath(..., strongly_typed=True)``), no precision flag.
+* TensorRT 11.x: every network is strongly typed (the flag is deprecated, later removed), so none is passed.
 * TensorRT < 10: refused (no strongly typed ONNX import, no ``execute_async_v3`` / INT64 I/O).
 
-Plans are built by :mod:`hllm.engines.tensorrt.builder` (it shares :func:`trt_api` and :func:`device_info`).
+The TensorRT and CUDA work is Polygraphy's (``polygraphy.backend.trt``, 0.53.6; docs
+https://docs.nvidia.com/deeplearning/tensorrt/polygraphy/docs/): ``EngineFromBytes`` deserializes the
+plan, ``TrtRunner`` owns the execution context, its CUDA stream, the device input buffers and the
+output allocator; per call hllm picks the optimization profile by slate shape
+(:func:`hllm.formats.profiles.select_profile`), switches with ``TrtRunner.set_profile`` when it
+changes, and calls ``TrtRunner.infer(feed_dict, copy_outputs_to_host=True)`` (``set_input_shape``,
+host→device copies, ``execute_async_v3``, device→host copy and one stream synchronize, all inside
+Polygraphy). hllm keeps its own parts: the sidecar and compatibility check (:mod:`hllm.formats.plan`),
+the I/O-name and profile-count checks, and the profile choice.
 
-Run (:class:`TensorRTEngine`): ``Runtime.deserialize_cuda_engine`` after the sidecar compatibility
-check; device buffers from cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` in older
-releases) sized for the largest profile and bound once with ``set_tensor_address``; per call:
-``select_profile`` → ``set_optimization_profile_async`` (when it changes) → ``set_input_shape`` ×3 →
-``cudaMemcpyAsync`` H→D → ``execute_async_v3(stream)`` → ``cudaMemcpyAsync`` D→H → one
-``cudaStreamSynchronize``: everything is ordered on one CUDA stream.
+The device query (:func:`device_info`) calls the CUDA runtime library that Polygraphy's
+``polygraphy.cuda.wrapper()`` has loaded (``cudaDeviceGetAttribute``, ``cudaGetDeviceProperties``,
+``cudaRuntimeGetVersion``, ``cudaDriverGetVersion``): no cuda-python.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hllm.engines.base import Engine
-from hllm.formats.graph import OUTPUT_NAME, input_names, sidecar_reads_context
 from hllm.errors import EngineError
-from hllm.formats.precision import Precision
+from hllm.formats.graph import OUTPUT_NAME, input_names, sidecar_reads_context
 from hllm.formats.plan import DeviceInfo, check_compatible, profiles as sidecar_profiles, read_sidecar
+from hllm.formats.precision import Precision
 from hllm.formats.profiles import Profile, select_profile
 
 MIN_MAJOR = 10
-INSTALL_HINT = ("install TensorRT from NVIDIA's package index, e.g. "
-                "`pip install tensorrt-cu12 cuda-python --extra-index-url https://pypi.nvidia.com` (see docs/tensorrt.md)")
+INSTALL_HINT = ("install TensorRT from NVIDIA's package index and Polygraphy, e.g. "
+                "`pip install 'hllm[tensorrt]' tensorrt-cu12 --extra-index-url https://pypi.nvidia.com` (see docs/tensorrt.md)")
 _DTYPES = {"input_ids": np.int64, "readout_positions": np.int64, "item_mask": np.bool_, "context_positions": np.int64,
            OUTPUT_NAME: np.float32}
+# cudaDeviceAttr values (CUDA runtime API, "cudaDeviceAttr"): compute capability major / minor.
+_CUDA_DEV_ATTR_CC_MAJOR, _CUDA_DEV_ATTR_CC_MINOR = 75, 76
 
 
 def import_tensorrt():
-    """``import tensorrt``; raises EngineError with the install hint when it is missing or broken."""
+    """``import tensorrt``; raises EngineError with the install hint when it (or Polygraphy) is missing or broken."""
     try:
         import tensorrt
     except ImportError as e:  # also OSError-like failures surface as ImportError (missing libnvinfer)
         raise EngineError(f"TensorRT is not importable ({e}); {INSTALL_HINT}") from None
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError:
+        raise EngineError(f"Polygraphy is not installed; {INSTALL_HINT}") from None
     return tensorrt
+
+
+@contextlib.contextmanager
+def polygraphy_calls(what: str, stdout_to_stderr: bool = False):
+    """Run Polygraphy calls quietly (its logger at ERROR: warnings and progress off) and turn a
+    ``PolygraphyException`` (raised by ``G_LOGGER.critical``) into an EngineError naming ``what``.
+    ``stdout_to_stderr``: Polygraphy prints errors (e.g. the ONNX parser's) on stdout; the builder moves
+    them to stderr so that ``--json`` output stays clean (not used on the runner's per-call path)."""
+    from polygraphy.exception import PolygraphyException
+    from polygraphy.logger import G_LOGGER
+
+    redirect = contextlib.redirect_stdout(sys.stderr) if stdout_to_stderr else contextlib.nullcontext()
+    try:
+        with redirect, G_LOGGER.verbosity(G_LOGGER.ERROR):
+            yield
+    except PolygraphyException as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise EngineError(f"{what} failed in Polygraphy/TensorRT: {first}") from None
 
 
 @dataclass(frozen=True)
@@ -56,11 +91,15 @@ class TrtApi:
 
     Attributes:
         version: ``tensorrt.__version__``. major: its major number.
-        network_flags: the ``create_network`` flags (STRONGLY_TYPED bit on 10.x, 0 on 11.x).
+        strongly_typed_flag: pass ``strongly_typed=True`` to Polygraphy's ``NetworkFromOnnxPath``
+            (10.x: sets ``1 << NetworkDefinitionCreationFlag.STRONGLY_TYPED``); False on 11.x, where
+            every network is strongly typed.
+        network_flags: the ``create_network`` flags that follow (``1 << STRONGLY_TYPED`` on 10.x, 0 on 11.x).
     """
 
     version: str
     major: int
+    strongly_typed_flag: bool
     network_flags: int
 
 
@@ -77,64 +116,78 @@ def trt_api(trt) -> TrtApi:
     if major < MIN_MAJOR:
         raise EngineError(f"TensorRT {version} is too old: hllm needs TensorRT 10.x or 11.x (strongly typed "
                           f"networks, execute_async_v3, INT64 inputs)")
+    if major > MIN_MAJOR:  # 11.x: strong typing is unconditional; STRONGLY_TYPED is deprecated and ignored
+        return TrtApi(version, major, False, 0)
     strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if major == MIN_MAJOR:
-        if strongly_typed is None:
-            raise EngineError(f"TensorRT {version} lacks NetworkDefinitionCreationFlag.STRONGLY_TYPED; upgrade to 10.x ≥ 10.0")
-        flags = 1 << int(strongly_typed)
-    else:
-        flags = 0  # 11.x: strong typing is unconditional; STRONGLY_TYPED is deprecated and ignored
-    return TrtApi(version, major, flags)
+    if strongly_typed is None:
+        raise EngineError(f"TensorRT {version} lacks NetworkDefinitionCreationFlag.STRONGLY_TYPED; upgrade to 10.x ≥ 10.0")
+    return TrtApi(version, major, True, 1 << int(strongly_typed))
 
 
-# -- CUDA (cuda-python), kept thin ---------------------------------------------------------------------
+# -- CUDA device query through Polygraphy's CUDA runtime wrapper -------------------------------------
 def _cudart():
+    """Polygraphy's global CUDA wrapper (``polygraphy.cuda.wrapper()``: libcudart via ctypes)."""
+    from polygraphy import cuda
+
     try:
-        from cuda.bindings import runtime as cudart  # cuda-python ≥ 12.6
-    except ImportError:
-        try:
-            from cuda import cudart  # older cuda-python
-        except ImportError:
-            raise EngineError(f"cuda-python is not installed; {INSTALL_HINT}") from None
-    return cudart
+        with polygraphy_calls("loading the CUDA runtime"):
+            return cuda.wrapper()
+    except OSError as e:  # ctypes.CDLL("libcudart.so") found nothing: no CUDA runtime, no GPU driver stack
+        raise EngineError(f"the CUDA runtime library (libcudart) cannot be loaded ({e}): TensorRT needs an NVIDIA GPU "
+                          "with CUDA; put libcudart on LD_LIBRARY_PATH or `pip install nvidia-cuda-runtime-cu12`") from None
 
 
-def _ok(result, what: str):
-    """Unpack a cuda-python ``(err, *values)`` tuple; raise EngineError on an error code."""
-    if not isinstance(result, tuple):
-        result = (result,)
-    err, values = result[0], result[1:]
-    if int(err) != 0:
-        raise EngineError(f"CUDA {what} failed: {err}")
-    return values[0] if len(values) == 1 else (values or None)
+def _cuda_int(wrapper, fn: str, *args) -> int:
+    val = ctypes.c_int(0)
+    with polygraphy_calls(fn):
+        wrapper.check(getattr(wrapper.handle, fn)(ctypes.byref(val), *args))
+    return int(val.value)
+
+
+def set_device(device: int = 0) -> None:
+    """``cudaSetDevice(device)`` through Polygraphy's CUDA wrapper (the runner's stream and buffers follow it)."""
+    wrapper = _cudart()
+    with polygraphy_calls("cudaSetDevice"):
+        wrapper.check(wrapper.handle.cudaSetDevice(ctypes.c_int(int(device))))
 
 
 def device_info(device: int = 0) -> DeviceInfo:
-    """Name, compute capability and CUDA runtime/driver versions of GPU ``device`` (cuda-python).
+    """Name, compute capability and CUDA runtime/driver versions of GPU ``device``.
 
-    Raises: EngineError when cuda-python or a GPU is missing.
+    Calls the CUDA runtime (``cudaDeviceGetAttribute`` with ``cudaDevAttrComputeCapabilityMajor/Minor``,
+    ``cudaGetDeviceProperties`` — ``name`` is the struct's first field, ``char[256]`` —,
+    ``cudaRuntimeGetVersion``, ``cudaDriverGetVersion``) through the library Polygraphy loaded.
+    Raises: EngineError when the CUDA runtime or a GPU is missing.
     """
-    cudart = _cudart()
-    prop = _ok(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
-    name = prop.name.decode(errors="replace").rstrip("\x00") if isinstance(prop.name, bytes) else str(prop.name)
-    rt = _ok(cudart.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
-    drv = _ok(cudart.cudaDriverGetVersion(), "cudaDriverGetVersion")
+    wrapper = _cudart()
+    dev = ctypes.c_int(int(device))
+    major = _cuda_int(wrapper, "cudaDeviceGetAttribute", ctypes.c_int(_CUDA_DEV_ATTR_CC_MAJOR), dev)
+    minor = _cuda_int(wrapper, "cudaDeviceGetAttribute", ctypes.c_int(_CUDA_DEV_ATTR_CC_MINOR), dev)
+    props = ctypes.create_string_buffer(16384)  # larger than any cudaDeviceProp (≈1 KB); only name is read
+    fn = "cudaGetDeviceProperties_v2" if hasattr(wrapper.handle, "cudaGetDeviceProperties_v2") else "cudaGetDeviceProperties"
+    with polygraphy_calls(fn):
+        wrapper.check(getattr(wrapper.handle, fn)(props, dev))
+    name = props.raw[:256].split(b"\x00", 1)[0].decode(errors="replace")
     fmt = lambda v: f"{int(v) // 1000}.{(int(v) % 1000) // 10}"  # noqa: E731  12040 → "12.4"
-    return DeviceInfo(name, (int(prop.major), int(prop.minor)), fmt(rt), fmt(drv))
+    rt = _cuda_int(wrapper, "cudaRuntimeGetVersion")
+    drv = _cuda_int(wrapper, "cudaDriverGetVersion")
+    return DeviceInfo(name, (major, minor), fmt(rt), fmt(drv))
 
 
 # -- run -------------------------------------------------------------------------------------------------
 class TensorRTEngine(Engine):
-    """Runs a plan built by :func:`hllm.engines.tensorrt.builder.build_plan` on one GPU.
+    """Runs a plan built by :func:`hllm.engines.tensorrt.builder.build_plan` on one GPU (Polygraphy ``TrtRunner``).
 
     Args:
         plan_path: the ``.plan`` file.
         num_positions: K (checked against the sidecar).
         sidecar: the sidecar dict (read from ``<plan>.json`` when None).
         device: CUDA device ordinal.
-    Raises (on activate): EngineError — TensorRT / cuda-python missing, plan built for another
-    TensorRT version or GPU, plan unreadable, I/O names differ. On run: EngineError for a request
-    outside the plan's optimization profiles.
+    Run: inputs as in :mod:`hllm.engines.base` (``context_positions [B] int64`` too when the head reads
+    the user context) → ``scores [B, N, K] float32``.
+    Raises (on activate): EngineError — TensorRT / Polygraphy missing, plan built for another
+    TensorRT version or GPU, plan unreadable, I/O names or profile count differ. On run: EngineError
+    for a request outside the plan's optimization profiles or an output of the wrong shape.
     """
 
     name = "tensorrt"
@@ -145,90 +198,69 @@ class TensorRTEngine(Engine):
         self.sidecar = sidecar
         self.device = device
         self._profiles: list[Profile] = []
-        self._ctx = None
+        self._runner = None
+        self._profile_index = None
 
-    def _activate(self) -> None:
+    def _read_meta(self) -> dict:
         if not self.plan_path.is_file():
             raise EngineError(f"TensorRT plan not found: {self.plan_path}")
         meta = read_sidecar(self.plan_path)
         if self.sidecar and self.sidecar.get("plan_sha256") not in (None, meta.get("plan_sha256")):
             raise EngineError(f"the sidecar given does not belong to {self.plan_path}")
+        if int(meta["num_positions"]) != self.num_positions:
+            raise EngineError(f"{self.plan_path} outputs K={meta['num_positions']}, expected {self.num_positions}")
+        return meta
+
+    def _activate(self) -> None:
+        meta = self._read_meta()
         self.sidecar = meta
         self.precision = Precision.parse(meta.get("precision"))
         self.context = sidecar_reads_context(meta)
-        if int(meta["num_positions"]) != self.num_positions:
-            raise EngineError(f"{self.plan_path} outputs K={meta['num_positions']}, expected {self.num_positions}")
         self._profiles = sidecar_profiles(meta)
         trt = import_tensorrt()
         trt_api(trt)
-        cudart = _cudart()
-        _ok(cudart.cudaSetDevice(self.device), "cudaSetDevice")
+        set_device(self.device)
         check_compatible(meta, trt.__version__, device_info(self.device))
-        self._trt, self._cudart = trt, cudart
-        self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
-        engine = self._runtime.deserialize_cuda_engine(self.plan_path.read_bytes())
-        if engine is None:
-            raise EngineError(f"TensorRT cannot deserialize {self.plan_path} (see the TensorRT log)")
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+        with polygraphy_calls(f"deserializing {self.plan_path}"):
+            engine = EngineFromBytes(self.plan_path.read_bytes())()
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         want = [*input_names(self.context), OUTPUT_NAME]
         if sorted(names) != sorted(want):
             raise EngineError(f"{self.plan_path} has I/O tensors {names}, expected {want}")
         if engine.num_optimization_profiles != len(self._profiles):
             raise EngineError(f"{self.plan_path} has {engine.num_optimization_profiles} profiles, sidecar lists {len(self._profiles)}")
-        self._engine = engine
-        self._ctx = engine.create_execution_context()
-        self._stream = _ok(cudart.cudaStreamCreate(), "cudaStreamCreate")
-        bmax = max(p.batch.max for p in self._profiles)
-        smax = max(p.seq.max for p in self._profiles)
-        nmax = max(p.items.max for p in self._profiles)
-        sizes = {"input_ids": bmax * smax * 8, "readout_positions": bmax * nmax * 8, "item_mask": bmax * nmax,
-                 OUTPUT_NAME: bmax * nmax * self.num_positions * 4}
-        if self.context:
-            sizes["context_positions"] = bmax * 8
-        self._buf = {}
-        for name, nbytes in sizes.items():
-            ptr = _ok(cudart.cudaMalloc(nbytes), f"cudaMalloc({name})")
-            self._buf[name] = int(ptr)
-            if not self._ctx.set_tensor_address(name, int(ptr)):
-                raise EngineError(f"TensorRT rejected the address of {name}")
-        self._profile_index = None
+        runner = TrtRunner(engine, name="hllm-tensorrt")
+        with polygraphy_calls("activating the TensorRT runner"):
+            runner.activate()
+        self._runner, self._profile_index = runner, None
 
     def _deactivate(self) -> None:
-        cudart = getattr(self, "_cudart", None)
-        if cudart is not None:
-            for ptr in getattr(self, "_buf", {}).values():
-                cudart.cudaFree(ptr)
-            if getattr(self, "_stream", None) is not None:
-                cudart.cudaStreamDestroy(self._stream)
-        self._buf, self._stream, self._ctx, self._engine, self._runtime = {}, None, None, None, None
+        runner, self._runner, self._profile_index = self._runner, None, None
+        if runner is not None and runner.is_active:
+            with polygraphy_calls("deactivating the TensorRT runner"):
+                runner.deactivate()
 
     def _run(self, input_ids, readout_positions, item_mask, context_positions=None) -> np.ndarray:
-        cudart, ctx, stream = self._cudart, self._ctx, self._stream
         b, s = input_ids.shape
         n = item_mask.shape[1]
         idx = select_profile(self._profiles, b, s, n)
-        if idx != self._profile_index:
-            if not ctx.set_optimization_profile_async(idx, int(stream)):
-                raise EngineError(f"TensorRT cannot switch to optimization profile {idx}")
-            self._profile_index = idx
-        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-        feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
+        feeds = OrderedDict(input_ids=input_ids, readout_positions=readout_positions, item_mask=item_mask)
         if context_positions is not None:
             feeds["context_positions"] = context_positions
-        host = {}
-        for name, arr in feeds.items():
-            arr = host[name] = np.ascontiguousarray(arr, dtype=_DTYPES[name])
-            if not ctx.set_input_shape(name, arr.shape):
-                raise EngineError(f"TensorRT rejected shape {arr.shape} for {name}")
-            _ok(cudart.cudaMemcpyAsync(self._buf[name], arr.ctypes.data, arr.nbytes, h2d, stream), f"copy {name}")
-        if not ctx.execute_async_v3(int(stream)):
-            raise EngineError("TensorRT execute_async_v3 failed (see the TensorRT log)")
-        out = np.empty((b, n, self.num_positions), dtype=np.float32)
-        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        _ok(cudart.cudaMemcpyAsync(out.ctypes.data, self._buf[OUTPUT_NAME], out.nbytes, d2h, stream), "copy scores")
-        _ok(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        return out
+        feeds = OrderedDict((k, np.ascontiguousarray(v, dtype=_DTYPES[k])) for k, v in feeds.items())
+        with polygraphy_calls(f"TensorRT inference (profile {idx}, batch={b} seq={s} items={n})"):
+            if idx != self._profile_index:
+                self._runner.set_profile(idx)
+                self._profile_index = idx
+            outputs = self._runner.infer(feeds, copy_outputs_to_host=True)
+        scores = outputs.get(OUTPUT_NAME)
+        want = (b, n, self.num_positions)
+        if scores is None or tuple(scores.shape) != want:
+            raise EngineError(f"TensorRT returned {OUTPUT_NAME} of shape {None if scores is None else tuple(scores.shape)}, "
+                              f"expected {want}")
+        return np.array(scores, dtype=np.float32, copy=True)  # Polygraphy reuses its host buffers between calls
 
 
-__all__ = ["TensorRTEngine", "TrtApi", "device_info", "import_tensorrt", "trt_api"]
+__all__ = ["TensorRTEngine", "TrtApi", "device_info", "import_tensorrt", "polygraphy_calls", "set_device", "trt_api"]
