@@ -299,6 +299,7 @@ def add_kserve_routes(app: FastAPI, service: "RankService") -> None:
     for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         app.get(base, tags=tags, summary="Model metadata")(service.v2_model)
         app.get(base + "/ready", tags=tags, summary="The model is ready")(service.v2_model_ready)
+        app.get(base + "/config", tags=tags, summary="Model configuration (Triton extension)")(service.v2_model_config)
         app.post(base + "/infer", tags=tags, summary="Rank slates (BYTES input 'slates' [B, 1])")(service.v2_infer)
 
 
@@ -328,6 +329,10 @@ class KServeEndpoints:
     async def v2_model(self, model_name: str, model_version: str | None = None):
         kserve.check_model(model_name, model_version)
         return kserve.model_metadata(self.ranker.engine.num_positions, self.ranker.engine.name)
+
+    async def v2_model_config(self, model_name: str, model_version: str | None = None):
+        kserve.check_model(model_name, model_version)
+        return kserve.model_config(self.ranker.engine.num_positions, self.options.max_slates_per_request)
 
     async def v2_model_ready(self, model_name: str, model_version: str | None = None):
         kserve.check_model(model_name, model_version)

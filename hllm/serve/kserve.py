@@ -13,6 +13,7 @@ talks to ``hllm serve``, its Ray Serve deployment and Triton alike:
 
 Endpoints: ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2`` (server metadata),
 ``GET /v2/models/{name}[/versions/{v}]`` (model metadata), ``GET /v2/models/{name}[/versions/{v}]/ready``,
+``GET /v2/models/{name}/config`` (Triton's model-configuration extension, read by ``perf_analyzer``),
 ``POST /v2/models/{name}[/versions/{v}]/infer``. Request and response tensors are JSON (``data``, flat
 or nested row-major) or use the binary tensor data extension (``Inference-Header-Content-Length``; BYTES
 elements as a 4-byte little-endian length then the bytes), which ``tritonclient.http`` uses by default.
@@ -61,6 +62,19 @@ def model_metadata(num_positions: int, engine: str) -> dict:
         "outputs": [{"name": "ranking", "datatype": "INT64", "shape": [-1, k]},
                     {"name": "scores", "datatype": "FP32", "shape": [-1, k, k]},
                     {"name": "truncated", "datatype": "BOOL", "shape": [-1, k]}],
+    }
+
+
+def model_config(num_positions: int, max_batch_size: int) -> dict:
+    """``GET /v2/models/{name}/config`` (Triton's model-configuration extension, which ``perf_analyzer``
+    reads): the JSON form of the ensemble's ``config.pbtxt`` — batch dimension implicit, dims without it."""
+    k = int(num_positions)
+    return {
+        "name": MODEL_NAME, "platform": "ensemble", "max_batch_size": int(max_batch_size),
+        "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
+        "output": [{"name": "ranking", "data_type": "TYPE_INT64", "dims": [-1]},
+                   {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, k]},
+                   {"name": "truncated", "data_type": "TYPE_BOOL", "dims": [k]}],
     }
 
 

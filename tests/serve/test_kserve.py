@@ -62,6 +62,11 @@ def test_same_client_ranks_identically_on_hllm_serve_and_the_triton_stub(served,
     assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [
         ("ranking", "INT64", [-1, 8]), ("scores", "FP32", [-1, 8, 8]), ("truncated", "BOOL", [-1, 8])]
     assert not client.is_model_ready("no_such_model")
+    config = client.get_model_config(MODEL)  # what perf_analyzer reads; the generated repository's ensemble says the same
+    assert config["max_batch_size"] == 8 and [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
+        ("slates", "TYPE_STRING", [1])]
+    assert [(t["name"], t["data_type"]) for t in config["output"]] == [("ranking", "TYPE_INT64"), ("scores", "TYPE_FP32"),
+                                                                       ("truncated", "TYPE_BOOL")]
 
 
 def test_json_tensors_request_id_and_errors(served, export_dir):
