@@ -4,7 +4,7 @@ Every artefact hllm writes goes to a temporary name in the destination folder an
 place only when complete, so an interrupted or failed command never leaves a partial file where a
 good one was (POSIX ``os.replace`` is atomic within one file system).
 
-Output-path policy (issue 16 items 3, 13, 14), the same for every writer:
+Output-path policy, the same for every writer:
 
 * The destination of a file must be absent or a regular file; a directory, character or block
   device, FIFO or socket is refused up front (:class:`OutputError`) — ``os.replace`` would otherwise

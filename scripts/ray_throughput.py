@@ -68,8 +68,8 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from hllm.bench.machine import describe_machine, matmul_peak
     from hllm.formats.provenance import library_versions
+    from hllm.machine import describe_machine, matmul_peak
     from hllm.files import atomic_write_json
     from hllm.runtime.ray_data import rank_file
     from hllm.runtime.slates import read_slates, write_jsonl

@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random backbones (Qwen3 with head_dim ≠ hidden/heads, Qwen2, Llama with tied
-embeddings), checkpoints and exports built offline in a session temp dir."""
+embeddings), checkpoints and exports (one with a context-reading head) built offline in a session temp dir."""
 
 from __future__ import annotations
 
@@ -69,6 +69,24 @@ def standard_export_dir(tiny_dir, merged_checkpoint) -> Path:
 
     export_onnx(merged_checkpoint, tiny_dir / "export-standard", flavour="standard")
     return tiny_dir / "export-standard"
+
+
+@pytest.fixture(scope="session")
+def context_checkpoint(tiny_dir, qwen3_backbone) -> Path:
+    """Untrained self-attention checkpoint (K=8) whose head reads the user context (``head.context``)."""
+    from hllm.checkpoint.init import init_checkpoint
+
+    return init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-context", "self_attention", 8, seed=5,
+                           head_kwargs={**TINY_HEAD, "context": True})
+
+
+@pytest.fixture(scope="session")
+def context_export_dir(tiny_dir, context_checkpoint) -> Path:
+    """ONNX export (default flavour ort-cpu) of the context-head checkpoint: four graph inputs."""
+    from hllm.exporter.onnx import export_onnx
+
+    export_onnx(context_checkpoint, tiny_dir / "export-context")
+    return tiny_dir / "export-context"
 
 
 @pytest.fixture

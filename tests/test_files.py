@@ -1,4 +1,4 @@
-"""hllm.files: output-path policy (issue 16 items 3, 13, 14) — non-regular destinations refused up front,
+"""hllm.files: output-path policy — non-regular destinations refused up front,
 symbolic links written through, read-only place / full disk found before the work, no partial file
 on ENOSPC, staging cleaned on SIGTERM and swept after SIGKILL."""
 

@@ -1,11 +1,15 @@
-"""Layout rules of the package that code review keeps forgetting (issue 13): small functions."""
+"""Layout rules of the package that code review keeps forgetting: small functions, the design card's parts as
+packages (no package named ``build``, which tooling treats as generated output), and docs and code that cite
+sources rather than the project's tracker."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hllm"
+REPO = PACKAGE.parent
 
 #: Most lines a function body may span: from its first statement after the docstring to its last line
 #: (the signature, decorators and docstring do not count, so a Typer command's option declarations do not).
@@ -52,3 +56,37 @@ def test_no_function_body_over_80_lines(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text("def big():\n" + "    x = 1\n" * (MAX_BODY_LINES + 1))
     assert long_functions(tmp_path / "pkg", MAX_BODY_LINES) == {"pkg/m.py:big@1": MAX_BODY_LINES + 1}
+
+
+def test_the_design_cards_parts_are_packages_and_none_is_named_build():
+    for part in ("exporter", "calibration", "checkpoint", "engines", "engines/tensorrt", "formats", "runtime", "serve", "verify"):
+        assert (PACKAGE / part / "__init__.py").is_file(), part
+    assert not [p for p in PACKAGE.rglob("build") if p.is_dir()]
+
+
+def test_no_tracker_issue_numbers_in_code_docs_or_readme():
+    """Docstrings and docs cite sources (papers, library docs), never a tracker issue by its number."""
+    pattern = re.compile(r"\bissues? ?#?\d", re.IGNORECASE)
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "docs").rglob("*.md"), REPO / "README.md", *(REPO / "tests").rglob("*.py")]
+    found = [f"{p.relative_to(REPO)}:{i}" for p in paths
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, found
+
+
+def _hllm_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("hllm.")}
+
+
+def test_pipeline_parts_do_not_import_the_benchmarks():
+    """Benchmarks use the pipeline, never the other way round (machine facts live in hllm.machine, timing
+    statistics in hllm.timing)."""
+    for part in ("exporter", "calibration", "checkpoint", "engines", "formats", "runtime", "serve", "verify"):
+        for path in (PACKAGE / part).rglob("*.py"):
+            bad = {m for m in _hllm_imports(path) if m == "hllm.bench" or m.startswith("hllm.bench.")}
+            assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"

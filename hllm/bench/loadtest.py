@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from hllm.bench.stats import summarize
+from hllm.timing import summarize
 from hllm.errors import HllmError
 
 
@@ -105,7 +105,7 @@ def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_
 
     Request i carries ``slates[i % len(slates)]``; no request starts after ``max_seconds``. Latency is
     client-side wall time per request (ms). Returns: requests, ok, errors (by HTTP status or transport
-    error), wall_s, throughput_rps, latency_ms (:func:`hllm.bench.stats.summarize` of successful requests: median/p90/p99/mean/min/max), the
+    error), wall_s, throughput_rps, latency_ms (:func:`hllm.timing.summarize` of successful requests: median/p90/p99/mean/min/max), the
     server's mean stage times, the batch sizes the server reported, and ``orders`` (request index →
     ranking order) for comparisons.
     Raises: HllmError for a non-loopback URL or bad bounds.

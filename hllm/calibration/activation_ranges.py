@@ -177,7 +177,7 @@ def activation_ranges(
     tokens = 0
     for i in range(0, len(slates), max(1, batch_size)):
         b = builder.encode(list(slates[i : i + batch_size]))
-        outs = dict(zip(names, sess.run(names, b.inputs(context=art.context))))
+        outs = dict(zip(names, sess.run(names, b.inputs(art.graph_inputs))))
         B, S = b.input_ids.shape
         real = np.arange(S)[None, :] < b.lengths[:, None]  # [B, S]
         tokens += int(real.sum())

@@ -25,6 +25,7 @@ import numpy as np
 from hllm.errors import SlateError
 from hllm.files import sha256_file
 from hllm.formats.calibration_set import FORMAT, CalibrationSet, arrays_sha256
+from hllm.formats.graph import INPUT_NAMES, declared_inputs
 
 
 def choose_slates(slates: Sequence[dict], count: int, seed: int, exclude_ids: Sequence[str] = ()) -> list[dict]:
@@ -57,6 +58,7 @@ def build_calibration_set(
     exclude_ids: Sequence[str] = (),
     source: str | os.PathLike | None = None,
     tokenizer_path: str | os.PathLike | None = None,
+    graph_inputs: Sequence[str] = INPUT_NAMES,
 ) -> CalibrationSet:
     """Encode a reproducible random draw of real slates with the runtime's prompt builder.
 
@@ -68,8 +70,10 @@ def build_calibration_set(
         batch_size: slates per calibration batch (right-padded like serving batches).
         source: path of the slates file (recorded with its sha256).
         tokenizer_path: the tokenizer.json used (recorded with its sha256).
+        graph_inputs: the graph's declared inputs (``Artefact.graph_inputs``): each batch is the feed dict
+            of :func:`hllm.formats.graph.feed_dict`, so a context head's set holds ``context_positions``.
     Returns: a :class:`CalibrationSet` (not yet saved).
-    Raises: SlateError (see :func:`choose_slates` and ``PromptBuilder.encode``).
+    Raises: SlateError (see :func:`choose_slates` and ``PromptBuilder.encode``); ShapeError (an unknown input).
     """
     if batch_size < 1:
         raise SlateError(f"calibration batch_size must be ≥ 1, got {batch_size}")
@@ -77,11 +81,12 @@ def build_calibration_set(
     batches, shapes = [], []
     for i in range(0, len(chosen), batch_size):
         b = builder.encode(chosen[i : i + batch_size])
-        batches.append({name: np.ascontiguousarray(arr) for name, arr in b.inputs().items()})
+        batches.append(b.inputs(graph_inputs))
         shapes.append({"batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
                        "items": int(b.item_mask.shape[1]), "lengths": b.lengths.tolist()})
     meta = {
         "format": FORMAT,
+        "inputs": list(declared_inputs(graph_inputs)),
         "source": None if source is None else str(source),
         "source_sha256": sha256_file(source) if source is not None and Path(source).is_file() else None,
         "seed": int(seed),

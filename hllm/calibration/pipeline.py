@@ -10,7 +10,7 @@ Steps (each a function below, the CLI only parses options and prints):
    (:func:`hllm.verify.gate.run_gate`) per set of parts kept in float; with ``auto`` the
    :func:`hllm.calibration.quantize.sensitivity_ladder` adds parts one at a time
    (:func:`hllm.calibration.quantize.auto_exclude`) until the gate passes.
-4. Optional interleaved speed run against FP32 (:func:`hllm.bench.speed.compare_speed`).
+4. Optional interleaved speed run against FP32 (:func:`hllm.calibration.speed.compare_speed`).
 5. The candidate directory is promoted to ``out_dir`` if it passed, else to ``out_dir.FAILED``, with
    ``calibration_report.json`` and (when drawn here) the calibration set inside it.
 """
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.errors import SlateError
+from hllm.formats.calibration_report import REPORT_NAME, CalibrationResult
+from hllm.formats.precision import Precision
 from hllm.verify.gate import GateThresholds
 
 Say = Callable[[str], None]
@@ -50,6 +52,8 @@ class CalibrateRequest:
         calibration_saved: True when it came from a file (then it is not copied into out_dir).
         auto / max_tries: automatic exclusion. bench_rounds / bench_warmup: speed run (0 = none).
         threads: ORT intra-op threads. reference_cache: FP32 scores cache (.npz) or None.
+        artefact: the export already resolved by the caller (:func:`hllm.runtime.artefact.resolve`), so it
+            is read once per command; None = resolved here.
     """
 
     export_dir: Path
@@ -66,6 +70,7 @@ class CalibrateRequest:
     bench_warmup: int = 2
     threads: int | None = None
     reference_cache: Path | None = None
+    artefact: object = None
 
 
 def prepare_calibration(artefact, builder, backend: str, calibration: Path | None, calib_slates: Path | None,
@@ -74,8 +79,8 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
     for the backends that need none (``ort-dynamic``, ``ort-weight-only``; data given to them is ignored
     with a message).
 
-    Raises: SlateError (another prompt spec, overlap with the evaluation slates, no data for a backend
-        that needs it).
+    Raises: SlateError (another prompt spec, a set without an input the graph declares, overlap with the
+        evaluation slates, no data for a backend that needs it).
     """
     from hllm.calibration.data import build_calibration_set
     from hllm.formats.calibration_set import load_calibration_set
@@ -88,12 +93,16 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
         calib = load_calibration_set(calibration)
         if calib.meta.get("prompt") != artefact.prompt.to_dict():
             raise SlateError(f"calibration set {calibration} was encoded with another prompt spec than {artefact.path}")
+        missing = [n for n in artefact.graph_inputs if n not in calib.inputs]
+        if missing:
+            raise SlateError(f"calibration set {calibration} lacks the graph input(s) {missing} of {artefact.path} "
+                             "(draw a new one with --calib-slates)")
     elif calib_slates is not None and not needs_data:
         say(f"--backend {backend} uses no calibration data: --calib-slates ignored")
     elif calib_slates is not None:
         calib = build_calibration_set(read_slates(calib_slates), builder, count, seed, batch_size,
                                       exclude_ids=eval_ids, source=calib_slates,
-                                      tokenizer_path=artefact.tokenizer_path)
+                                      tokenizer_path=artefact.tokenizer_path, graph_inputs=artefact.graph_inputs)
         say(f"calibration set: {len(calib.slate_ids)} slates from {calib_slates} (seed {seed})")
     elif needs_data:
         raise SlateError(f"--backend {backend} needs calibration data: pass --calib-slates (e.g. the train split) "
@@ -116,7 +125,7 @@ def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = 
         say(f"FP32 reference scores from {cache}")
         return load_reference(cache, req.eval_slates, sha), time.perf_counter() - t0
     advance = progress("FP32 reference on eval slates", len(req.eval_slates))
-    ref = reference_scores(cpu_ranker(req.export_dir, req.threads), req.eval_slates, on_progress=advance)
+    ref = reference_scores(cpu_ranker(req.artefact or req.export_dir, req.threads), req.eval_slates, on_progress=advance)
     if cache is not None:
         save_reference(cache, ref, req.eval_slates, sha)
     return ref, time.perf_counter() - t0
@@ -193,9 +202,9 @@ class Attempts:
         return ok, parts, ({"ladder": ladder, "tries": tries} if req.auto else {})
 
 
-def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no_bar) -> tuple[dict, Path]:
-    """Run the whole pipeline (module doc). Returns ``(report dict, directory written)``; the report's
-    ``passed`` says whether the directory is ``out_dir`` (passed) or ``out_dir.FAILED``.
+def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no_bar) -> tuple[CalibrationResult, Path]:
+    """Run the whole pipeline (module doc). Returns ``(result, directory written)``; ``result.passed`` says
+    whether the directory is ``out_dir`` (passed) or ``out_dir.FAILED``.
 
     Raises: FileExistsError never (the caller checks ``--overwrite``); SlateError / EngineError /
         ExportError / NothingToQuantize from the steps.
@@ -204,7 +213,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     from hllm.files import atomic_write_json, promote_dir
     from hllm.runtime.artefact import resolve
 
-    art = resolve(req.export_dir)
+    art = req.artefact if req.artefact is not None else resolve(req.export_dir)
     sha = art.meta.get("onnx_sha256")
     ref, ref_s = fp32_reference(req, sha, progress, say)
     out = Path(req.out_dir)
@@ -216,11 +225,11 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         passed, parts, auto = attempts.search()
         result = _result(req, attempts.reports[parts], passed, parts, ref_s, QuantOptions, auto)
         if req.bench_rounds > 0:
-            result.update(_speed(req, staging, say))
+            result.speed, result.speedup_vs_fp32, result.machine = _speed(req, staging, say)
         dest = out if passed else out.with_name(out.name + ".FAILED")
         if req.calibration is not None and not req.calibration_saved:
             req.calibration.save(staging / "calibration")
-        atomic_write_json(staging / "calibration_report.json", result)
+        atomic_write_json(staging / REPORT_NAME, result.to_dict())
         promote_dir(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -228,32 +237,29 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     return result, dest
 
 
-def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, auto: dict) -> dict:
+def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, auto: dict) -> CalibrationResult:
     o, evals, calib = req.options, req.eval_slates, req.calibration
     ids = [str(s.get("slate_id", "")) for s in evals]
-    r = {
-        "precision": o.precision, "backend": o.backend, "target": o.target, "passed": passed,
-        "top1_agreement": final["top1_agreement"], "kendall_tau_mean": final["kendall_tau_mean"],
-        "recall@10_delta": final["recall@10_delta"], "excluded_parts": list(parts), "gate": final,
-        "eval_slates": {"file": req.eval_source, "count": len(evals), "first_id": ids[0], "last_id": ids[-1]},
-        "calibration": None if calib is None else {k: calib.meta.get(k) for k in
-                                                    ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")},
-        "options": QuantOptions(**{**o.__dict__, "exclude": tuple(parts)}).to_dict(),
-        "reference": str(req.export_dir), "reference_seconds": round(ref_s, 1),
-    }
-    if auto:
-        r["auto"] = auto
-    return r
+    return CalibrationResult(
+        precision=Precision.parse(o.precision), backend=o.backend, target=o.target, passed=passed,
+        top1_agreement=final["top1_agreement"], kendall_tau_mean=final["kendall_tau_mean"],
+        recall10_delta=final["recall@10_delta"], excluded_parts=list(parts), gate=final,
+        eval_slates={"file": req.eval_source, "count": len(evals), "first_id": ids[0], "last_id": ids[-1]},
+        calibration=None if calib is None else {k: calib.meta.get(k) for k in
+                                                ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")},
+        options=QuantOptions(**{**o.__dict__, "exclude": tuple(parts)}).to_dict(),
+        reference=str(req.export_dir), reference_seconds=round(ref_s, 1), auto=auto or None,
+    )
 
 
-def _speed(req: CalibrateRequest, staging: Path, say: Say) -> dict:
-    from hllm.bench.machine import describe_machine
-    from hllm.bench.speed import compare_speed
+def _speed(req: CalibrateRequest, staging: Path, say: Say) -> tuple[dict, float, dict]:
+    """(speed record, speed-up over FP32, machine) of the interleaved timing run."""
+    from hllm.machine import describe_machine
+    from hllm.calibration.speed import compare_speed
 
     p = req.options.precision
     say(f"timing {p} vs fp32 interleaved ({req.bench_rounds} rounds)")
     evals = req.eval_slates[: max(1, min(len(req.eval_slates), req.bench_rounds))]
     sp = compare_speed({"fp32": req.export_dir, p: staging}, evals, rounds=req.bench_rounds,
                        warmup=req.bench_warmup, threads=req.threads)
-    return {"speed": sp, "speedup_vs_fp32": sp["speedup_vs_fp32"][p],
-            "machine": describe_machine(shared=True, note="CPU cores shared with other processes during the run")}
+    return sp, sp["speedup_vs_fp32"][p], describe_machine(shared=True, note="CPU cores shared with other processes during the run")

@@ -59,7 +59,7 @@ from hllm.errors import EngineError, ExportError, HllmError
 from hllm.formats.precision import Precision
 
 BACKENDS = ("ort-static", "ort-dynamic", "ort-weight-only", "modelopt")
-PRECISIONS = ("int8", "fp8")
+PRECISIONS = (Precision.INT8, Precision.FP8)
 DEFAULT_OP_TYPES = ("MatMul", "Gemm")
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
              "QLinearMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "MatMulNBits"}
@@ -110,7 +110,7 @@ class QuantOptions:
     """
 
     backend: str = "ort-static"
-    precision: str = "int8"
+    precision: Precision = Precision.INT8
     target: str = "cpu"
     per_channel: bool = True
     reduce_range: bool = True
@@ -123,20 +123,24 @@ class QuantOptions:
     block_size: int = 32
     accuracy_level: int = 0
 
+    def __post_init__(self) -> None:
+        if isinstance(self.precision, str) and self.precision.lower() in {p.value for p in Precision}:
+            self.precision = Precision.parse(self.precision)  # a string from the CLI → the enum; others: validate()
+
     def validate(self) -> None:
         """Raise :class:`EngineError` naming the bad option (backend, precision, target)."""
         if self.backend not in BACKENDS:
             raise EngineError(f"unknown quantization backend {self.backend!r}; one of {list(BACKENDS)}")
-        if self.precision == "bf16":
-            from hllm.bench.machine import bf16_support
+        if self.precision is Precision.BF16:
+            from hllm.machine import bf16_support
 
             ok, what = bf16_support()
             raise EngineError(f"bf16 on CPU needs AVX512_BF16 or AMX; {what}. " + (
                 "ONNX Runtime's CPU provider has no x86 bf16 GEMM path either: run bf16 with the PyTorch engine "
                 "or a runtime with bf16 CPU kernels" if ok else "This machine cannot run a bf16 engine: use int8."))
         if self.precision not in PRECISIONS:
-            raise EngineError(f"unknown precision {self.precision!r}; one of {list(PRECISIONS)}")
-        if self.precision == "fp8" and self.backend != "modelopt":
+            raise EngineError(f"unknown precision {self.precision!r}; one of {[str(p) for p in PRECISIONS]}")
+        if self.precision is Precision.FP8 and self.backend != "modelopt":
             raise EngineError("fp8 is a TensorRT (Q/DQ) format: use --backend modelopt (ONNX Runtime CPU has no fp8 kernels)")
         float_only = sorted(set(self.op_types) & FLOAT_OPS)
         if float_only:
@@ -155,13 +159,14 @@ class QuantOptions:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["precision"] = str(self.precision)
         d["op_types"] = list(self.op_types)
         d["exclude"] = list(self.exclude)
         d["exclude_nodes"] = list(self.exclude_nodes)
         return d
 
 
-def check_target(precision: str, target: str) -> None:
+def check_target(precision: "Precision | str", target: str) -> None:
     """Refuse precisions the target cannot run.
 
     Raises:
@@ -171,7 +176,7 @@ def check_target(precision: str, target: str) -> None:
     from hllm.formats.plan import compute_capability
 
     cc = compute_capability(target)
-    if precision == "fp8":
+    if precision == Precision.FP8:
         if cc is None:
             raise EngineError("fp8 needs a GPU target with compute capability ≥ 8.9 (Ada, Hopper); got cpu")
         if cc < (8, 9):
@@ -335,9 +340,14 @@ def qdq_summary(model) -> dict:
 # -- ONNX Runtime --------------------------------------------------------------------------------
 
 def calibration_reader(calib):
-    """An ``onnxruntime.quantization.CalibrationDataReader`` over a CalibrationSet's batches (one batch per
-    ``get_next``; also ``rewind``, ``set_range`` for ORT and ``get_first`` for ModelOpt)."""
+    """An ``onnxruntime.quantization.CalibrationDataReader`` over a CalibrationSet's batches (one feed dict
+    per ``get_next``, :func:`hllm.formats.graph.feed_dict` over the set's inputs; also ``rewind``,
+    ``set_range`` for ORT and ``get_first`` for ModelOpt)."""
     from onnxruntime.quantization import CalibrationDataReader
+
+    from hllm.formats.graph import feed_dict
+
+    names = calib.inputs
 
     class _Reader(CalibrationDataReader):
         def __init__(self, batches):
@@ -350,10 +360,10 @@ def calibration_reader(calib):
                 return None
             b = self.batches[self.start + self.i]
             self.i += 1
-            return dict(b)
+            return feed_dict(names, b)
 
         def get_first(self):  # ModelOpt runs one test batch with it (modelopt.onnx graph_utils)
-            return dict(self.batches[self.start])
+            return feed_dict(names, self.batches[self.start])
 
         def rewind(self):
             self.i = 0
@@ -498,7 +508,7 @@ def quantize_modelopt(src: Path, dst: Path, options: QuantOptions, calib, exclud
     try:
         mo_quantize(
             onnx_path=str(work / src.name),
-            quantize_mode=options.precision,
+            quantize_mode=str(options.precision),
             calibration_data_reader=calibration_reader(calib),
             calibration_method=method,
             calibration_eps=["cpu"],
@@ -614,7 +624,7 @@ def quantize_export(
         if calib is not None:
             q["calibration"] = {k: calib.meta.get(k) for k in
                                 ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")}
-        new_meta = {**meta, "onnx": "model.onnx", "tokenizer": "tokenizer.json", "precision": options.precision,
+        new_meta = {**meta, "onnx": "model.onnx", "tokenizer": "tokenizer.json", "precision": str(options.precision),
                     "onnx_sha256": sha256_file(dst), "onnx_bytes": graph_bytes(dst), "quantization": q}
         write_export(tmp, new_meta)
     return QuantResult(Path(out_dir), exclude, list(options.exclude), summary, seconds, options.to_dict())

@@ -71,12 +71,9 @@ CPUS = os.cpu_count() or 1
 MAX_THREADS = 4 * CPUS
 #: --workers (Ray actors, one engine each): like --threads, at most 4× the cores.
 MAX_WORKERS = 4 * CPUS
-#: --batch-size: the exported graph's batch dimension is declared ≤ 1024 (hllm.exporter.onnx, Dim("batch")).
-MAX_BATCH = 1024
-#: K, --n-items: the graph's items dimension is declared ≤ 4096 (hllm.exporter.onnx, Dim("items")).
-MAX_ITEMS = 4096
-#: prompt lengths: the graph's seq dimension is declared ≤ 65536 (hllm.exporter.onnx, Dim("seq")).
-MAX_SEQ = 65536
+#: --batch-size ≤ MAX_BATCH, K / --n-items ≤ MAX_ITEMS, prompt lengths ≤ MAX_SEQ: the bounds the exported graph
+#: declares for its dimensions (one owner: hllm.formats.graph).
+from hllm.formats.graph import MAX_BATCH, MAX_ITEMS, MAX_SEQ  # noqa: E402,F401
 
 _state: dict[str, Any] = {"debug": False}
 

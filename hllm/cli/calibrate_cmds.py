@@ -98,7 +98,7 @@ def calibrate_cmd(
     req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
                            bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
-                           reference_cache=reference_scores_path)
+                           reference_cache=reference_scores_path, artefact=art)
     result, dest = _calibrate_with_progress(req)
     _report(result, dest, report, json_out)
 
@@ -121,7 +121,7 @@ def _onnx_export(export_dir: Path, backend: str):
     return art, PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
 
 
-def _calibrate_with_progress(req) -> tuple[dict, Path]:
+def _calibrate_with_progress(req):
     """:func:`hllm.calibration.pipeline.calibrate` with its steps and progress shown on the console."""
     from hllm.calibration.pipeline import calibrate
 
@@ -133,13 +133,14 @@ def _calibrate_with_progress(req) -> tuple[dict, Path]:
         return calibrate(req, say=lambda m: bar.console.print(f"  {m}"), progress=bar_for)
 
 
-def _report(result: dict, dest: Path, report: Optional[Path], json_out: bool) -> None:
-    """Write/print the calibration result; exit 1 if the gate failed."""
-    finish_report(report, result, json_out, show=_print)
-    if result["passed"]:
+def _report(result, dest: Path, report: Optional[Path], json_out: bool) -> None:
+    """Write/print the calibration result (a :class:`hllm.formats.calibration_report.CalibrationResult`);
+    exit 1 if the gate failed."""
+    finish_report(report, result.to_dict(), json_out, show=_print)
+    if result.passed:
         out.print(f"quantized export → {dest}")
     else:
-        console.print(f"[red]gate FAILED:[/] {result['gate']['failures']}; the graph was written only as {dest}")
+        console.print(f"[red]gate FAILED:[/] {result.gate['failures']}; the graph was written only as {dest}")
         raise typer.Exit(1)
 
 

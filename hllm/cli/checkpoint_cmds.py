@@ -147,21 +147,19 @@ def export_cmd(
     quiet_libraries()
     data_to_stdout(json_out)
     islands = parse_islands(fp32_islands)
-    load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
+    manifest = load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
     check_output_dir(out_dir, overwrite, "OUT_DIR")
     sample = [] if slates is not None and str(slates) in ("", ".") else load_slates(slates, limit=2)
     with step("exporting to ONNX and validating"):
-        rep = export_onnx(checkpoint, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
+        rep = export_onnx(manifest, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
                           precision=precision, fp32_islands=islands, flavour=flavour)
     for v in rep.validation:
-        out.print(f"  {v['shape']:<12} B={v['batch']} S={v['seq']} N={v['items']}  max|Δ|={v['max_abs_diff']:.2e}")
-    flavour = json.loads((Path(out_dir) / "export.json").read_text())["flavour"]
-    out.print(f"exported → {rep.out_dir} ({flavour}, {rep.onnx_bytes / 1e6:.1f} MB, opset {rep.opset}); "
+        out.print(f"  {v.shape:<12} B={v.batch} S={v.seq} N={v.items}  max|Δ|={v.max_abs_diff:.2e}")
+    out.print(f"exported → {rep.out_dir} ({rep.flavour}, {rep.onnx_bytes / 1e6:.1f} MB, opset {rep.opset}); "
               f"max|Δ| {rep.max_abs_diff:.2e} ≤ {atol:g}")
-    if precision == "fp16":
-        meta = rep.fp16
-        v = meta["validation"]
-        out.print(f"fp16 (FP32 islands: {','.join(meta['islands']) or 'none'}): CPU emulation mean Kendall tau "
+    if rep.fp16 is not None:
+        v = rep.fp16.validation
+        out.print(f"fp16 (FP32 islands: {','.join(rep.fp16.islands) or 'none'}): CPU emulation mean Kendall tau "
                   f"{v['kendall_tau_mean']:.4f}, max|Δ| {v['max_abs_diff']:.2e}, non-finite {v['nonfinite']}")
     if json_out:
-        emit_json({"command": "export", "flavour": flavour, "precision": precision, **rep.to_dict()})
+        emit_json({"command": "export", **rep.to_dict()})

@@ -78,7 +78,7 @@ def encode_cmd(
     art = resolve(model)
     rows = load_slates(slates, limit=limit)
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
-    feeds = [builder.encode(rows[i:i + batch_size]).inputs(art.context) for i in range(0, len(rows), batch_size)]
+    feeds = [builder.encode(rows[i:i + batch_size]).inputs(art.graph_inputs) for i in range(0, len(rows), batch_size)]
     text = polygraphy_inputs_json(feeds)
     if str(out_path) == "-":
         import sys

@@ -41,9 +41,9 @@ def rank_cmd(
     if ray:
         _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers, json_out, cpus_per_worker, gpus_per_worker)
         return
-    resolve(model)  # a bad path fails before reading slates
+    art = resolve(model)  # a bad path fails before reading slates
     data = load_slates(slates, limit=limit)
-    ranker = Ranker.from_path(model, batch_size=batch_size, threads=threads)
+    ranker = Ranker.from_path(art, batch_size=batch_size, threads=threads)
     t0 = time.perf_counter()
     with ranker, progress() as bar:
         task = bar.add_task(f"ranking with {ranker.engine.name}", total=len(data))
@@ -111,6 +111,7 @@ def parity_cmd(
     --allow-non-torch-reference is given, so `hllm parity EXPORT EXPORT` cannot pass a CI gate by comparing
     an engine with itself.
     """
+    from hllm.runtime import Ranker
     from hllm.runtime.artefact import resolve
     from hllm.verify.parity import Thresholds, run_parity
 
@@ -118,18 +119,18 @@ def parity_cmd(
     out_path = pick(out_path, report)
     check_output_file(out_path)
     data_to_stdout(json_out, out_path)
-    ref_kind = resolve(reference).kind  # fail on a bad path before any progress output
-    resolve(test)
-    if ref_kind != "checkpoint" and not allow_non_torch_reference:
-        raise HllmError(f"REFERENCE {reference} is a {ref_kind} artefact, not a PyTorch checkpoint: parity compares a "
+    ref_art, test_art = resolve(reference), resolve(test)  # bad path: before any output
+    if ref_art.kind != "checkpoint" and not allow_non_torch_reference:
+        raise HllmError(f"REFERENCE {reference} is a {ref_art.kind} artefact, not a PyTorch checkpoint: parity compares a "
                         "backend with the PyTorch reference (pass --allow-non-torch-reference to compare two engines)")
+    options = {"threads": threads} if threads else {}
+    ref_ranker, test_ranker = (Ranker.from_path(a, **options) for a in (ref_art, test_art))
     data = load_slates(slates, limit=limit)
     th = Thresholds(atol=atol, min_perm_match=min_perm_match, min_top1=min_top1, min_tau=min_tau)
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task("parity (reference + test per slate)", total=len(data))
-        rep = run_parity(reference, test, data, th, batch_size, on_progress=lambda n: bar.advance(task, n),
-                         **({"threads": threads} if threads else {}))
+        rep = run_parity(ref_ranker, test_ranker, data, th, batch_size, on_progress=lambda n: bar.advance(task, n))
     d = rep.to_dict(per_slate=per_slate)
     d["slates_file"] = slates_source(slates, str(slates_file(None)))
     d["seconds"] = round(time.perf_counter() - t0, 1)

@@ -56,9 +56,9 @@ def serve_cmd(
         console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from other machines (it has no auth)")
     from hllm.runtime.artefact import resolve
 
-    resolve(model)  # a bad path fails before the server starts
+    art = resolve(model)  # a bad path fails before the server starts
     sock = bind_socket(host, port)  # a port in use: `error:` and exit 2, before the engine is opened
-    ranker = Ranker.from_path(model, threads=threads)
+    ranker = Ranker.from_path(art, threads=threads)
     application = create_app(ranker, opts, info={"model": str(model)})
     console.print(
         f"serving {model} on http://{host}:{port} (max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms); "
@@ -139,7 +139,7 @@ def triton_repo_cmd(
     batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, max=MAX_BATCH, help="Triton max_batch_size of every model (slates per request)."),
     max_queue_delay_us: int = typer.Option(2000, min=0, max=10_000_000, help="Dynamic batching window of the engine model (µs)."),
     instances: int = typer.Option(1, min=1, max=64, help="Engine model instances."),
-    instance_kind: str = choice_opt("gpu", ("gpu", "cpu"), "--instance-kind", help="Engine instance kind (Triton instance_group kind)."),
+    instance_kind: Optional[str] = choice_opt(None, ("gpu", "cpu"), "--instance-kind", help="Engine instance kind (Triton instance_group kind); default cpu for an ort-cpu export, gpu for a standard / FP16 export or a TensorRT plan."),
     preprocess_instances: int = typer.Option(2, min=1, max=64, help="CPU instances of the preprocessing (tokenization) model."),
     decode_instances: int = typer.Option(2, min=1, max=64, help="CPU instances of the LAPJV decode model."),
     seq_bucket: int = typer.Option(64, min=1, max=4096, help="Prompts are right-padded to a multiple of this many tokens (equal shapes batch)."),
@@ -156,8 +156,8 @@ def triton_repo_cmd(
 
     quiet_libraries()
     max_batch_size = pick(batch_size, max_batch_size, 8)
-    kind = pick(instance_kind, kind, "gpu")
-    if not 1 <= max_batch_size <= MAX_BATCH or kind not in ("gpu", "cpu"):
+    kind = pick(instance_kind, kind, None)
+    if not 1 <= max_batch_size <= MAX_BATCH or kind not in ("gpu", "cpu", None):
         raise typer.BadParameter(f"--batch-size must be within 1..{MAX_BATCH} and --instance-kind gpu or cpu")
     check_output_dir(out_dir, overwrite, "OUT_DIR")
     data_to_stdout(json_out)
@@ -168,10 +168,13 @@ def triton_repo_cmd(
     )
     for name in res["models"]:
         out.print(f"  {out_dir}/models/{name}/config.pbtxt")
+    out.print(f"engine instances: KIND_{res['instance_kind'].upper()}")
+    for note in res["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
     if res["bundled"]:
         out.print(f"shipped for Python {bundle_python} {bundle_arch}: {', '.join(p for v in res['bundled'].values() for p in v)}")
     else:
         console.print("[yellow]note:[/] tokenizers and lap are not shipped: the Triton image needs them, or rerun with --bundle-deps")
     out.print(f"Triton repository → {out_dir} (tritonserver --model-repository {out_dir}/models); client: {out_dir}/client/rank.py; see {out_dir}/README.md")
     if json_out:
-        emit_json({"command": "triton-repo", "out_dir": str(out_dir), "instance_kind": kind, "max_batch_size": max_batch_size, **res})
+        emit_json({"command": "triton-repo", "out_dir": str(out_dir), "max_batch_size": max_batch_size, **res})

@@ -14,11 +14,7 @@ from hllm.cli.app import (MAX_ITEMS, MAX_SEQ, app, batch_opt, check_output_dir, 
                           slates_source, threads_opt, write_json_out)
 from hllm.errors import HllmError
 from hllm.formats.checkpoint import HEAD_KINDS
-
-#: hllm.training.targets.TARGET_KINDS (kept here so `--help` needs no torch; a test checks they agree).
-OBJECTIVES = ("clicks", "teacher", "clicks+teacher")
-#: hllm.teacher.embedding.AGGREGATIONS (likewise).
-AGGREGATIONS = ("max", "mean", "centroid")
+from hllm.formats.choices import AGGREGATIONS, OBJECTIVES
 
 
 def _legacy_positionals(slates: Optional[Path], out: Optional[Path], legacy: List[Path], new_form: str) -> tuple[Path, Path]:

@@ -1,10 +1,12 @@
 """The one engine interface every backend implements (Polygraphy-runner style), torch-free.
 
-An engine maps the three graph inputs to the score matrix:
+An engine maps the graph inputs (:mod:`hllm.formats.graph`) to the score matrix:
 
     input_ids          [B, S] int64   right-padded token ids
     readout_positions  [B, N] int64   index into S of each candidate's last token
     item_mask          [B, N] bool    True for real candidates
+    context_positions  [B]    int64   only when the head reads the user context (:attr:`Engine.context`):
+                                      index into S of the last user-context token
     → scores           [B, N, K] float32   item × rank-position score matrix (rows of masked items are 0)
 
 Construction is cheap (no file is read); :meth:`Engine.activate` loads, :meth:`Engine.deactivate`
@@ -19,7 +21,7 @@ import numpy as np
 
 from hllm.errors import EngineError, ShapeError
 from hllm.formats.precision import Precision
-from hllm.formats.graph import INPUT_NAMES, OUTPUT_NAME, TensorSpec, graph_io_specs
+from hllm.formats.graph import CONTEXT_INPUT, INPUT_NAMES, OUTPUT_NAME, TensorSpec, feed_dict, graph_io_specs
 
 def check_inputs(input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray) -> None:
     """Validate engine inputs; raises ShapeError naming the offending array.
@@ -133,6 +135,13 @@ class Engine(abc.ABC):
         if out.shape != (b, n, self.num_positions):
             raise EngineError(f"{self.name} returned scores {out.shape}, expected {(b, n, self.num_positions)}")
         return np.asarray(out, dtype=np.float32)
+
+    def feeds(self, input_ids: np.ndarray, readout_positions: np.ndarray, item_mask: np.ndarray,
+              context_positions: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The graph's feed dict (:func:`hllm.formats.graph.feed_dict` over :meth:`inputs`), for
+        backends that feed inputs by name. Raises: ShapeError (an input the graph declares is missing)."""
+        return feed_dict(self.inputs(), {"input_ids": input_ids, "readout_positions": readout_positions,
+                                         "item_mask": item_mask, CONTEXT_INPUT: context_positions})
 
     @abc.abstractmethod
     def _activate(self) -> None: ...

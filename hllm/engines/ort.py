@@ -84,9 +84,7 @@ class OnnxRuntimeEngine(Engine):
         self._session = None
 
     def _run(self, input_ids, readout_positions, item_mask, context_positions=None) -> np.ndarray:
-        feeds = {"input_ids": input_ids, "readout_positions": readout_positions, "item_mask": item_mask}
-        if context_positions is not None:
-            feeds["context_positions"] = context_positions
+        feeds = self.feeds(input_ids, readout_positions, item_mask, context_positions)
         try:
             (scores,) = self._session.run([OUTPUT_NAME], feeds)
         except Exception as e:

@@ -1,10 +1,11 @@
 """``hllm export``: the prefill + readout + head graph as ONE ONNX model, validated in ONNX Runtime.
 
-Graph (names are the contract with every engine)::
+Graph (names and dtypes are the contract with every engine, :mod:`hllm.formats.graph`)::
 
     input_ids          [batch, seq]   int64
     readout_positions  [batch, items] int64
     item_mask          [batch, items] bool
+    context_positions  [batch]        int64   only when the head reads the user context (``head.context``)
     → scores           [batch, items, K] float32
 
 No attention-mask input: batches are right-padded and attention is purely causal, so real tokens
@@ -40,12 +41,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hllm.formats.checkpoint import load_manifest
-from hllm.formats.graph import graph_io_specs
+from hllm.formats.checkpoint import Manifest, load_manifest
+from hllm.formats.graph import MAX_BATCH, MAX_ITEMS, MAX_SEQ, MIN_SEQ, graph_io_specs
 from hllm.exporter.fusion import FLAVOURS
-from hllm.errors import CheckpointError, ExportError
+from hllm.errors import CheckpointError, ExportError, HllmError
 from hllm.files import atomic_dir, sha256_file, sha256_tree
-from hllm.formats.export import write_export
+from hllm.formats.export import Fp16Check, ShapeCheck, write_export
+from hllm.formats.precision import Precision
 from hllm.formats.interop import onnx_metadata_props
 from hllm.formats.provenance import library_versions
 from hllm.model.hllm import load_model
@@ -59,31 +61,36 @@ TWO_GB = 2 * 1024**3
 
 @dataclass
 class ExportReport:
-    """What an export produced: paths, sizes, the validation max |Δscores| per shape, and (FP16) the
-    emulated graph's ranking check (``fp16``: islands, validation)."""
+    """What an export produced: the directory, the graph's size in bytes, its flavour and
+    :class:`Precision`, the validation max |Δscores| per shape (:class:`ShapeCheck`), and (FP16) the
+    emulated graph's ranking check (:class:`Fp16Check`)."""
 
     out_dir: str
     onnx_bytes: int
     opset: int
-    validation: list[dict]
+    validation: list[ShapeCheck]
     max_abs_diff: float
     atol: float
     export_seconds: float
-    fp16: dict | None = None
+    flavour: str = "ort-cpu"
+    precision: Precision = Precision.FP32
+    fp16: Fp16Check | None = None
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """JSON-ready: shapes and the FP16 record as dicts, precision as its string."""
+        return {**self.__dict__, "validation": [v.to_dict() for v in self.validation], "precision": str(self.precision),
+                "fp16": None if self.fp16 is None else self.fp16.to_dict()}
 
 
 def export_onnx(
-    ckpt: str | os.PathLike,
+    ckpt: "str | os.PathLike | Manifest",
     out_dir: str | os.PathLike,
     opset: int = 20,
     atol: float = 1e-4,
     slates: Sequence[dict] = (),
     overwrite: bool = False,
     progress=None,
-    precision: str = "fp32",
+    precision: str | Precision = Precision.FP32,
     fp32_islands: Sequence[str] | None = None,
     fp16_min_tau: float = 0.9,
     flavour: str | None = None,
@@ -91,14 +98,15 @@ def export_onnx(
     """Export a checkpoint (without adapter: merge first) to ``out_dir/model.onnx`` and validate it.
 
     Args:
-        ckpt: checkpoint directory; must have no adapter (``hllm merge`` first).
+        ckpt: checkpoint directory, or its manifest already loaded (:func:`load_manifest`, so a command
+            reads it once); must have no adapter (``hllm merge`` first).
         out_dir: export directory (atomic): ``model.onnx`` [+ ``model.onnx.data``], ``export.json``,
             ``tokenizer.json``.
         opset: ONNX opset (default 20: widest TensorRT 10/11 support).
         atol: max allowed |scores_ORT − scores_torch| at every validation shape.
         slates: optional real slates; the first two are validated as one padded batch of 2.
         progress: optional callable(str) told about each step.
-        precision: ``fp32`` (default) or ``fp16``: the validated float32 graph is rewritten by
+        precision: :class:`Precision` ``FP32`` (default) or ``FP16`` (or their strings): the validated float32 graph is rewritten by
             :func:`hllm.exporter.fp16.convert_to_fp16` (float16 with float32 islands) and a
             float32 emulation ``model.fp16-emulated.onnx`` is written beside it for ONNX Runtime CPU.
             The emulation is validated at ranking level: no non-finite score and mean Kendall tau
@@ -113,14 +121,18 @@ def export_onnx(
     import time
 
     say = progress or (lambda msg: None)
-    if precision not in ("fp32", "fp16"):
-        raise ExportError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
-    flavour = flavour or ("standard" if precision == "fp16" else "ort-cpu")
+    try:
+        precision = Precision.parse(precision)
+    except HllmError as e:
+        raise ExportError(str(e)) from None
+    if precision not in (Precision.FP32, Precision.FP16):
+        raise ExportError(f"precision must be 'fp32' or 'fp16', got {str(precision)!r}")
+    flavour = flavour or ("standard" if precision is Precision.FP16 else "ort-cpu")
     if flavour not in FLAVOURS:
         raise ExportError(f"flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
-    if precision == "fp16" and flavour != "standard":
+    if precision is Precision.FP16 and flavour != "standard":
         raise ExportError("--precision fp16 writes a TensorRT input: export it with --flavour standard")
-    m = load_manifest(ckpt)
+    m = ckpt if isinstance(ckpt, Manifest) else load_manifest(ckpt)
     if m.adapter_path is not None:
         raise CheckpointError(f"{m.root} has a LoRA adapter: run `hllm merge` first and export the merged checkpoint")
     model = load_model(m)
@@ -129,42 +141,43 @@ def export_onnx(
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         onnx_path = tmp / ONNX_NAME
         say(f"tracing with the dynamo exporter (opset {opset}), {flavour} graph")
-        props = onnx_metadata_props(k, flavour, m.prompt.to_dict(), context,
-                                    PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt).pad_id)
+        builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=k)  # loaded once
+        props = onnx_metadata_props(k, flavour, m.prompt.to_dict(), context, builder.pad_id)
         fusion = _export(model, onnx_path, opset, k, m.dims.vocab_size, flavour, m.dims.num_layers, props)
         export_s = time.perf_counter() - t0
         say("validating in ONNX Runtime against PyTorch")
         batches = validation_batches(m.dims.vocab_size, k)
         if slates:
-            builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=k)
             batches.append(("real_slates", builder.encode(list(slates)[:2])))
         results, refs = validate_against_torch(model, onnx_path, k, batches, context)
-        worst = max(r["max_abs_diff"] for r in results)
-        bad = [r for r in results if not (r["max_abs_diff"] <= atol) or r["nonfinite"]]
+        worst = max(r.max_abs_diff for r in results)
+        bad = [r.to_dict() for r in results if not (r.max_abs_diff <= atol) or r.nonfinite]
         if bad:
             raise ExportError(f"ONNX Runtime disagrees with PyTorch beyond atol={atol:g}: {bad}")
         fp16_meta = None
-        if precision == "fp16":
+        if precision is Precision.FP16:
             say("rewriting to FP16 with FP32 islands and validating its CPU emulation")
             fp16_meta = _to_fp16(onnx_path, batches, refs, fp32_islands, fp16_min_tau, context)
         shutil.copy2(m.tokenizer_path, tmp / "tokenizer.json")
         onnx_bytes = sum(p.stat().st_size for p in tmp.glob(f"{ONNX_NAME}*"))
         write_export(tmp, _sidecar(m, tmp, onnx_path, precision, flavour, fusion, fp16_meta, context, onnx_bytes,
-                                   {"atol": atol, "max_abs_diff": worst, "shapes": results}))
-    return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2), fp16_meta)
+                                   {"atol": atol, "max_abs_diff": worst, "shapes": [r.to_dict() for r in results]},
+                                   builder.pad_id))
+    return ExportReport(str(out_dir), onnx_bytes, opset, results, worst, atol, round(export_s, 2), flavour, precision,
+                        fp16_meta)
 
 
-def _sidecar(m, tmp: Path, onnx_path: Path, precision: str, flavour: str, fusion: dict, fp16_meta: dict | None,
-             context: bool, onnx_bytes: int, validation: dict) -> dict:
+def _sidecar(m, tmp: Path, onnx_path: Path, precision: Precision, flavour: str, fusion: dict,
+             fp16_meta: Fp16Check | None, context: bool, onnx_bytes: int, validation: dict, pad_id: int) -> dict:
     """The ``export.json`` dict of an export (:mod:`hllm.formats.export` validates and writes it)."""
     k = m.num_positions
     inputs, outputs = graph_io_specs(k, context)
     return {
         "onnx": ONNX_NAME,
-        "precision": precision,
+        "precision": str(precision),
         "flavour": flavour,
         "fusion": fusion,
-        **({"fp32_islands": fp16_meta["islands"], "fp16": fp16_meta} if fp16_meta else {}),
+        **({"fp32_islands": list(fp16_meta.islands), "fp16": fp16_meta.to_dict()} if fp16_meta else {}),
         "opset": fusion.pop("opset"),
         "num_positions": k,
         "head": m.head.kind,
@@ -173,7 +186,7 @@ def _sidecar(m, tmp: Path, onnx_path: Path, precision: str, flavour: str, fusion
         "prompt": m.prompt.to_dict(),
         "tokenizer": "tokenizer.json",
         "tokenizer_sha256": sha256_file(tmp / "tokenizer.json"),
-        "pad_id": PromptBuilder(load_tokenizer(tmp / "tokenizer.json"), m.prompt).pad_id,
+        "pad_id": pad_id,
         "source_checkpoint": {"path": str(m.root), "sha256": checkpoint_hash(m.root)},
         "onnx_sha256": sha256_file(onnx_path),
         "onnx_bytes": onnx_bytes,
@@ -184,7 +197,7 @@ def _sidecar(m, tmp: Path, onnx_path: Path, precision: str, flavour: str, fusion
     }
 
 
-def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: bool = False) -> dict:
+def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: bool = False) -> Fp16Check:
     """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
     from hllm.exporter.fp16 import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
                                          load_onnx, save_onnx)
@@ -206,17 +219,17 @@ def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: b
     save_onnx(fp16, onnx_path)
     del fp16
     validation = validate_fp16_emulation(emu_path, batches, refs, min_tau, context)
-    return {
-        "islands": list(islands),
-        "conversion": rep.to_dict(),
-        "cpu_emulation": {
+    return Fp16Check(
+        islands=tuple(islands),
+        conversion=rep.to_dict(),
+        cpu_emulation={
             "onnx": EMULATED_NAME,
             "what": "float16 weights stored as float32 with float16 values; every float16 tensor a node "
                     "produces rounded through Cast(float16)->Cast(float32) (overflow -> inf); each node "
                     "computes in float32 (no float16 accumulation inside MatMul/ReduceMean)",
         },
-        "validation": validation,
-    }
+        validation=validation,
+    )
 
 
 def _keep_metadata(src, dst) -> None:
@@ -255,7 +268,7 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     context = model.reads_context
     ex = synthetic_batch(np.random.default_rng(1), vocab, [32, 27], [min(4, k), min(3, k)])
     args = tuple(torch.from_numpy(x) for x in ex.inputs(context).values())
-    batch, seq, items = Dim("batch", min=1, max=1024), Dim("seq", min=2, max=65536), Dim("items", min=1, max=4096)
+    batch, seq, items = Dim("batch", min=1, max=MAX_BATCH), Dim("seq", min=MIN_SEQ, max=MAX_SEQ), Dim("items", min=1, max=MAX_ITEMS)
     dynamic_shapes = {
         "input_ids": {0: batch, 1: seq},
         "readout_positions": {0: batch, 1: items},

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import ExportError
+from hllm.formats.export import ShapeCheck
 from hllm.runtime.prompt import Batch
 
 
@@ -44,10 +45,10 @@ def validation_batches(vocab: int, k: int, seed: int = 0) -> list[tuple[str, Bat
     return [(name, synthetic_batch(rng, vocab, ls, ns)) for name, ls, ns in shapes]
 
 
-def validate_against_torch(model, onnx_path: Path, k: int, batches, context: bool) -> tuple[list[dict], list[np.ndarray]]:
+def validate_against_torch(model, onnx_path: Path, k: int, batches, context: bool) -> tuple[list[ShapeCheck], list[np.ndarray]]:
     """PyTorch (``model``, float32) vs ONNX Runtime (``onnx_path``) on each ``(name, Batch)`` of ``batches``.
 
-    Returns per batch ``{shape, batch, seq, items, max_abs_diff, nonfinite}`` and the reference scores
+    Returns per batch a :class:`hllm.formats.export.ShapeCheck` and the reference scores
     ``[B, N, K]`` float32. The caller decides what tolerance fails (``export_onnx``: ``atol``).
     Raises EngineError if ONNX Runtime cannot load or run the graph."""
     import torch
@@ -60,9 +61,8 @@ def validate_against_torch(model, onnx_path: Path, k: int, batches, context: boo
             ref = model(*(torch.from_numpy(x) for x in b.inputs(context).values())).numpy()
             refs.append(ref)
             got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
-            results.append({"shape": name, "batch": int(b.input_ids.shape[0]), "seq": int(b.input_ids.shape[1]),
-                            "items": int(b.item_mask.shape[1]), "max_abs_diff": float(np.abs(ref - got).max()),
-                            "nonfinite": int((~np.isfinite(got)).sum())})
+            results.append(ShapeCheck(name, int(b.input_ids.shape[0]), int(b.input_ids.shape[1]), int(b.item_mask.shape[1]),
+                                      float(np.abs(ref - got).max()), int((~np.isfinite(got)).sum())))
     return results, refs
 
 

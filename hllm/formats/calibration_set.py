@@ -2,9 +2,11 @@
 
 A set is two files, so a quantized build can be repeated bit for bit:
 
-* ``<name>.npz`` — per batch ``b``: ``input_ids/b [B, S] int64``, ``readout_positions/b [B, N] int64``,
-  ``item_mask/b [B, N] bool``;
-* ``<name>.json`` — ``format: hllm-calibration/1``, source file and its sha256, seed, count, batch size,
+* ``<name>.npz`` — per batch ``b`` and graph input ``x`` (:func:`hllm.formats.graph.feed_dict`):
+  ``input_ids/b [B, S] int64``, ``readout_positions/b [B, N] int64``, ``item_mask/b [B, N] bool``, and
+  ``context_positions/b [B] int64`` for a graph whose head reads the user context;
+* ``<name>.json`` — ``format: hllm-calibration/1``, ``inputs`` (the graph input names it holds; a set
+  without the field holds the three base inputs), source file and its sha256, seed, count, batch size,
   the chosen slate ids (in order), every batch's shapes, the prompt spec, the tokenizer's sha256, the pad
   id and ``data_sha256`` (a hash of the arrays' bytes, independent of the zip container's timestamps).
 
@@ -22,9 +24,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from hllm.errors import SlateError
+from hllm.errors import HllmError, SlateError
 from hllm.files import atomic_path, atomic_write_json, read_json
-from hllm.formats.graph import INPUT_NAMES as INPUTS
+from hllm.formats.graph import INPUT_DTYPES, INPUT_NAMES, declared_inputs
 
 FORMAT = "hllm-calibration/1"
 
@@ -34,13 +36,19 @@ class CalibrationSet:
     """Encoded calibration batches plus the record of how they were chosen.
 
     Attributes:
-        batches: list of dicts ``{"input_ids": [B,S] int64, "readout_positions": [B,N] int64,
-            "item_mask": [B,N] bool}`` — the exported graph's three inputs.
+        batches: list of feed dicts of the exported graph (:func:`hllm.formats.graph.feed_dict`):
+            ``{"input_ids": [B,S] int64, "readout_positions": [B,N] int64, "item_mask": [B,N] bool}``
+            plus ``"context_positions": [B] int64`` when the head reads the user context.
         meta: JSON-serialisable record (see module docstring); ``meta["slate_ids"]`` lists the slates.
     """
 
     batches: list[dict[str, np.ndarray]]
     meta: dict = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The graph input names every batch holds (``meta["inputs"]``; the three base inputs if absent)."""
+        return declared_inputs(self.meta.get("inputs") or INPUT_NAMES)
 
     @property
     def slate_ids(self) -> list[str]:
@@ -63,7 +71,7 @@ class CalibrationSet:
         Returns the two paths.
         """
         npz, js = calibration_paths(path)
-        arrays = {f"{name}/{b}": batch[name] for b, batch in enumerate(self.batches) for name in INPUTS}
+        arrays = {f"{name}/{b}": batch[name] for b, batch in enumerate(self.batches) for name in _names(batch)}
         with atomic_path(npz) as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
@@ -81,11 +89,16 @@ def calibration_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return p.with_name(p.name + ".npz"), p.with_name(p.name + ".json")
 
 
+def _names(batch: dict) -> list[str]:
+    """The graph inputs a batch holds, in the graph's order (a set of three inputs hashes as before)."""
+    return [name for name in INPUT_DTYPES if name in batch]
+
+
 def arrays_sha256(batches: Sequence[dict[str, np.ndarray]]) -> str:
     """Content hash of encoded batches (name, dtype, shape, C-order bytes), container-independent."""
     h = hashlib.sha256()
     for b, batch in enumerate(batches):
-        for name in INPUTS:
+        for name in _names(batch):
             a = np.ascontiguousarray(batch[name])
             h.update(f"{b}/{name}/{a.dtype.str}/{a.shape}".encode())
             h.update(a.tobytes())
@@ -110,8 +123,9 @@ def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
     try:
         with np.load(npz, allow_pickle=False) as z:
             n = len(meta["shapes"])
-            batches = [{name: z[f"{name}/{b}"] for name in INPUTS} for b in range(n)]
-    except (OSError, KeyError, ValueError, TypeError) as e:
+            names = declared_inputs(meta.get("inputs") or INPUT_NAMES)
+            batches = [{name: z[f"{name}/{b}"] for name in names} for b in range(n)]
+    except (OSError, KeyError, ValueError, TypeError, HllmError) as e:
         raise SlateError(f"cannot read {npz}: {e}") from None
     got = arrays_sha256(batches)
     if meta.get("data_sha256") and got != meta["data_sha256"]:

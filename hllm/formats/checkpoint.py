@@ -24,7 +24,7 @@ matrices do not fit the backbone's linear layers (i.e. trained on another base),
 that is not a JSON object or targets modules the backbone does not have, and every field of the
 wrong type (a list where an object goes, a number where a path goes, K as a string).
 
-Paths (issue 16 item 2): ``head.file`` and ``adapter.path`` name files *of the checkpoint*: they must
+Paths: ``head.file`` and ``adapter.path`` name files *of the checkpoint*: they must
 be relative and stay inside ``CKPT`` after resolving ``..`` and symbolic links
 (:func:`hllm.files.contained_path`), so a crafted manifest can neither make hllm read weights from
 elsewhere nor make ``hllm merge`` (which copies the head file into its output) write outside its
@@ -47,6 +47,7 @@ from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
 
 MANIFEST = "hllm.json"
+FORMAT = "hllm-checkpoint"
 FORMAT_VERSION = 1
 HEAD_KINDS = ("linear", "self_attention", "slot_query")
 
@@ -145,7 +146,7 @@ def manifest_dict(
 ) -> dict:
     """The JSON dict of a manifest (paths stored as given: relative to CKPT or absolute)."""
     d = {
-        "format": "hllm-checkpoint",
+        "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "backbone": {"path": str(backbone)},
         "adapter": {"path": str(adapter)} if adapter else None,

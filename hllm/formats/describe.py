@@ -26,8 +26,9 @@ from pathlib import Path
 
 from hllm.errors import HllmError
 from hllm.files import read_json
+from hllm.formats.calibration_set import FORMAT as CALIBRATION_FORMAT
+from hllm.formats.checkpoint import FORMAT as CHECKPOINT_FORMAT
 
-CALIBRATION_FORMAT = "hllm-calibration/1"
 FEATURE_META = "meta.json"
 FEATURE_PARTIAL = "partial.json"
 
@@ -35,26 +36,20 @@ FEATURE_PARTIAL = "partial.json"
 def describe(path: str | os.PathLike) -> dict:
     """Describe the artefact at ``path`` (module docstring). Raises HllmError (not found, not recognised,
     or a malformed manifest/sidecar: the message names it)."""
-    from hllm.formats.checkpoint import MANIFEST
-    from hllm.formats.export import SIDECAR
+    from hllm.formats.kind import artefact_kind
 
     p = Path(path)
     if not p.exists():
         raise HllmError(f"not found: {p}")
+    kind = artefact_kind(p)
+    if kind is not None:
+        return {"checkpoint": describe_checkpoint, "onnx": describe_export, "tensorrt": describe_plan}[kind](p)
     if p.is_dir():
-        if (p / MANIFEST).is_file():
-            return describe_checkpoint(p)
-        if (p / SIDECAR).is_file():
-            return describe_export(p)
         if (p / FEATURE_META).is_file() or (p / FEATURE_PARTIAL).is_file():
             return describe_feature_cache(p)
         if (p / "config.json").is_file():
             return describe_backbone(p)
         raise HllmError(f"{p}: a directory without hllm.json, export.json, a feature cache's meta.json or config.json")
-    if p.suffix == ".onnx":
-        return describe_export(p)
-    if p.suffix in (".plan", ".engine"):
-        return describe_plan(p)
     if p.suffix in (".npz", ".json") and _calibration_meta(p) is not None:
         return describe_calibration_set(p)
     if p.name.endswith((".jsonl", ".jsonl.gz")):
@@ -86,7 +81,7 @@ def describe_checkpoint(p: Path) -> dict:
                    "target_modules": ac.get("target_modules"), "bytes": _bytes(m.adapter_path)}
     return {
         "kind": "checkpoint", "path": str(m.root), "bytes": _bytes(m.root),
-        "format": "hllm-checkpoint", "num_positions": m.num_positions, "precision": "fp32",
+        "format": CHECKPOINT_FORMAT, "num_positions": m.num_positions, "precision": "fp32",
         "head": {**asdict(m.head), "bytes": _bytes(m.head_path)},
         "backbone": {"path": str(m.backbone_path), **asdict(m.dims), "bytes": _bytes(m.backbone_path)},
         "adapter": adapter,

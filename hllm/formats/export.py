@@ -20,7 +20,7 @@ quantized export adds ``quantization``, an FP16 export ``fp16`` and ``fp32_islan
 name that escapes the directory, a missing file, a K or prompt of the wrong type, an unknown precision
 or flavour, a key of the wrong type. :func:`write_export` validates the same before writing atomically.
 
-Is it the model that was exported? (issue 16 item 6) :func:`read_export` also checks, when the sidecar
+Is it the model that was exported? :func:`read_export` also checks, when the sidecar
 records them (older sidecars without the keys still load):
 
 * the tokenizer: ``tokenizer_sha256`` must match the file, and its ids must fit the embedding
@@ -70,6 +70,44 @@ class ExportMeta:
     precision: Precision
     flavour: str
     raw: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """The export's self-validation at one shape: PyTorch vs ONNX Runtime, float32 (``validation.shapes[]``).
+
+    Attributes: shape: its name (``B1_N1``, ``B3_unequal``, ``B2_NK``, ``real_slates``); batch, seq, items:
+        B, S, N; max_abs_diff: max |scores_ORT − scores_torch| over the batch; nonfinite: NaN/Inf count in
+        the ONNX Runtime scores.
+    """
+
+    shape: str
+    batch: int
+    seq: int
+    items: int
+    max_abs_diff: float
+    nonfinite: int
+
+    def to_dict(self) -> dict:
+        """The sidecar's ``validation.shapes[]`` entry."""
+        return {"shape": self.shape, "batch": self.batch, "seq": self.seq, "items": self.items,
+                "max_abs_diff": self.max_abs_diff, "nonfinite": self.nonfinite}
+
+
+@dataclass(frozen=True)
+class Fp16Check:
+    """An FP16 export's record (sidecar ``fp16``): the float32 islands kept, the converter's counts, the
+    CPU emulation written beside it, and the emulation's ranking check (``validation``: ``min_kendall_tau``,
+    ``kendall_tau_mean``, ``nonfinite``, ``max_abs_diff``, ``rows``)."""
+
+    islands: tuple[str, ...]
+    conversion: dict
+    cpu_emulation: dict
+    validation: dict
+
+    def to_dict(self) -> dict:
+        return {"islands": list(self.islands), "conversion": self.conversion, "cpu_emulation": self.cpu_emulation,
+                "validation": self.validation}
 
 
 def parse_export(d: object, root: str | os.PathLike, where: str = SIDECAR) -> ExportMeta:

@@ -23,9 +23,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hllm.formats.profiles import Profile
 from hllm.errors import EngineError
 from hllm.files import atomic_write_json, read_json
+from hllm.formats.precision import Precision
+from hllm.formats.profiles import Profile
+from hllm.formats.prompt import PromptSpec
 
 FORMAT = "hllm-tensorrt-plan"
 FORMAT_VERSION = 1
@@ -47,9 +49,10 @@ class Target:
     compute_capability: tuple[int, int]
 
     @property
-    def precisions(self) -> tuple[str, ...]:
+    def precisions(self) -> tuple[Precision, ...]:
         cc = self.compute_capability
-        return ("fp32", "fp16", "int8") + (("bf16",) if cc >= (8, 0) else ()) + (("fp8",) if cc >= (8, 9) else ())
+        return ((Precision.FP32, Precision.FP16, Precision.INT8) + ((Precision.BF16,) if cc >= (8, 0) else ())
+                + ((Precision.FP8,) if cc >= (8, 9) else ()))
 
 
 #: Compute capability of named GPUs (NVIDIA, "CUDA GPUs", https://developer.nvidia.com/cuda-gpus).
@@ -128,6 +131,57 @@ def read_sidecar(plan: str | os.PathLike) -> dict:
     meta = read_json(side, EngineError)
     _check_keys(meta, side)
     return meta
+
+
+@dataclass(frozen=True)
+class PlanMeta:
+    """A validated plan sidecar, typed (like :class:`hllm.formats.export.ExportMeta` for exports).
+
+    Attributes:
+        plan: the plan file. tokenizer_path: its ``tokenizer.json``, inside the sidecar's directory.
+        num_positions: K. prompt: the :class:`PromptSpec`. precision: the plan's :class:`Precision`.
+        context: the graph reads the user context (``context_positions`` among its inputs).
+        compute_capability: (major, minor) it was built for. tensorrt_version: the builder's TensorRT.
+        hardware_compatibility: one of :data:`HARDWARE_COMPAT`. version_compatible: built version-compatible.
+        profiles: its optimization profiles, in engine order. raw: the sidecar dict as stored.
+    """
+
+    plan: Path
+    tokenizer_path: Path
+    num_positions: int
+    prompt: PromptSpec
+    precision: Precision
+    context: bool
+    compute_capability: tuple[int, int]
+    tensorrt_version: str
+    hardware_compatibility: str
+    version_compatible: bool
+    profiles: tuple[Profile, ...]
+    raw: dict
+
+
+def read_plan(plan: str | os.PathLike) -> PlanMeta:
+    """Read, validate and type the sidecar of ``plan`` (:func:`read_sidecar`, then the fields the runtime uses).
+
+    Raises: EngineError naming the sidecar and the field (missing, malformed, a tokenizer outside its
+        directory, an unknown precision or prompt field).
+    """
+    from hllm.errors import HllmError
+    from hllm.files import contained_path
+    from hllm.formats.graph import sidecar_reads_context
+
+    meta = read_sidecar(plan)
+    side = sidecar_path(plan)
+    tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
+    try:
+        prompt = PromptSpec.from_dict(meta["prompt"])
+        precision = Precision.parse(meta.get("precision"), f"{side}: precision")
+    except HllmError as e:
+        raise EngineError(f"{side}: {e}") from None
+    return PlanMeta(Path(plan), tok, meta["num_positions"], prompt, precision, sidecar_reads_context(meta),
+                    parse_cc(meta["compute_capability"]), meta["tensorrt_version"],
+                    meta.get("hardware_compatibility", "none"), bool(meta.get("version_compatible", False)),
+                    tuple(profiles(meta)), meta)
 
 
 def verify_plan(plan: str | os.PathLike, meta: dict, verify_hash: bool = False) -> None:

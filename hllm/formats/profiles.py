@@ -1,7 +1,7 @@
 """TensorRT optimization profiles over the three dynamic dims of the hLLM graph (torch-free, TRT-free).
 
-The graph's inputs are ``input_ids [batch, seq]``, ``readout_positions [batch, items]`` and
-``item_mask [batch, items]``. A :class:`Profile` gives each of batch, seq and items a
+The graph's inputs are ``input_ids [batch, seq]``, ``readout_positions [batch, items]``,
+``item_mask [batch, items]`` and, for a head that reads the user context, ``context_positions [batch]``. A :class:`Profile` gives each of batch, seq and items a
 ``min ≤ opt ≤ max`` range; TensorRT tunes kernels for ``opt`` and accepts every shape inside
 ``[min, max]`` (TensorRT Python API, ``IOptimizationProfile.set_shape(name, min, opt, max)``).
 

@@ -2,7 +2,7 @@
 
 A tokenizer from another model is not an error anywhere downstream: its ids are valid integers, the
 graph gathers embedding rows for them (ids past the embedding are clamped or wrap, depending on the
-runtime) and the rankings are garbage with exit 0 (issue 16 item 6). Two checks catch it:
+runtime) and the rankings are garbage with exit 0. Two checks catch it:
 
 * **fingerprint** — the export sidecar records ``tokenizer_sha256`` (the bytes ``hllm export``
   copied from the backbone); the file found at load time must hash the same;

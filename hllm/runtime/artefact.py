@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError
-from hllm.formats.graph import sidecar_reads_context
+from hllm.formats.graph import declared_inputs, input_names, sidecar_reads_context
+from hllm.formats.kind import artefact_kind
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 
@@ -55,6 +56,12 @@ class Artefact:
     meta: dict = field(default_factory=dict)
     context: bool = False
 
+    @property
+    def graph_inputs(self) -> tuple[str, ...]:
+        """The graph's input names, in order: those its sidecar declares, else (a checkpoint) the
+        three base inputs plus ``context_positions`` when the head reads the user context."""
+        return declared_inputs(self.meta) if isinstance(self.meta.get("inputs"), list) else input_names(self.context)
+
 
 def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
     """Resolve ``path`` to an :class:`Artefact`.
@@ -66,46 +73,35 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
     Raises: EngineError (path missing, no or malformed sidecar, unknown kind, a file that is not the
         one recorded); CheckpointError for a bad checkpoint.
     """
-    from hllm.formats.checkpoint import MANIFEST
-    from hllm.formats.export import SIDECAR
-
     p = Path(path)
     if not p.exists():
         raise EngineError(f"not found: {p}")
-    if p.is_dir() and (p / MANIFEST).is_file():
+    kind = artefact_kind(p)
+    if kind == "checkpoint":
         from hllm.formats.checkpoint import load_manifest
 
         m = load_manifest(p)
         return Artefact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions, context=m.head.context)
-    if (p.is_dir() and (p / SIDECAR).is_file()) or p.suffix == ".onnx":
+    if kind == "onnx":
         from hllm.formats.export import read_export
 
         e = read_export(p, verify_hash=verify_hash)
         return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
                         e.flavour, e.raw, sidecar_reads_context(e.raw))
-    if p.suffix in (".plan", ".engine"):
+    if kind == "tensorrt":
         return _resolve_plan(p, verify_hash)
     raise EngineError(f"{p}: not a checkpoint directory, export directory, .onnx or .plan file")
 
 
 def _resolve_plan(p: Path, verify_hash: bool) -> Artefact:
-    from hllm.errors import HllmError
-    from hllm.files import contained_path
-    from hllm.formats.plan import read_sidecar, sidecar_path, verify_plan
+    from hllm.formats.plan import read_plan, sidecar_path, verify_plan
 
-    meta = read_sidecar(p)
-    side = sidecar_path(p)
-    tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
-    if not tok.is_file():
-        raise EngineError(f"{side}: tokenizer file {tok.name} is missing")
-    verify_plan(p, meta, verify_hash)
-    try:
-        prompt = PromptSpec.from_dict(meta["prompt"])
-        precision = Precision.parse(meta.get("precision"), f"{side}: precision")
-    except HllmError as e:
-        raise EngineError(f"{side}: {e}") from None
-    return Artefact("tensorrt", p, prompt, tok, meta["num_positions"], precision, None, meta,
-                    sidecar_reads_context(meta))
+    plan = read_plan(p)
+    if not plan.tokenizer_path.is_file():
+        raise EngineError(f"{sidecar_path(p)}: tokenizer file {plan.tokenizer_path.name} is missing")
+    verify_plan(p, plan.raw, verify_hash)
+    return Artefact("tensorrt", p, plan.prompt, plan.tokenizer_path, plan.num_positions, plan.precision, None,
+                    plan.raw, plan.context)
 
 
 def open_engine(artefact: Artefact, **options):

@@ -23,8 +23,8 @@ Behaviour that callers rely on:
   (DecodeError naming the count of non-finite values).
 * Magnitude: ``lap.lapjv`` uses a fixed constant (1e6) as "infinity" inside its augmenting-path
   search, so with costs of magnitude ≥ 1e6 it returns non-optimal assignments (about a quarter of
-  random matrices; ``decode([[0, 3e6], [-5e6, 2e6]])`` gave the total −2e6 instead of +2e6, issue 16
-  item 5). Each slate's costs are therefore scaled by a power of two so that max |cost| lies in
+  random matrices; ``decode([[0, 3e6], [-5e6, 2e6]])`` gave the total −2e6 instead of
+  +2e6). Each slate's costs are therefore scaled by a power of two so that max |cost| lies in
   [0.5, 1) before the solve. Power-of-two scaling is exact in binary floating point (only values
   more than ~2^1000 times smaller than the largest one lose bits, and those cannot change a float64
   total), so the optimum is unchanged and the solver sees well-conditioned costs at any finite

@@ -1,4 +1,4 @@
-"""Prompt building: slates → ``input_ids``, ``readout_positions``, ``item_mask`` (torch-free).
+"""Prompt building: slates → ``input_ids``, ``readout_positions``, ``item_mask``, ``context_positions`` (torch-free).
 
 hLLM (paper §3.1-3.2) puts the user context and all N candidate texts into ONE prompt and reads
 the backbone's final hidden state at the *last token of each candidate's text* (the readout
@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import CheckpointError, SlateError
+from hllm.formats.graph import feed_dict
 from hllm.formats.prompt import PromptSpec
 
 
@@ -67,18 +68,13 @@ class Batch:
     history_dropped: list[int] = field(default_factory=list)
     context_positions: np.ndarray | None = None
 
-    def inputs(self, context: bool = False) -> dict[str, np.ndarray]:
-        """The engine inputs by name (:func:`hllm.formats.graph.input_names`): the three base inputs,
-        plus ``context_positions`` when ``context``.
+    def inputs(self, graph_inputs) -> dict[str, np.ndarray]:
+        """The feed dict of the graph that declares ``graph_inputs`` (:func:`hllm.formats.graph.feed_dict`:
+        a sidecar, its input names or specs, or a bool — the head reads the user context).
 
-        Raises: SlateError if ``context`` is asked of a batch built without context positions.
+        Raises: ShapeError if the graph declares an input this batch lacks.
         """
-        d = {"input_ids": self.input_ids, "readout_positions": self.readout_positions, "item_mask": self.item_mask}
-        if context:
-            if self.context_positions is None:
-                raise SlateError("this batch has no context_positions (encode it with PromptBuilder)")
-            d["context_positions"] = self.context_positions
-        return d
+        return feed_dict(graph_inputs, self)
 
 
 def load_tokenizer(path: str | os.PathLike):

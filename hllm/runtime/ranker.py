@@ -122,16 +122,17 @@ class Ranker:
         self.batch_size = max(1, int(batch_size))
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, batch_size: int = 1, verify_hash: bool = False,
-                  **engine_options) -> "Ranker":
-        """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artefact`).
+    def from_path(cls, path, batch_size: int = 1, verify_hash: bool = False, **engine_options) -> "Ranker":
+        """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artefact`), or
+        for an :class:`~hllm.runtime.artefact.Artefact` a command resolved already (not resolved again:
+        each artefact is read, and its tokenizer hashed, once per command).
 
-        ``verify_hash``: also check the graph's sha256 against its sidecar (:func:`.artefact.resolve`).
-        ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
+        ``verify_hash``: also check the graph's sha256 against its sidecar (:func:`.artefact.resolve`; ignored
+        for an Artefact). ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
         """
-        from hllm.runtime.artefact import open_engine, resolve
+        from hllm.runtime.artefact import Artefact, open_engine, resolve
 
-        art = resolve(path, verify_hash=verify_hash)
+        art = path if isinstance(path, Artefact) else resolve(path, verify_hash=verify_hash)
         builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
         return cls(open_engine(art, **engine_options), builder, batch_size)
 

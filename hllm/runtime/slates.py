@@ -10,7 +10,7 @@ A slate is one JSON object per line, the format of the Amazon Beauty data
 (:func:`iter_slates`), the HTTP server (:func:`hllm.serve.app.parse_rank_body`) and Triton's
 pre-processing model use it, and :func:`loads_json` is the one JSON parser in front of it. Every
 message names where (``FILE:LINE`` or ``slates[i]``), the ``slate_id`` when there is one, the field
-(``candidates[3].item_id``) and the type it got. Policies (issue 16 items 8, 9):
+(``candidates[3].item_id``) and the type it got. Policies:
 
 ==========================  ==========================================================================
 slate                       a JSON object; other top-level keys are kept and ignored

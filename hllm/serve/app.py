@@ -24,7 +24,7 @@ Bad input never reaches the engine: the body size is limited, JSON is parsed by 
 by the runtime's :class:`PromptBuilder` at admission (empty slate, more candidates than K, prompt over
 ``max_seq_len``).
 
-Errors (issue 16 item 16): EVERY error response — bad input, an unknown path (404) or method (405),
+Errors: EVERY error response — bad input, an unknown path (404) or method (405),
 a body that does not arrive in time (408), a failed engine batch and an unexpected exception — has the
 JSON envelope ``{"error": {"kind", "message", "id"}}`` (:class:`hllm.serve.schemas.ErrorResponse`);
 ``id`` is set for server-side failures (500) and is in the server log with the traceback. Every

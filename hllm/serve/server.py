@@ -4,7 +4,7 @@ Graceful shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections and wai
 ``graceful_timeout_s``) for in-flight requests; the app's ``/readyz`` turns 503 at once and its
 lifespan then drains the batcher queue (https://www.uvicorn.org/settings/#timeouts).
 
-Slow clients (issue 16 item 17): a connection costs a file descriptor and a little memory while it
+Slow clients: a connection costs a file descriptor and a little memory while it
 is held, so none is held without progress. The limits come from the app's
 :class:`hllm.serve.app.ServeOptions`:
 

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hllm.errors import CheckpointError, HllmError
-
-AGGREGATIONS = ("centroid", "max", "mean")
+from hllm.formats.choices import AGGREGATIONS
 
 
 def default_model_dir() -> Path:

@@ -23,9 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import SlateError
+from hllm.formats.choices import OBJECTIVES as TARGET_KINDS
 from hllm.runtime.slates import _open_text
-
-TARGET_KINDS = ("clicks", "teacher", "clicks+teacher")
 
 
 def permutation_target(order: Sequence[int], n: int) -> np.ndarray:

@@ -53,7 +53,8 @@ def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: 
     from hllm.runtime.artefact import resolve
     from hllm.runtime.ranker import Ranker
 
-    kind = resolve(p).kind
+    art = resolve(p)
+    kind = art.kind
     advance = progress(f"ranking with {name}", len(slates))
     if features is not None and kind == "checkpoint":
         from hllm.runtime.decode import decode
@@ -63,7 +64,7 @@ def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: 
         scores = scores_from_cache(p, FeatureCache.open(features), ids, on_progress=lambda done, total: advance(1),
                                    slates=slates)
         return name, "checkpoint+features", [decode(m, len(s["candidates"])).tolist() for s, m in zip(slates, scores)]
-    with Ranker.from_path(p, batch_size=batch_size) as ranker:
+    with Ranker.from_path(art, batch_size=batch_size) as ranker:
         return name, kind, [r.order for r in ranker.rank(slates, on_progress=advance)]
 
 

@@ -87,7 +87,8 @@ def check_disjoint(calibration_ids: Sequence[str], eval_slates: Sequence[dict]) 
 def cpu_ranker(path, threads: int | None = None):
     """The :class:`hllm.runtime.Ranker` the gate runs an export with: ONNX Runtime, CPU provider only
     (a quantized graph is compared on the CPU that calibrated it; FP8 graphs get ``basic`` graph
-    optimizations in :func:`hllm.runtime.artefact.open_engine`)."""
+    optimizations in :func:`hllm.runtime.artefact.open_engine`). ``path``: an export path or an already
+    resolved :class:`hllm.runtime.artefact.Artefact`."""
     from hllm.runtime.ranker import Ranker
 
     return Ranker.from_path(path, providers=["CPUExecutionProvider"], threads=threads)

@@ -1,4 +1,4 @@
-"""Lever experiment (issue 15): extract final-layer readout rows + the user-context vector from a layer-24 feature cache
+"""Lever experiment: extract final-layer readout rows + the user-context vector from a layer-24 feature cache
 (hllm features --layer 24), for scripts/levers/heads.py. Ad hoc research script kept for provenance of
 results/quality/levers-heldout-train.json; the product path is `hllm features --from` + `hllm train --features`.
 usage: python extract_features.py CACHE_L24 SLATES OUT_DIR N  (env T = torch threads). Resumable."""

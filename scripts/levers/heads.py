@@ -1,4 +1,4 @@
-"""Lever experiment (issue 15): frozen final-layer features, self-attention head d=256 trained with Sinkhorn on
+"""Lever experiment: frozen final-layer features, self-attention head d=256 trained with Sinkhorn on
 the first n-n_val cached train slates, evaluated on the first n_val (held out). Variants: none (items only, the
 paper head), token (the user-context vector as one extra token), xattn (items cross-attend to all context rows).
 Ad hoc research script kept for provenance of results/quality/levers-heldout-train.json.

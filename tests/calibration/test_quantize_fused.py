@@ -226,7 +226,7 @@ def _torch_linear_inputs(ckpt, batch):
              for name, mod in model.named_modules()
              if isinstance(mod, torch.nn.Linear) and name.startswith("backbone.layers.")]
     with torch.inference_mode():
-        model(*(torch.from_numpy(x) for x in batch.inputs().values()))
+        model(*(torch.from_numpy(x) for x in batch.inputs(False).values()))
     for h in hooks:
         h.remove()
     real = np.arange(batch.input_ids.shape[1])[None, :] < batch.lengths[:, None]

@@ -1,5 +1,5 @@
 """`hllm init` values no checkpoint reader would accept are refused by the library, naming the option,
-before any work (issue 16 item 11)."""
+before any work."""
 
 from __future__ import annotations
 

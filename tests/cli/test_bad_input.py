@@ -1,4 +1,4 @@
-"""The CLI bad-input corpus (issue 16): every class of bad input to every command gets the documented exit
+"""The CLI bad-input corpus: every class of bad input to every command gets the documented exit
 code (2), ONE line on stderr starting with ``error:`` (no traceback, no "internal error"), and leaves no file
 behind and no existing file replaced. Cases run in-process (``hllm.cli.main``) on the tiny models of
 tests/conftest.py; most fail before any model is loaded. docs/hardening.md lists the classes."""
@@ -30,7 +30,7 @@ CASES = [
     ("float-option-not-a-number", ["parity", "{ckpt}", "{export}", "--atol", "tiny"], "--atol"),
     ("root-option-after-command", ["rank", "{export}", "-o", "{out}", "--debug"], "No such option"),
     ("two-things-on-stdout", ["rank", "{export}", "-s", "{good}", "-o", "-", "--json"], "only one thing can go to stdout"),
-    # -- counts out of range (issue 16.4, 16.11, 16.12) -------------------------------------------------
+    # -- counts out of range -------------------------------------------------
     ("batch-size-zero", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "--batch-size", "0"], "--batch-size"),
     ("batch-size-negative", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "-b", "-1"], "--batch-size"),
     ("batch-size-huge", ["rank", "{export}", "-s", "{good}", "-o", "{out}", "-b", "100000"], "--batch-size"),
@@ -71,7 +71,7 @@ CASES = [
     ("unknown-flavour", ["export", "{ckpt}", "{tmp}/e", "--flavour", "tensorrt"], "flavour must be one of ort-cpu, standard"),
     ("unknown-precision", ["export", "{ckpt}", "{tmp}/e", "--precision", "int4"], "precision must be one of"),
     ("unknown-backend", ["calibrate", "{export}", "{tmp}/q", "--backend", "tflite"], "backend must be one of"),
-    # bf16 is checked against the CPU (AVX512_BF16 / AMX) and refused with the reason (issue 14.3)
+    # bf16 is checked against the CPU (AVX512_BF16 / AMX) and refused with the reason
     ("bf16-on-cpu", ["calibrate", "{tmp}/nope", "{tmp}/q", "--precision", "bf16"], "bf16 on CPU needs AVX512_BF16 or AMX"),
     ("fp8-on-a100", ["calibrate", "{tmp}/nope", "{tmp}/q", "--backend", "modelopt", "--precision", "fp8", "--target", "a100"],
      "fp8 is not supported on target a100"),
@@ -134,7 +134,7 @@ CASES = [
     ("merge-stdin-empty", ["merge", "{lora}", "{tmp}/m", "-s", "-"], "<stdin>: no slates"),
     ("train-without-slates", ["train", "{backbone}", "{tmp}/ck"], "--slates"),
     ("teacher-without-out", ["teacher", "{backbone}", "-s", "{good}"], "--out"),
-    # -- outputs (issue 16.3, 16.13) -------------------------------------------------------------------
+    # -- outputs -------------------------------------------------------------------
     ("out-is-a-directory", ["rank", "{export}", "-s", "{good}", "-o", "{emptydir}"], "is a directory"),
     ("out-is-a-device", ["rank", "{export}", "-s", "{good}", "-o", "/dev/null"], "not a regular file"),
     ("out-parent-is-a-file", ["rank", "{export}", "-s", "{good}", "-o", "{afile}/r.jsonl"], "is not a directory"),

@@ -121,6 +121,13 @@ def test_sidecar_round_trip(tmp_path):
     back = read_sidecar(plan)
     assert back["format"] == "hllm-tensorrt-plan" and back["source_checkpoint"]["sha256"] == "cd" * 32
     assert back["profiles"] == _meta()["profiles"]
+    from hllm.formats.plan import read_plan
+    from hllm.formats.precision import Precision
+
+    typed = read_plan(plan)  # the typed view of the same file
+    assert typed.precision is Precision.FP16 and typed.num_positions == 50 and typed.compute_capability == (8, 0)
+    assert typed.tokenizer_path == tmp_path / "m.plan.tokenizer.json" and typed.context is False
+    assert [pr.to_dict() for pr in typed.profiles] == _meta()["profiles"] and typed.raw == back
 
 
 def test_sidecar_refuses_malformed(tmp_path):

@@ -77,7 +77,7 @@ def _max_diff_at_untraced_shapes(ckpt, export_dir) -> dict[str, float]:
     with OnnxRuntimeEngine(export_dir / "model.onnx", K) as eng, torch.inference_mode():
         for name, (lengths, items) in shapes.items():
             b = synthetic_batch(rng, vocab, lengths, items)
-            ref = model(*(torch.from_numpy(x) for x in b.inputs().values())).numpy()
+            ref = model(*(torch.from_numpy(x) for x in b.inputs(False).values())).numpy()
             got = eng.run(b.input_ids, b.readout_positions, b.item_mask)
             assert np.isfinite(got).all()
             out[name] = float(np.abs(ref - got).max())
@@ -169,7 +169,7 @@ def test_causal_sdpa_patch_keeps_pytorch_scores(checkpoints):
     """Inside the patch the eager model computes the same scores (SDPA is_causal vs a causal mask)."""
     model = load_model(checkpoints["qwen3"])
     b = synthetic_batch(np.random.default_rng(5), model.backbone.config.vocab_size, [30, 12], [4, 2])
-    args = [torch.from_numpy(x) for x in b.inputs().values()]
+    args = [torch.from_numpy(x) for x in b.inputs(False).values()]
     with torch.inference_mode():
         ref = model(*args)
         with causal_sdpa_export():

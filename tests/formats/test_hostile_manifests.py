@@ -1,4 +1,4 @@
-"""Hostile manifests and sidecars (issue 16 items 2, 6, 10): paths that escape their directory, fields of
+"""Hostile manifests and sidecars: paths that escape their directory, fields of
 the wrong type, templates with unknown placeholders, corrupt or foreign adapters, a tokenizer or graph
 that is not the one exported — each a CheckpointError/EngineError naming the field, never an internal error."""
 

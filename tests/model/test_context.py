@@ -12,15 +12,6 @@ import torch
 
 from hllm.errors import ShapeError
 from hllm.testing import tiny_slates
-from tests.conftest import TINY_HEAD
-
-
-@pytest.fixture(scope="module")
-def context_checkpoint(tiny_dir, qwen3_backbone):
-    from hllm.checkpoint.init import init_checkpoint
-
-    return init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-context", "self_attention", 8, seed=5,
-                           head_kwargs={**TINY_HEAD, "context": True})
 
 
 def test_context_position_is_the_last_user_context_token(qwen3_backbone):
@@ -36,7 +27,7 @@ def test_context_position_is_the_last_user_context_token(qwen3_backbone):
     assert enc.ids[: enc.context_end + 1] == ctx_ids
     batch = b.encode([s, tiny_slates(1, 3, seed=4)[0]])
     assert batch.context_positions.dtype == np.int64 and batch.context_positions.shape == (2,)
-    assert list(batch.inputs(context=True)) == ["input_ids", "readout_positions", "item_mask", "context_positions"]
+    assert list(batch.inputs(True)) == ["input_ids", "readout_positions", "item_mask", "context_positions"]
 
 
 def test_model_reads_the_context_position(context_checkpoint):
@@ -48,7 +39,7 @@ def test_model_reads_the_context_position(context_checkpoint):
     model = load_model(m)
     assert model.reads_context and m.head.context
     b = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=8).encode(tiny_slates(2, (3, 6), seed=1))
-    args = [torch.from_numpy(x) for x in b.inputs(context=True).values()]
+    args = [torch.from_numpy(x) for x in b.inputs(True).values()]
     with torch.inference_mode():
         a = model(*args)
         moved = model(*args[:3], args[3] - 1)  # another context token → other scores

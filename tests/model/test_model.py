@@ -85,7 +85,7 @@ def test_right_padding_matches_unpadded(backbones, family):
     both = builder.encode(s)
     assert both.input_ids.shape[1] >= alone.input_ids.shape[1]
     with torch.inference_mode():
-        a = model(*(torch.from_numpy(x) for x in alone.inputs().values()))
-        b = model(*(torch.from_numpy(x) for x in both.inputs().values()))
+        a = model(*(torch.from_numpy(x) for x in alone.inputs(False).values()))
+        b = model(*(torch.from_numpy(x) for x in both.inputs(False).values()))
     n = int(alone.n_items[0])
     np.testing.assert_allclose(a[0, :n].numpy(), b[0, :n].numpy(), atol=1e-5)

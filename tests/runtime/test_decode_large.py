@@ -1,4 +1,4 @@
-"""LAPJV decode is optimal at any finite magnitude (issue 16 item 5).
+"""LAPJV decode is optimal at any finite magnitude.
 
 ``lap.lapjv`` used on raw costs of magnitude ≥ 1e6 returned non-optimal assignments (its internal
 "infinity" is 1e6); decode scales each slate by a power of two first. Property test against

@@ -1,4 +1,4 @@
-"""Decode errors name the slate (issue 16 item 15): its slate_id, or — without one — its index in the
+"""Decode errors name the slate: its slate_id, or — without one — its index in the
 whole input, not its position inside an engine batch."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one slate validator and reader (issue 16 items 8, 9): every field checked, each message naming
+"""The one slate validator and reader: every field checked, each message naming
 where (file:line), the slate_id, the field and the type it got; the documented policies; files that are
 corrupt, truncated, not UTF-8, too deeply nested or empty are SlateErrors."""
 

@@ -8,7 +8,9 @@ Python backend does (version and model directories on ``sys.path``, ``initialize
 Triton's keys), each with a fresh set of ``hllm`` modules (Triton runs each in its own process);
 loads an ``onnxruntime_onnx`` engine with ONNX Runtime and runs its ``model_warmup`` (raw
 ``warmup/`` files); runs the ensemble's steps by their ``input_map`` / ``output_map``; checks every
-tensor's data type and dims (batch dim ≤ ``max_batch_size``) against the configs, in and out.
+tensor's data type and dims (batch dim ≤ ``max_batch_size``) against the configs, in and out; applies
+an input's ``reshape`` before the engine runs; refuses, as Triton does on load, a tensor without dims, an
+ensemble step reading a tensor nothing produced, a warm-up that does not feed every input.
 Endpoints: ``GET /v2/health/{live,ready}``, ``GET /v2/models/NAME[/ready]``,
 ``POST /v2/models/NAME[/versions/V]/infer`` with JSON tensors or the binary tensor extension
 (``Inference-Header-Content-Length``), which ``tritonclient.http`` uses by default.
@@ -159,7 +161,11 @@ class OrtModel(Model):
 
     def run(self, inputs: dict) -> dict:
         names = [o.name for o in self.cfg.output]
-        return dict(zip(names, self.session.run(names, inputs)))
+        feeds = {}
+        for spec in self.cfg.input:  # Triton hands the backend the model's shape: [batch, *reshape.shape]
+            a = inputs[spec.name]
+            feeds[spec.name] = a.reshape(a.shape[0], *spec.reshape.shape) if spec.HasField("reshape") else a
+        return dict(zip(names, self.session.run(names, feeds)))
 
 
 class Ensemble(Model):
@@ -177,6 +183,23 @@ class Ensemble(Model):
         return {o.name: tensors[o.name] for o in self.cfg.output}
 
 
+def validate(cfg) -> None:
+    """Refuse what Triton refuses at load time: a tensor without dims, an ensemble step that reads a tensor
+    no ensemble input or earlier step provides, a warm-up that does not feed every input."""
+    for t in [*cfg.input, *cfg.output]:
+        if not t.dims:
+            raise SystemExit(f"{cfg.name}: tensor {t.name!r} has no dims (Triton requires non-empty dims)")
+    produced = {t.name for t in cfg.input}
+    for step in cfg.ensemble_scheduling.step:
+        missing = set(step.input_map.values()) - produced
+        if missing:
+            raise SystemExit(f"{cfg.name}: step {step.model_name} reads {sorted(missing)}, which nothing produces")
+        produced.update(step.output_map.values())
+    for w in cfg.model_warmup:
+        if set(w.inputs) != {t.name for t in cfg.input}:
+            raise SystemExit(f"{cfg.name}: warm-up {w.name} feeds {sorted(w.inputs)}, not every input")
+
+
 def load_repository(root: Path, pb2) -> dict:
     Model.pb2 = pb2
     from google.protobuf import text_format
@@ -184,6 +207,7 @@ def load_repository(root: Path, pb2) -> dict:
     cfgs = {}
     for path in sorted(root.glob("*/config.pbtxt")):
         cfg = text_format.Parse(path.read_text(), pb2.ModelConfig())
+        validate(cfg)
         cfgs[cfg.name] = (cfg, path.parent)
     models = {}
     for name, (cfg, home) in cfgs.items():

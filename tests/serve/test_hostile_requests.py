@@ -1,4 +1,4 @@
-"""Hostile HTTP requests (issue 16 items 16, 17): every error is the JSON envelope with a 4xx (or a JSON
+"""Hostile HTTP requests: every error is the JSON envelope with a 4xx (or a JSON
 500 with an id), every response is counted in /metrics, one bad request never fails the others, and
 slow clients (dribbled headers or body, idle connections) are cut off while normal requests are served."""
 

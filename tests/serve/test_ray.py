@@ -216,6 +216,18 @@ def test_ray_rank_refuses_bad_slates_before_ray_and_caps_local_workers(export_di
     assert e.value.code == 2 and "RAY_ADDRESS" in capsys.readouterr().err
 
 
+def test_ray_data_ranks_a_context_head_like_one_process(local_ray, context_export_dir, tmp_path):
+    from hllm.runtime.ray_data import rank_file
+
+    slates = tiny_slates(9, (2, 8), seed=92)
+    write_jsonl(tmp_path / "s.jsonl", slates)
+    one = subprocess.run([sys.executable, "-m", "hllm", "rank", str(context_export_dir), "--slates", str(tmp_path / "s.jsonl"),
+                          "--out", str(tmp_path / "one.jsonl"), "--batch-size", "2"], capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    assert rank_file(context_export_dir, tmp_path / "s.jsonl", tmp_path / "ray.jsonl", workers=2, batch_size=2) == 9
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+
+
 def test_ray_modules_import_no_torch():
     code = ("import sys, hllm.serve.ray_serve, hllm.runtime.ray_data;"
             "bad=[m for m in ('torch','transformers','peft') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")

@@ -172,6 +172,20 @@ def _long_slate():
     return {"slate_id": "long", "history": ["word " * 30] * 5, "candidates": [{"item_id": f"c{i}", "title": "longer title text " * 4} for i in range(K)]}
 
 
+def test_context_head_served_with_micro_batches(context_export_dir, context_checkpoint):
+    """A head that reads the user context: concurrent requests merged into batches rank as the PyTorch checkpoint."""
+    slates = tiny_slates(6, (2, 8), seed=17)
+    with Ranker.from_path(context_checkpoint) as torch_ranker:
+        want = [r.order for r in torch_ranker.rank(slates)]
+    srv, _ = _server(Ranker.from_path(context_export_dir))
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            bodies = list(pool.map(lambda sl: _post(srv.url, {"slates": [sl]}), slates))
+    assert all(r.status_code == 200 for r in bodies), [r.text for r in bodies]
+    assert [r.json()["rankings"][0]["order"] for r in bodies] == want
+
+
 @pytest.mark.parametrize(
     "body, status, kind, words",
     [

@@ -111,6 +111,15 @@ def test_ensemble_chains_preprocess_engine_decode(repo):
     assert pre.backend == dec.backend == "python" and pre.instance_group[0].count == 2 and dec.instance_group[0].count == 3
     assert [t.name for t in ens.input] == ["slates"] and _config(repo, "hllm_ranker")[1].DataType.Name(ens.input[0].data_type) == "TYPE_STRING"
     assert ens.platform == "ensemble" and {c.max_batch_size for c in cfgs.values()} == {4}
+    _assert_connected(cfgs)
+
+
+def _assert_connected(cfgs: dict) -> None:
+    """Every step input is an ensemble input or an earlier step's output (same type, compatible dims), every
+    model input is fed, every ensemble output is produced, and no tensor anywhere has empty dims."""
+    ens = cfgs["hllm_ranker"]
+    for cfg in cfgs.values():
+        assert all(len(t.dims) >= 1 for t in [*cfg.input, *cfg.output]), cfg.name
     produced = {t.name: t for t in ens.input}
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["hllm_preprocess", "hllm_engine", "hllm_decode"]
     for step in ens.ensemble_scheduling.step:
@@ -292,3 +301,90 @@ def test_cli_triton_repo_and_refusals(export_dir, merged_checkpoint, tmp_path):
     r = run(export_dir, tmp_path / "d", "--bundle-deps", "--bundle-arch", "riscv")
     assert r.returncode == 2 and "--bundle-arch" in r.stderr
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+# -- a head that reads the user context: four engine inputs ---------------------------------------------
+
+FOUR = ["input_ids", "readout_positions", "item_mask", "context_positions"]
+
+
+@pytest.fixture(scope="module")
+def context_repo(context_export_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("triton-context") / "repo"
+    res = write_repository(context_export_dir, out, max_batch_size=4)
+    assert res["instance_kind"] == "cpu" and res["notes"] == []  # ort-cpu export → KIND_CPU by default
+    return out
+
+
+def test_context_repository_feeds_every_engine_input(context_repo, context_export_dir):
+    import onnx
+
+    cfgs = {n: _config(context_repo, n)[0] for n in ("hllm_preprocess", "hllm_engine", "hllm_decode", "hllm_ranker")}
+    eng, pb = _config(context_repo, "hllm_engine")
+    graph = onnx.load(str(context_repo / "models/hllm_engine/1/model.onnx"), load_external_data=False).graph
+    assert [t.name for t in eng.input] == [t.name for t in graph.input] == FOUR
+    for cfg_t, g_t in zip(eng.input, graph.input):
+        gdims = [d.dim_value if d.HasField("dim_value") else -1 for d in g_t.type.tensor_type.shape.dim]
+        model_dims = list(cfg_t.reshape.shape) if cfg_t.HasField("reshape") else list(cfg_t.dims)
+        assert model_dims == gdims[1:] and len(cfg_t.dims) >= 1, cfg_t.name  # what the backend sees == the graph
+    ctx = eng.input[3]
+    assert list(ctx.dims) == [1] and ctx.HasField("reshape") and list(ctx.reshape.shape) == []
+    assert eng.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+    pre_out = {t.name: list(t.dims) for t in cfgs["hllm_preprocess"].output}
+    assert pre_out == {"input_ids": [-1], "readout_positions": [8], "item_mask": [8], "context_positions": [1], "truncated": [8]}
+    _assert_connected(cfgs)
+    (warm,) = eng.model_warmup
+    assert set(warm.inputs) == set(FOUR) and list(warm.inputs["context_positions"].dims) == [1]
+    files = context_repo / "models/hllm_engine/warmup"
+    ids = np.frombuffer((files / "input_ids").read_bytes(), dtype=np.int64)
+    (ctx_pos,) = np.frombuffer((files / "context_positions").read_bytes(), dtype=np.int64)
+    readout = np.frombuffer((files / "readout_positions").read_bytes(), dtype=np.int64)
+    assert 0 < ctx_pos < readout[0] < len(ids)  # the last user-context token precedes the first candidate
+    settings = json.loads((context_repo / "models/hllm_preprocess/1/hllm_preprocess.json").read_text())
+    assert settings["inputs"] == FOUR
+
+
+def test_context_repository_ranks_like_hllm_rank(context_repo, context_export_dir, tmp_path):
+    """The generated model.py files (preprocess, decode) and the ONNX engine, chained by the ensemble config
+    in the stub server (which applies the engine's reshape), rank as `hllm rank` does."""
+    slates = tiny_slates(6, (1, 8), seed=83)
+    write_jsonl(tmp_path / "s.jsonl", slates)
+    rank = subprocess.run([sys.executable, "-m", "hllm", "rank", str(context_export_dir), "-s", str(tmp_path / "s.jsonl"),
+                           "-o", str(tmp_path / "want.jsonl")], capture_output=True, text=True)
+    assert rank.returncode == 0, rank.stderr
+    stub = _Stub(context_repo / "models", ["-I"])
+    try:
+        r = _rank_py(context_repo, stub.url, tmp_path / "s.jsonl", "--batch-size", "4")
+    finally:
+        stub.close()
+    assert r.returncode == 0, r.stderr
+    assert stub.info["WARMUPS"] == {"hllm_engine": 1}
+    want = [json.loads(line) for line in (tmp_path / "want.jsonl").read_text().splitlines()]
+    _assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], want)
+
+
+def test_writer_refuses_what_it_cannot_serve_and_picks_the_instance_kind(context_export_dir, export_dir):
+    import dataclasses
+
+    from hllm.runtime.artefact import resolve
+    from hllm.serve.triton.repo import check_ensemble, servable
+
+    art = resolve(context_export_dir)
+    assert servable(art, None) == ("cpu", [])
+    kind, notes = servable(art, "gpu")  # asked for GPU instances of an ort-cpu graph: served, with a note
+    assert kind == "gpu" and "GroupQueryAttention" in notes[0] and "--flavour standard" in notes[0]
+    assert servable(dataclasses.replace(art, flavour="standard"), None) == ("gpu", [])
+    odd = dataclasses.replace(art, meta={**art.meta, "inputs": [*art.meta["inputs"], {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "seq"]}]})
+    with pytest.raises(EngineError, match="attention_mask"):
+        servable(odd, None)
+    with pytest.raises(EngineError, match=r"hllm_engine reads \['context_positions'\]"):
+        check_ensemble([("hllm_preprocess", ["slates"], ["input_ids", "truncated"]),
+                        ("hllm_engine", ["input_ids", "context_positions"], ["scores"])])
+
+
+def test_triton_writer_imports_without_fastapi():
+    code = ("import sys; sys.modules['fastapi'] = None\n"  # a None entry makes `import fastapi` fail
+            "import hllm.serve.triton.repo, hllm.serve\n"
+            "print(sorted(m for m in ('fastapi', 'torch', 'transformers') if sys.modules.get(m)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr

@@ -174,7 +174,7 @@ def test_rows_only_cache_trains_the_context_head_like_the_full_path(backbones, t
     for s, m in zip(slates, got):
         enc = builder.encode([s])
         with torch.no_grad():
-            want = model(*(torch.from_numpy(x) for x in enc.inputs(context=True).values()))[0].numpy()
+            want = model(*(torch.from_numpy(x) for x in enc.inputs(True).values()))[0].numpy()
         np.testing.assert_allclose(m, want, atol=1e-5)
     with pytest.raises(HllmError, match="--layer must be"):
         build_cache(bb, read_slates(train_file), tmp_path / "bad", 1, PROMPT, 8, source=low)

@@ -25,6 +25,7 @@ from hllm.engines.tensorrt.runner import device_info, import_tensorrt, polygraph
 from hllm.errors import EngineError
 from hllm.files import atomic_path, sha256_file
 from hllm.formats.graph import sidecar_reads_context
+from hllm.formats.precision import Precision
 from hllm.formats.plan import DeviceInfo, target_settings, write_sidecar
 from hllm.formats.profiles import Profile, validate_profiles
 
@@ -90,7 +91,7 @@ def build_plan(
     validate_profiles(profiles, k)
     if not 0 <= int(opt_level) <= 5:
         raise EngineError(f"--opt-level must be 0..5, got {opt_level}")
-    precision = art.precision.value
+    precision = art.precision
     plan_path = Path(plan_path)
     if plan_path.exists() and not overwrite:
         raise FileExistsError(f"{plan_path} exists (use --overwrite)")
@@ -159,7 +160,7 @@ def polygraphy_loaders(trt, api, art, profiles: list[Profile], opt_level: int, w
 
 
 def _plan_sidecar(art, plan_path: Path, data: bytes, tok_name: str, api, device, settings: dict, opt_level: int,
-                  workspace_gb, profiles, precision: str, cache_path, cache_reused: bool, build_s: float) -> dict:
+                  workspace_gb, profiles, precision: Precision, cache_path, cache_reused: bool, build_s: float) -> dict:
     """The plan sidecar dict (:mod:`hllm.formats.plan` validates and writes it)."""
     m = art.meta
     return {
@@ -178,7 +179,7 @@ def _plan_sidecar(art, plan_path: Path, data: bytes, tok_name: str, api, device,
         "builder_optimization_level": int(opt_level),
         "workspace_gb": workspace_gb,
         "profiles": [p.to_dict() for p in profiles],
-        "precision": precision,
+        "precision": str(precision),
         "fp32_islands": m.get("fp32_islands"),
         "onnx": str(art.path),
         "onnx_sha256": m.get("onnx_sha256") or sha256_file(art.path),

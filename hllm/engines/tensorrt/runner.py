@@ -48,8 +48,6 @@ from hllm.formats.profiles import Profile, select_profile
 MIN_MAJOR = 10
 INSTALL_HINT = ("install TensorRT from NVIDIA's package index and Polygraphy, e.g. "
                 "`pip install 'hllm[tensorrt]' tensorrt-cu12 --extra-index-url https://pypi.nvidia.com` (see docs/tensorrt.md)")
-_DTYPES = {"input_ids": np.int64, "readout_positions": np.int64, "item_mask": np.bool_, "context_positions": np.int64,
-           OUTPUT_NAME: np.float32}
 # cudaDeviceAttr values (CUDA runtime API, "cudaDeviceAttr"): compute capability major / minor.
 _CUDA_DEV_ATTR_CC_MAJOR, _CUDA_DEV_ATTR_CC_MINOR = 75, 76
 
@@ -246,10 +244,7 @@ class TensorRTEngine(Engine):
         b, s = input_ids.shape
         n = item_mask.shape[1]
         idx = select_profile(self._profiles, b, s, n)
-        feeds = OrderedDict(input_ids=input_ids, readout_positions=readout_positions, item_mask=item_mask)
-        if context_positions is not None:
-            feeds["context_positions"] = context_positions
-        feeds = OrderedDict((k, np.ascontiguousarray(v, dtype=_DTYPES[k])) for k, v in feeds.items())
+        feeds = OrderedDict(self.feeds(input_ids, readout_positions, item_mask, context_positions))
         with polygraphy_calls(f"TensorRT inference (profile {idx}, batch={b} seq={s} items={n})"):
             if idx != self._profile_index:
                 self._runner.set_profile(idx)

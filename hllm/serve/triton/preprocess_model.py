@@ -9,7 +9,14 @@ Outputs:
                                       prompt itself is longer)
     readout_positions  [B, K] int64   each candidate's last token; 0 past the slate
     item_mask          [B, K] bool    True for real candidates (a prefix)
+    context_positions  [B, 1] int64   only when the engine graph declares it (a head that reads the user
+                                      context): index of the last user-context token. Triton needs
+                                      non-empty dims, so it travels as ``[B, 1]`` and the engine model's
+                                      config reshapes it to the graph's ``[B]`` (``reshape { shape: [ ] }``)
     truncated          [B, K] bool    True where a candidate's text was cut to the token budget
+
+Which engine inputs it emits is the graph's own list (``inputs`` in the settings file, from the export's
+sidecar), built by :func:`hllm.formats.graph.feed_dict` — the runtime's feed dict, not a copy of it.
 
 The encoding is :class:`hllm.runtime.prompt.PromptBuilder` and the slate check
 :func:`hllm.runtime.slates.validate_slate` — ``hllm triton-repo`` copies these modules, unchanged,
@@ -32,12 +39,13 @@ from pathlib import Path
 import numpy as np
 
 from hllm.errors import SlateError
+from hllm.formats.graph import INPUT_NAMES, declared_inputs, feed_dict
 from hllm.formats.prompt import PromptSpec
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 from hllm.runtime.slates import loads_json, validate_slate
 
 SLATES, TRUNCATED = "slates", "truncated"
-#: The settings file in the model's version directory: ``{"num_positions", "seq_bucket", "prompt"}``.
+#: The settings file in the model's version directory: ``{"num_positions", "seq_bucket", "prompt", "inputs"}``.
 SETTINGS = "hllm_preprocess.json"
 
 
@@ -64,11 +72,16 @@ def parse_slates(raw: np.ndarray) -> list[dict]:
     return slates
 
 
-def encode_padded(builder: PromptBuilder, slates: list[dict], num_positions: int, seq_bucket: int) -> dict[str, np.ndarray]:
-    """Engine inputs of ``slates`` padded to ``K = num_positions`` items and an ``S`` bucket (see module doc).
+def encode_padded(builder: PromptBuilder, slates: list[dict], num_positions: int, seq_bucket: int,
+                  graph_inputs=INPUT_NAMES) -> dict[str, np.ndarray]:
+    """The engine feed dict of ``slates`` padded to ``K = num_positions`` items and an ``S`` bucket (see
+    module doc), plus ``truncated``.
 
-    Returns ``{input_ids [B,S] int64, readout_positions [B,K] int64, item_mask [B,K] bool, truncated [B,K] bool}``.
-    Raises: SlateError (empty slate, more than K candidates, prompt over ``max_seq_len``).
+    Args: graph_inputs: the engine graph's declared inputs (:func:`hllm.formats.graph.feed_dict`).
+    Returns ``{input_ids [B,S] int64, readout_positions [B,K] int64, item_mask [B,K] bool[,
+        context_positions [B] int64], truncated [B,K] bool}`` (graph shapes; :func:`triton_shapes` gives
+        Triton's).
+    Raises: SlateError (empty slate, more than K candidates, prompt over ``max_seq_len``); ShapeError.
     """
     batch = builder.encode(slates)
     b, s = batch.input_ids.shape
@@ -83,19 +96,28 @@ def encode_padded(builder: PromptBuilder, slates: list[dict], num_positions: int
     truncated = np.zeros((b, num_positions), dtype=bool)
     for row, cut in enumerate(batch.truncated):
         truncated[row, cut] = True
-    return {"input_ids": ids, "readout_positions": pos, "item_mask": mask, TRUNCATED: truncated}
+    padded = {"input_ids": ids, "readout_positions": pos, "item_mask": mask,
+              "context_positions": batch.context_positions}
+    return {**feed_dict(graph_inputs, padded), TRUNCATED: truncated}
 
 
-def load_settings(home: str | Path) -> tuple[PromptBuilder, int, int]:
-    """(builder, K, seq_bucket) from ``SETTINGS`` and ``tokenizer.json`` in ``home``.
+def triton_shapes(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays as Triton's inference API carries them: a batch-only ``[B]`` tensor becomes ``[B, 1]``
+    (every Triton tensor has non-empty ``dims``; the engine config reshapes it back)."""
+    return {name: a.reshape(-1, 1) if a.ndim == 1 else a for name, a in arrays.items()}
 
-    Raises: CheckpointError (tokenizer or prompt spec unreadable), OSError / KeyError (settings file).
+
+def load_settings(home: str | Path) -> tuple[PromptBuilder, int, int, tuple[str, ...]]:
+    """(builder, K, seq_bucket, graph input names) from ``SETTINGS`` and ``tokenizer.json`` in ``home``.
+
+    Raises: CheckpointError (tokenizer or prompt spec unreadable), OSError / KeyError (settings file),
+        ShapeError (an input name that is not an hLLM graph input).
     """
     home = Path(home)
     cfg = json.loads((home / SETTINGS).read_text(encoding="utf-8"))
     k = int(cfg["num_positions"])
     builder = PromptBuilder(load_tokenizer(home / "tokenizer.json"), PromptSpec.from_dict(cfg["prompt"]), max_items=k)
-    return builder, k, int(cfg["seq_bucket"])
+    return builder, k, int(cfg["seq_bucket"]), declared_inputs(cfg["inputs"])
 
 
 class TritonPythonModel:
@@ -106,7 +128,8 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
         self.pb = pb_utils
-        self.builder, self.num_positions, self.seq_bucket = load_settings(Path(args["model_repository"]) / args["model_version"])
+        home = Path(args["model_repository"]) / args["model_version"]
+        self.builder, self.num_positions, self.seq_bucket, self.graph_inputs = load_settings(home)
 
     def execute(self, requests: list) -> list:
         """One response per request, in order; a request with a bad slate gets an error response."""
@@ -115,7 +138,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 slates = parse_slates(pb.get_input_tensor_by_name(request, SLATES).as_numpy())
-                arrays = encode_padded(self.builder, slates, self.num_positions, self.seq_bucket)
+                arrays = triton_shapes(encode_padded(self.builder, slates, self.num_positions, self.seq_bucket, self.graph_inputs))
                 responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(name, a) for name, a in arrays.items()]))
             except Exception as e:  # noqa: BLE001 — one bad request must not fail the others
                 responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"hllm preprocess: {e}")))

@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hllm.errors import EngineError
+from hllm.errors import EngineError, HllmError
 from hllm.files import atomic_dir
-from hllm.formats.graph import OUTPUT_NAME, graph_io_specs
+from hllm.formats.graph import CONTEXT_INPUT, INPUT_DTYPES, INPUT_NAMES, OUTPUT_NAME, declared_inputs, graph_io_specs
 from hllm.runtime.artefact import resolve
 from hllm.serve.triton import vendor
 from hllm.serve.triton.decode_model import ITEM_MASK, RANKING, SCORES
-from hllm.serve.triton.preprocess_model import SETTINGS, SLATES, TRUNCATED, encode_padded, load_settings
+from hllm.serve.triton.preprocess_model import SETTINGS, SLATES, TRUNCATED, encode_padded, load_settings, triton_shapes
 
 PREPROCESS, ENGINE, DECODE, ENSEMBLE = "hllm_preprocess", "hllm_engine", "hllm_decode", "hllm_ranker"
 TRITON_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "bool": "TYPE_BOOL", "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "bytes": "TYPE_STRING"}
@@ -89,14 +89,20 @@ if __name__ == "__main__":
 
 
 def _dims(shape) -> list[int]:
-    """Triton dims of a graph tensor: the batch dim dropped, dynamic dims → -1."""
-    return [d if isinstance(d, int) else -1 for d in list(shape)[1:]]
+    """Triton dims of a graph tensor: the batch dim dropped, dynamic dims → -1. A batch-only tensor
+    (``[batch]``) gets ``[1]``: Triton requires non-empty dims; :func:`_tensor` reshapes it back."""
+    dims = [d if isinstance(d, int) else -1 for d in list(shape)[1:]]
+    return dims or [1]
 
 
-def _tensor(name: str, dtype: str, dims: list[int]) -> str:
+def _tensor(name: str, dtype: str, dims: list[int], reshape: list[int] | None = None) -> str:
+    """One ``input`` / ``output`` entry; ``reshape`` is the model's own shape when it differs from ``dims``
+    (``reshape { shape: [ ] }`` for a graph tensor of shape ``[batch]``; model_configuration.md, Reshape)."""
     if dtype not in TRITON_TYPES:
         raise EngineError(f"tensor {name!r}: dtype {dtype!r} has no Triton type")
-    return f'  {{\n    name: "{name}"\n    data_type: {TRITON_TYPES[dtype]}\n    dims: [ {", ".join(map(str, dims))} ]\n  }}'
+    extra = "" if reshape is None else f'\n    reshape {{\n      shape: [ {"".join(f"{d}, " for d in reshape)}]\n    }}'
+    return (f'  {{\n    name: "{name}"\n    data_type: {TRITON_TYPES[dtype]}\n    dims: [ {", ".join(map(str, dims))} ]'
+            f'{extra}\n  }}')
 
 
 def _io(key: str, tensors: list[tuple[str, str, list[int]]]) -> str:
@@ -109,36 +115,45 @@ def _instances(count: int, kind: str) -> str:
 
 def graph_io(artifact) -> tuple[list[dict], list[dict]]:
     """The engine graph's inputs and outputs as ``{name, dtype, shape}`` dicts (from its sidecar)."""
-    ins, outs = graph_io_specs(artifact.num_positions)
+    ins, outs = graph_io_specs(artifact.num_positions, artifact.context)
     inputs = artifact.meta.get("inputs") or [t.to_dict() for t in ins]
     outputs = artifact.meta.get("outputs") or [t.to_dict() for t in outs]
     return inputs, outputs
 
 
-def preprocess_outputs(k: int) -> list[tuple[str, str, list[int]]]:
-    """(name, dtype, dims) of the preprocessing model's outputs (batch dim implicit)."""
-    return [("input_ids", "int64", [-1]), ("readout_positions", "int64", [k]), (ITEM_MASK, "bool", [k]), (TRUNCATED, "bool", [k])]
+def engine_tensors(tensors: list[dict]) -> list[tuple]:
+    """(name, dtype, dims[, reshape]) of graph tensors as the engine config declares them: a ``[batch]``
+    tensor is ``dims: [1]`` with ``reshape { shape: [ ] }``."""
+    return [(t["name"], t["dtype"], _dims(t["shape"]), *([[]] if len(t["shape"]) == 1 else [])) for t in tensors]
 
 
-def preprocess_config(k: int, max_batch_size: int, instances: int) -> str:
+def preprocess_outputs(k: int, graph_inputs=INPUT_NAMES) -> list[tuple[str, str, list[int]]]:
+    """(name, dtype, dims) of the preprocessing model's outputs (batch dim implicit): every input the
+    engine graph declares (``context_positions`` as ``[1]``, see :func:`triton_shapes`), then ``truncated``."""
+    dims = {"input_ids": [-1], "readout_positions": [k], ITEM_MASK: [k], CONTEXT_INPUT: [1]}
+    return [(n, INPUT_DTYPES[n], dims[n]) for n in declared_inputs(graph_inputs)] + [(TRUNCATED, "bool", [k])]
+
+
+def preprocess_config(k: int, max_batch_size: int, instances: int, graph_inputs=INPUT_NAMES) -> str:
     """``config.pbtxt`` of the Python-backend preprocessing model (CPU instances)."""
     return (
         f'name: "{PREPROCESS}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
         + _io("input", [(SLATES, "bytes", [1])])
-        + _io("output", preprocess_outputs(k))
+        + _io("output", preprocess_outputs(k, graph_inputs))
         + "dynamic_batching {\n}\n"
         + _instances(instances, "cpu")
     )
 
 
 def warmup_arrays(preprocess_dir: Path, k: int) -> dict[str, np.ndarray]:
-    """Engine inputs of one synthetic slate of K candidates, encoded as the preprocessing model would."""
-    builder, k, bucket = load_settings(preprocess_dir)
+    """Every engine input of one synthetic slate of K candidates, encoded as the preprocessing model
+    would (Triton's API shapes: ``context_positions`` as ``[1, 1]``)."""
+    builder, k, bucket, inputs = load_settings(preprocess_dir)
     slate = {"slate_id": "warmup", "history": ["a warm-up item"],
              "candidates": [{"item_id": f"w{i}", "title": f"warm-up candidate {i}"} for i in range(k)]}
-    arrays = encode_padded(builder, [slate], k, bucket)
+    arrays = encode_padded(builder, [slate], k, bucket, inputs)
     arrays.pop(TRUNCATED)
-    return arrays
+    return triton_shapes(arrays)
 
 
 def _warmup(arrays: dict[str, np.ndarray]) -> str:
@@ -163,8 +178,8 @@ def engine_config(artifact, max_batch_size: int, max_queue_delay_us: int, instan
     return (
         head
         + f"max_batch_size: {max_batch_size}\n"
-        + _io("input", [(t["name"], t["dtype"], _dims(t["shape"])) for t in inputs])
-        + _io("output", [(t["name"], t["dtype"], _dims(t["shape"])) for t in outputs])
+        + _io("input", engine_tensors(inputs))
+        + _io("output", engine_tensors(outputs))
         + f"dynamic_batching {{\n  max_queue_delay_microseconds: {max_queue_delay_us}\n}}\n"
         + _instances(instances, kind)
         + (_warmup(warmup) if warmup else "")
@@ -183,8 +198,9 @@ def decode_config(k: int, max_batch_size: int, instances: int) -> str:
 
 
 def ensemble_config(artifact, max_batch_size: int) -> str:
-    """``config.pbtxt`` of the ensemble: slates → preprocess → engine → decode → ranking, scores, truncated."""
-    inputs, outputs = graph_io(artifact)
+    """``config.pbtxt`` of the ensemble: slates → preprocess → engine → decode → ranking, scores, truncated.
+
+    Raises: EngineError if a step would read a tensor no earlier step writes (:func:`check_ensemble`)."""
     k = artifact.num_positions
 
     def step(model: str, ins, outs) -> str:
@@ -192,17 +208,67 @@ def ensemble_config(artifact, max_batch_size: int) -> str:
         maps += "".join(f'      output_map {{\n        key: "{n}"\n        value: "{n}"\n      }}\n' for n in outs)
         return f'    {{\n      model_name: "{model}"\n      model_version: -1\n{maps}    }}'
 
-    steps = [
-        step(PREPROCESS, [SLATES], [t[0] for t in preprocess_outputs(k)]),
-        step(ENGINE, [t["name"] for t in inputs], [t["name"] for t in outputs]),
-        step(DECODE, [SCORES, ITEM_MASK], [RANKING]),
-    ]
+    flow = ensemble_steps(artifact)
+    check_ensemble(flow)
+    steps = [step(model, ins, outs) for model, ins, outs in flow]
     return (
         f'name: "{ENSEMBLE}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
         + _io("input", [(SLATES, "bytes", [1])])
         + _io("output", [(RANKING, "int64", [-1]), (OUTPUT_NAME, "float32", [-1, k]), (TRUNCATED, "bool", [k])])
         + "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}\n"
     )
+
+
+def ensemble_steps(artifact) -> list[tuple[str, list[str], list[str]]]:
+    """The ensemble's steps as ``(model, input names, output names)``, in order (names map one to one)."""
+    inputs, outputs = graph_io(artifact)
+    names = [t["name"] for t in inputs]
+    return [(PREPROCESS, [SLATES], [t[0] for t in preprocess_outputs(artifact.num_positions, names)]),
+            (ENGINE, names, [t["name"] for t in outputs]),
+            (DECODE, [SCORES, ITEM_MASK], [RANKING])]
+
+
+def check_ensemble(steps, inputs=(SLATES,), outputs=(RANKING, OUTPUT_NAME, TRUNCATED)) -> None:
+    """Refuse an ensemble Triton would not load: every step input must be an ensemble input or an earlier
+    step's output, and every ensemble output some step's output (ensemble_scheduling in model_config.proto).
+
+    Raises: EngineError naming the tensor no step writes.
+    """
+    produced = set(inputs)
+    for model, ins, outs in steps:
+        missing = [n for n in ins if n not in produced]
+        if missing:
+            raise EngineError(f"ensemble step {model} reads {missing}, which no earlier step produces")
+        produced.update(outs)
+    if set(outputs) - produced:
+        raise EngineError(f"ensemble outputs {sorted(set(outputs) - produced)} are produced by no step")
+
+
+def servable(art, kind: str | None) -> tuple[str, list[str]]:
+    """Check that Triton can serve ``art`` and choose the engine instance kind; returns ``(kind, notes)``.
+
+    ``kind`` None → ``cpu`` for an ``ort-cpu`` export (its fused contrib ops, e.g. GroupQueryAttention,
+    are ONNX Runtime CPU kernels), ``gpu`` for a ``standard`` / FP16 export or a TensorRT plan.
+    Raises: EngineError (not an ONNX export or a plan; a graph input the preprocessing model cannot
+        produce; an output other than ``scores [batch, items, K]``).
+    """
+    if art.kind not in ("onnx", "tensorrt"):
+        raise EngineError(f"{art.path}: Triton serves an ONNX export or a TensorRT plan, not a {art.kind} (run `hllm export` first)")
+    inputs, outputs = graph_io(art)
+    try:
+        declared_inputs(inputs)
+    except HllmError as e:
+        raise EngineError(f"{art.path}: the preprocessing model cannot produce this graph's inputs: {e}") from None
+    if [t.get("name") for t in outputs] != [OUTPUT_NAME] or _dims(outputs[0]["shape"])[-1:] != [art.num_positions]:
+        raise EngineError(f"{art.path}: expected one output scores [batch, items, {art.num_positions}], got {outputs}")
+    cpu_graph = art.kind == "onnx" and art.flavour == "ort-cpu"
+    notes = []
+    if kind is None:
+        kind = "cpu" if cpu_graph else "gpu"
+    elif kind.lower() == "gpu" and cpu_graph:
+        notes.append("KIND_GPU for an ort-cpu export: its fused contrib ops (GroupQueryAttention, SkipSimplifiedLayerNormalization) "
+                     "run on ONNX Runtime's CPU kernels; export with --flavour standard for a GPU instance")
+    return kind.lower(), notes
 
 
 def _python_model(models: Path, name: str, what: str, module: str, wheels: tuple[str, ...], bundled: list[str] | None) -> Path:
@@ -247,7 +313,7 @@ def write_repository(
     max_batch_size: int = 8,
     max_queue_delay_us: int = 2000,
     instances: int = 1,
-    kind: str = "gpu",
+    kind: str | None = None,
     decode_instances: int = 2,
     preprocess_instances: int = 2,
     seq_bucket: int = 64,
@@ -260,18 +326,20 @@ def write_repository(
 
     With ``bundle_deps`` the ``tokenizers`` and ``lap`` wheels for ``bundle_python`` / ``bundle_arch``
     are unpacked into the repository (pip, see :mod:`.vendor`), so it runs on a stock Triton image.
-    Returns ``{"models": [...], "num_positions": K, "engine": kind, "bundled": {...} | None}``.
-    Raises: EngineError (not an ONNX export or plan, bad option, unknown dtype, pip failure), FileExistsError.
+    ``kind`` is the engine's instance kind (``gpu`` / ``cpu``; None = chosen by :func:`servable`).
+    Returns ``{"models": [...], "num_positions": K, "engine": kind, "instance_kind": ..., "notes": [...],
+    "bundled": {...} | None}``.
+    Raises: EngineError (not an ONNX export or plan, a graph the ensemble cannot feed, bad option, unknown
+        dtype, pip failure), FileExistsError.
     """
-    if kind.lower() not in ("gpu", "cpu"):
+    if kind is not None and kind.lower() not in ("gpu", "cpu"):
         raise EngineError(f"instance kind must be gpu or cpu, got {kind!r}")
     if min(max_batch_size, instances, decode_instances, preprocess_instances, seq_bucket) < 1 or max_queue_delay_us < 0:
         raise EngineError("max_batch_size, instances, decode/preprocess instances, seq_bucket must be ≥ 1 and max_queue_delay_us ≥ 0")
     if bundle_deps:
         vendor.bundle_command(".", (), bundle_python, bundle_arch)  # check the options before any work
     art = resolve(model)
-    if art.kind not in ("onnx", "tensorrt"):
-        raise EngineError(f"{model}: Triton serves an ONNX export or a TensorRT plan, not a {art.kind} (run `hllm export` first)")
+    kind, notes = servable(art, kind)
     k = art.num_positions
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         models = tmp / "models"
@@ -286,8 +354,9 @@ def write_repository(
                 bundled[name] = pins
         pre = homes["preprocess"]
         shutil.copy2(art.tokenizer_path, pre / "tokenizer.json")
-        (pre / SETTINGS).write_text(json.dumps({"num_positions": k, "seq_bucket": seq_bucket, "prompt": art.prompt.to_dict()}, indent=2) + "\n")
-        (models / PREPROCESS / "config.pbtxt").write_text(preprocess_config(k, max_batch_size, preprocess_instances))
+        (pre / SETTINGS).write_text(json.dumps({"num_positions": k, "seq_bucket": seq_bucket, "prompt": art.prompt.to_dict(),
+                                                "inputs": list(art.graph_inputs)}, indent=2) + "\n")
+        (models / PREPROCESS / "config.pbtxt").write_text(preprocess_config(k, max_batch_size, preprocess_instances, art.graph_inputs))
         (models / DECODE / "config.pbtxt").write_text(decode_config(k, max_batch_size, decode_instances))
 
         eng = models / ENGINE / "1"
@@ -310,4 +379,5 @@ def write_repository(
             {"model": ENSEMBLE, "num_positions": k, "max_batch_size": max_batch_size, "source": str(art.path)}, indent=2) + "\n")
         (client / "rank.py").write_text(RANK_PY.format(version=vendor.hllm_version()))
         (tmp / "README.md").write_text(readme(art, bundled, bundle_python, bundle_arch))
-    return {"models": [PREPROCESS, ENGINE, DECODE, ENSEMBLE], "num_positions": k, "engine": art.kind, "bundled": bundled}
+    return {"models": [PREPROCESS, ENGINE, DECODE, ENSEMBLE], "num_positions": k, "engine": art.kind,
+            "instance_kind": kind, "notes": notes, "bundled": bundled}

@@ -37,6 +37,7 @@ from hllm.errors import EngineError
 MODEL_MODULES = (
     "hllm.errors",
     "hllm.files",
+    "hllm.formats.graph",
     "hllm.formats.prompt",
     "hllm.runtime.prompt",
     "hllm.runtime.slates",
