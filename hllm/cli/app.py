@@ -47,6 +47,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
+    # Help text is plain text: 'hllm[ray]' is shown as written, not read as Rich markup (rich_markup_mode=None).
+    rich_markup_mode=None,
+    # -h is --help on every command (click passes the setting down to subcommands' contexts).
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 # emoji=False: user data (a slate_id ':fire:', a path) is printed literally, never as an emoji; markup in
 # user data is escaped where it is printed (_error, finish_report, step)
@@ -198,9 +202,22 @@ def positions_opt(default: int = 50) -> Any:
     return typer.Option(default, "--positions", "-k", min=1, max=MAX_ITEMS, help="K: rank positions (largest slate).")
 
 
-def hidden_alias(name: str) -> Any:
-    """A deprecated spelling kept working but not shown in ``--help`` (the README's naming table lists them)."""
-    return typer.Option(None, name, hidden=True)
+def deprecated(old: str, new: str) -> None:
+    """Warn (one line on stderr) that the spelling ``old`` is deprecated in favour of ``new``."""
+    from rich.markup import escape
+
+    console.print(f"[yellow]warning:[/] {escape(old)} is deprecated; use {escape(new)}", highlight=False)
+
+
+def hidden_alias(name: str, use: str) -> Any:
+    """A deprecated spelling ``name`` of the option ``use``: it keeps working, is not shown in ``--help``
+    (the README's naming table lists it) and, when given, warns on stderr (:func:`deprecated`)."""
+    def warn(ctx: typer.Context, value: Any) -> Any:
+        if value is not None and not ctx.resilient_parsing:
+            deprecated(name, use)
+        return value
+
+    return typer.Option(None, name, hidden=True, callback=warn)
 
 
 def pick(new: Any, old: Any, new_default: Any = None) -> Any:
