@@ -2,7 +2,7 @@
 #   make demo   set up .venv and run the main job on the real SmolLM2 backbone + real Amazon Beauty slates
 #   make test   set up .venv and run the test suite (what CI runs)
 #   make train-beauty  reproduce the committed trained checkpoint (needs the full Beauty train file)
-# Variables: PY (python ≥3.10), VENV, SLATES (slates file), N (slates used by the demo parity check),
+# Variables: PY (python ≥3.11), VENV, SLATES (slates file), N (slates used by the demo parity check),
 # CKPT (the checkpoint the demo deploys; the committed one expects its backbone at work/smollm2, so keep
 # WORK=work with it), TRAIN (training slates).
 
@@ -43,7 +43,7 @@ demo: setup
 	@echo "== 2/4 export prefill+readout+head to ONE fused ONNX graph (ort-cpu flavour; validated at untraced shapes)"
 	$(HLLM) export $(CKPT) $(WORK)/demo/export --slates $(SLATES) --overwrite
 	@echo "== 3/4 parity: the fused ONNX Runtime graph vs the PyTorch checkpoint on $(N) real slates"
-	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(SLATES) --limit $(N) --report $(WORK)/demo/parity.json
+	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(SLATES) --limit $(N) --out $(WORK)/demo/parity.json
 	@echo "== 4/4 rank real slates with the lean runtime (ONNX Runtime, no torch)"
 	$(HLLM) rank $(WORK)/demo/export --slates $(SLATES) --limit $(N) --out $(WORK)/demo/rankings.jsonl
 	@head -c 400 $(WORK)/demo/rankings.jsonl; echo
@@ -69,7 +69,7 @@ train-beauty: setup
 
 # The longer parity run behind results/parity-smollm2-eval200.json (needs the demo's artefacts).
 parity-long: setup
-	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(EVAL) --limit $(LONG_N) --report results/parity-smollm2-eval$(LONG_N).json
+	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(EVAL) --limit $(LONG_N) --out results/parity-smollm2-eval$(LONG_N).json
 
 bench: setup
 	bash scripts/bench.sh

@@ -39,7 +39,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from hllm.errors import OutputError
 
@@ -49,19 +49,35 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-#: What reading a JSON file can raise: unreadable (OSError), not UTF-8, malformed, or nested too deeply
-#: for the parser (RecursionError).
-JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
+class DuplicateKeyError(ValueError):
+    """A JSON object with the same key twice (valid JSON per RFC 8259 §4, which says names SHOULD be
+    unique; Python keeps the last silently). hllm refuses it: which one was meant is unknowable."""
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` for ``json.loads`` that refuses duplicate keys (:class:`DuplicateKeyError`)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise DuplicateKeyError(f"duplicate key {dup!r} in a JSON object")
+    return d
+
+
+#: What reading a JSON file can raise: unreadable (OSError), not UTF-8, malformed, nested too deeply
+#: for the parser (RecursionError), a duplicate key, an integer over the digit limit (ValueError).
+JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError)
 
 
 def read_json(path: str | os.PathLike, error: type[Exception] = ValueError,
               message: str = "cannot read {path}: {reason}") -> Any:
     """The JSON document in the UTF-8 file ``path`` (the one reader of hllm's JSON sidecars and manifests).
+    Duplicate keys in an object are refused (:func:`no_duplicate_keys`).
 
     Raises: ``error(message.format(path=path, reason=...))`` for any of :data:`JSON_READ_ERRORS`.
     """
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=no_duplicate_keys)
     except JSON_READ_ERRORS as e:
         raise error(message.format(path=path, reason=e)) from None
 
@@ -293,11 +309,15 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     """Yield a temporary directory beside ``path``; on success move it to ``path``.
 
     Raises:
-        FileExistsError: ``path`` exists and ``overwrite`` is false (checked before any work).
+        FileExistsError: ``path`` exists and ``overwrite`` is false — checked before any work AND at the
+            commit (a parallel writer may have created it meanwhile: the rename refuses to replace it,
+            ``renameat2(RENAME_NOREPLACE)``), so a writer without ``overwrite`` never replaces an output.
         OutputError: ``path`` is not a directory, cannot be written, or the disk filled up.
     On failure (an exception, SIGTERM) the temporary directory is deleted and an existing ``path`` is
     untouched; with ``overwrite`` the old directory is replaced only after the new one is complete.
-    Staging directories of ``path`` left by killed writers are swept first (:func:`sweep_stale_staging`).
+    Each writer's staging and set-aside names are its own (pid, start time, random part), so parallel
+    writers of one ``path`` never collide. Staging directories of ``path`` left by killed writers are
+    swept first (:func:`sweep_stale_staging`).
     """
     path = output_target(path, "dir")
     if path.exists() and not overwrite:
@@ -313,25 +333,106 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the result is an ordinary directory
             with _output_errors(path):
                 yield tmp
-                promote_dir(tmp, output_target(path, "dir"))
+                promote_dir(tmp, output_target(path, "dir"), overwrite=overwrite)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def promote_dir(staging: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Move a finished directory ``staging`` to ``dest``, replacing an existing ``dest`` only once the
-    new one is complete (old one renamed aside, new one renamed in, old one deleted)."""
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_renameat2: Any = None
+
+
+def rename_noreplace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename ``src`` to ``dst`` only if ``dst`` does not exist, atomically (Linux ``renameat2`` with
+    ``RENAME_NOREPLACE``, renameat2(2)); elsewhere, or on a file system without it, a check followed by
+    ``os.rename`` (which still refuses a non-empty directory: ENOTEMPTY).
+
+    Raises: FileExistsError naming ``dst`` if it exists (or appeared meanwhile); OSError otherwise.
+    """
+    global _renameat2
+    if _renameat2 is None:
+        import ctypes
+
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2 = fn
+        except (AttributeError, OSError):
+            _renameat2 = False
+    exists = FileExistsError(errno.EEXIST, f"{dst} already exists (another writer created it meanwhile; "
+                                           "pass --overwrite to replace it)", str(dst))
+    if _renameat2:
+        import ctypes
+
+        if _renameat2(-100, os.fsencode(src), -100, os.fsencode(dst), _RENAME_NOREPLACE) == 0:  # AT_FDCWD
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise exists
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(src), None, str(dst))
+    if os.path.lexists(dst):
+        raise exists
+    try:
+        os.rename(src, dst)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise exists from None
+        raise
+
+
+def promote_dir(staging: str | os.PathLike, dest: str | os.PathLike, overwrite: bool = True) -> None:
+    """Move a finished directory ``staging`` to ``dest``.
+
+    Without ``overwrite`` the rename refuses an existing ``dest`` (:func:`rename_noreplace`: FileExistsError).
+    With ``overwrite`` an existing ``dest`` is renamed aside under a name of this writer's own
+    (``.NAME.PID-START.XXXXXXXX-old.tmp``), the new one renamed in, the old one deleted; when parallel
+    writers overwrite the same ``dest`` the last one to commit wins and none fails (a ``dest`` that
+    vanished or reappeared between the steps is retried).
+    """
     staging, dest = Path(staging), Path(dest)
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old")
+    if not overwrite:
+        rename_noreplace(staging, dest)
+        return
+    old = Path((str(staging)[:-4] if str(staging).endswith(".tmp") else str(staging)) + "-old.tmp")
+    for _ in range(100):
+        try:
+            os.rename(dest, old)
+        except FileNotFoundError:  # no dest (or a parallel writer moved it aside): put ours in
+            pass
+        try:
+            rename_noreplace(staging, dest)
+        except FileExistsError:  # a parallel writer committed meanwhile: move theirs aside too, retry
+            if old.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            continue
         if old.exists():
-            shutil.rmtree(old)
-        os.replace(dest, old)
-        os.replace(staging, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        return
+    raise OutputError(f"cannot replace {dest}: other writers kept replacing it")
+
+
+def refuse_overlap(output: str | os.PathLike, inputs: Iterable[str | os.PathLike], kind: str = "file") -> None:
+    """Refuse an output that is, or lies inside, one of ``inputs`` — or, for a directory output (replaced
+    as a whole), one that contains an input — so no command ever replaces or writes inside what it reads
+    (``hllm rank -s t.jsonl -o t.jsonl``, ``-o EXPORT/model.onnx``, ``export CK CK/..``).
+
+    Paths are compared after resolving symbolic links and ``..``; inputs that do not exist are skipped.
+    Raises: OutputError naming both paths.
+    """
+    out = Path(os.path.realpath(output))
+    for inp in inputs:
+        if inp is None or str(inp) in ("", "-") or not os.path.lexists(inp):
+            continue
+        src = Path(os.path.realpath(inp))
+        if out == src:
+            raise OutputError(f"the output {output} is the input {inp}; refusing to replace an input (write elsewhere)")
+        if src in out.parents:
+            raise OutputError(f"the output {output} is inside the input {inp}; refusing to write into an input")
+        if kind == "dir" and out in src.parents:
+            raise OutputError(f"the output directory {output} contains the input {inp}; "
+                              "replacing it would destroy the input")
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -112,3 +112,23 @@ def tiny_encoder(out_dir: Path, seed: int = 0) -> Path:
                      intermediate_size=64, max_position_embeddings=128, pad_token_id=tok.pad_token_id)
     BertModel(cfg).save_pretrained(str(out_dir))
     return out_dir
+
+
+def tiny_export(root: Path, seed: int = 0) -> Path:
+    """The tests' tiny export, built under ``root``: random Qwen3 backbone → untrained self-attention
+    checkpoint (K = 8, LoRA r = 4) → merged → ONNX fp32 (``ort-cpu`` flavour). Returns ``root/export``.
+
+    For smoke runs of the runtime without a real model (CI's wheel checks, Ray benchmarks): it measures
+    overhead, not a real model's speed or quality. Needs the export extra (torch, transformers, peft).
+    """
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.checkpoint.merge import merge_checkpoint
+    from hllm.exporter.onnx import export_onnx
+
+    root = Path(root)
+    bb = tiny_backbone(root / "backbone", "qwen3", seed=seed)
+    ck = init_checkpoint(bb, root / "ckpt", "self_attention", 8, seed=seed, lora_rank=4,
+                         head_kwargs=dict(d_model=32, num_heads=4, ff_dim=64))
+    merge_checkpoint(ck, root / "merged", tiny_slates(2, (2, 8)))
+    export_onnx(root / "merged", root / "export")
+    return root / "export"

@@ -10,7 +10,9 @@ HTTP clients send ``--requests`` one-slate requests to ``POST /v1/rank`` (micro-
 Data: ``hllm.runtime.ray_data.rank_file`` over ``--slates`` (or ``--count`` tiny slates). Figures are
 slates per second of wall time, the Ray cluster already up (replica/actor start-up counted for Ray
 Data, whose actors start with each run; excluded for Serve, whose replicas are deployed first).
-With ``--tiny`` the model is a tiny random Qwen3 export built in a temp dir (``hllm.testing``; needs
+Ray Serve runs ``hllm.serve.ray_serve`` (the app of ``hllm serve`` on every replica, ``@serve.batch``); Ray
+Data runs the streaming ``hllm.runtime.ray_data.rank_file``.
+With ``--tiny`` the model is a tiny random Qwen3 export built in a temp dir (``hllm.testing.tiny_export``; needs
 the export extra): it measures Ray's overhead and scaling, not a real model's speed.
 """
 
@@ -29,20 +31,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def tiny_export(root: Path) -> Path:
-    """The tests' tiny export (tests/conftest.py): random Qwen3 backbone, K=8, merged, ONNX fp32."""
-    from hllm.checkpoint.init import init_checkpoint
-    from hllm.checkpoint.merge import merge_checkpoint
-    from hllm.exporter.onnx import export_onnx
-    from hllm.testing import tiny_backbone, tiny_slates
-
-    bb = tiny_backbone(root / "backbone", "qwen3", seed=0)
-    ck = init_checkpoint(bb, root / "ckpt", "self_attention", 8, seed=0, lora_rank=4, head_kwargs=dict(d_model=32, num_heads=4, ff_dim=64))
-    merge_checkpoint(ck, root / "merged", tiny_slates(2, (2, 8)))
-    export_onnx(root / "merged", root / "export")
-    return root / "export"
 
 
 def serve_round(url: str, slates: list[dict], clients: int, requests: int) -> dict:
@@ -86,10 +74,10 @@ def main() -> None:
     from hllm.runtime.ray_data import rank_file
     from hllm.runtime.slates import read_slates, write_jsonl
     from hllm.serve.ray_serve import ranker_app
-    from hllm.testing import tiny_slates
+    from hllm.testing import tiny_export, tiny_slates
 
     tmp = Path(tempfile.mkdtemp(prefix="ray-throughput-"))
-    model = Path(a.model) if a.model else tiny_export(tmp) if a.tiny else p.error("give --model or --tiny")
+    model = Path(a.model) if a.model else tiny_export(tmp / "tiny") if a.tiny else p.error("give --model or --tiny")
     slates_file = Path(a.slates) if a.slates else write_jsonl(tmp / "slates.jsonl", tiny_slates(a.count, (1, 8), seed=7))
     slates = read_slates(slates_file)
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, _node_ip_address="127.0.0.1",

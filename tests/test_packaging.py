@@ -37,15 +37,62 @@ def _extras() -> tuple[list[str], dict[str, list[str]]]:
     return project["dependencies"], project["optional-dependencies"]
 
 
+def _name(requirement: str) -> str:
+    from packaging.requirements import Requirement
+
+    return Requirement(requirement).name
+
+
+def _closure(extras: dict[str, list[str]], name: str) -> set[str]:
+    """The extras ``name`` pulls in, itself included (``hllm[a,b]`` entries followed)."""
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), [name]
+    while todo:
+        e = todo.pop()
+        if e not in seen:
+            seen.add(e)
+            todo += [x for d in extras[e] if Requirement(d).name == "hllm" for x in Requirement(d).extras]
+    return seen
+
+
 def test_runtime_extra_pulls_no_cli_library_and_cli_extras_include_cli():
     base, extras = _extras()
-    assert base == ["numpy"]
-    assert extras["cli"] == ["typer", "rich"]
-    assert not {"typer", "rich", "pydantic", "fastapi"} & set(extras["runtime"])
+    assert [_name(d) for d in base] == ["numpy"]
+    assert [_name(d) for d in extras["cli"]] == ["typer", "rich"]
+    assert not {"typer", "rich", "pydantic", "fastapi"} & {_name(d) for d in extras["runtime"]}
     for name in ("export", "serve", "bench", "ray", "tensorrt"):
-        assert any(d.startswith("hllm[") and "cli" in d for d in extras[name]), name
+        assert "cli" in _closure(extras, name), name
     # every extra named in the module map exists
     assert set(MODULE_EXTRA.values()) <= set(extras)
+
+
+def test_floors_requires_python_and_the_readme_agree_with_the_pins():
+    """Every pinned dependency satisfies its floor; requires-python admits the pins' Python (3.11) and the
+    README's install section says the same; transformers 5 (``dtype=``) and typer 0.29 are floors."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            n, v = line.split("==")
+            pins[n.lower().replace("_", "-")] = v.strip()
+    reqs = [Requirement(d) for d in project["dependencies"] + [d for ds in project["optional-dependencies"].values() for d in ds]]
+    floors = {r.name.lower().replace("_", "-"): r.specifier for r in reqs if r.name != "hllm" and r.specifier}
+    assert {"numpy", "onnxruntime", "tokenizers", "lap", "transformers", "typer", "torch", "ray"} <= set(floors)
+    for name, spec in floors.items():
+        if name in pins:
+            assert spec.contains(pins[name]), f"{name}: pinned {pins[name]} is outside {spec}"
+    assert "5.0" in floors["transformers"] and not floors["transformers"].contains("4.57")
+    assert SpecifierSet(project["requires-python"]).contains("3.11") and not SpecifierSet(project["requires-python"]).contains("3.10")
+    assert "Programming Language :: Python :: 3.11" in project["classifiers"]
+    readme = (REPO / "README.md").read_text()
+    assert "Python ≥ 3.11" in readme and "Python ≥ 3.10" not in readme
+    for extra in project["optional-dependencies"]:  # the install section's table lists every extra
+        assert f"| `{extra}` |" in readme, extra
+    assert "pip install 'hllm[runtime,cli]'" in readme
 
 
 def test_import_runtime_loads_no_cli_library():

@@ -55,10 +55,17 @@ def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max
             if r.status_code != 200:
                 errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
                 continue
-            body = r.json()
+            try:
+                body = r.json()
+                order, timing = body["rankings"][0]["order"], body["timing"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                from hllm.errors import HllmError
+
+                raise HllmError(f"{url}/v1/rank answered {r.status_code} with a body that is not an hllm ranking "
+                                f"response ({r.headers.get('content-type', 'no content type')}): is it an hllm server?") from None
             lat.append(dt)
-            orders[i] = body["rankings"][0]["order"]
-            timings.append(body["timing"])
+            orders[i] = order
+            timings.append(timing)
 
     async def main() -> float:
         limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)

@@ -54,6 +54,8 @@ class CalibrateRequest:
         threads: ORT intra-op threads. reference_cache: FP32 scores cache (.npz) or None.
         artefact: the export already resolved by the caller (:func:`hllm.runtime.artefact.resolve`), so it
             is read once per command; None = resolved here.
+        overwrite: replace an existing ``out_dir`` at the commit; False refuses one that a parallel
+            run created meanwhile (FileExistsError).
     """
 
     export_dir: Path
@@ -71,6 +73,7 @@ class CalibrateRequest:
     threads: int | None = None
     reference_cache: Path | None = None
     artefact: object = None
+    overwrite: bool = True
 
 
 def prepare_calibration(artefact, builder, backend: str, calibration: Path | None, calib_slates: Path | None,
@@ -97,6 +100,7 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
         if missing:
             raise SlateError(f"calibration set {calibration} lacks the graph input(s) {missing} of {artefact.path} "
                              "(draw a new one with --calib-slates)")
+        check_calibration_tokenizer(calib.meta, artefact.tokenizer_path, builder.pad_id, calibration)
     elif calib_slates is not None and not needs_data:
         say(f"--backend {backend} uses no calibration data: --calib-slates ignored")
     elif calib_slates is not None:
@@ -112,6 +116,24 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
     return calib
 
 
+def check_calibration_tokenizer(meta: dict, tokenizer_path: Path, pad_id: int, where: object) -> None:
+    """Refuse a saved calibration set encoded with another tokenizer than the one the export uses: its
+    ``tokenizer_sha256`` must equal the sha256 of ``tokenizer_path`` and its ``pad_id`` the builder's
+    (the arrays' own hash, ``data_sha256``, cannot tell: token ids of another tokenizer hash just as well).
+
+    Raises: SlateError naming the set and both fingerprints.
+    """
+    from hllm.files import sha256_file
+
+    want = sha256_file(tokenizer_path)
+    got = meta.get("tokenizer_sha256")
+    if got != want:
+        raise SlateError(f"calibration set {where} was encoded with another tokenizer (tokenizer_sha256 {str(got)[:12]}…, "
+                         f"the export's {tokenizer_path.name} is {want[:12]}…): rebuild it with --calib-slates")
+    if meta.get("pad_id") not in (None, pad_id):
+        raise SlateError(f"calibration set {where} pads with id {meta.get('pad_id')!r}, the export with {pad_id}")
+
+
 def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = _no_bar, say: Say = _quiet):
     """FP32 score matrices on the evaluation slates (from ``req.reference_cache`` when it exists).
 
@@ -122,8 +144,9 @@ def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = 
     t0 = time.perf_counter()
     cache = req.reference_cache
     if cache is not None and cache.is_file():
+        ref = load_reference(cache, req.eval_slates, sha)  # before any message: a bad file is the one error line
         say(f"FP32 reference scores from {cache}")
-        return load_reference(cache, req.eval_slates, sha), time.perf_counter() - t0
+        return ref, time.perf_counter() - t0
     advance = progress("FP32 reference on eval slates", len(req.eval_slates))
     ref = reference_scores(cpu_ranker(req.artefact or req.export_dir, req.threads), req.eval_slates, on_progress=advance)
     if cache is not None:
@@ -210,16 +233,19 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         ExportError / NothingToQuantize from the steps.
     """
     from hllm.calibration.quantize import QuantOptions
-    from hllm.files import atomic_write_json, promote_dir
+    import tempfile
+
+    from hllm.files import _staging_prefix, atomic_write_json, promote_dir
     from hllm.runtime.artefact import resolve
 
     art = req.artefact if req.artefact is not None else resolve(req.export_dir)
     sha = art.meta.get("onnx_sha256")
     ref, ref_s = fp32_reference(req, sha, progress, say)
     out = Path(req.out_dir)
-    staging = out.parent / f".{out.name}.candidate"
-    cache = out.parent / f".{out.name}.calib-cache.json"
-    cache.unlink(missing_ok=True)  # ranges are recomputed from this run's calibration data
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # this run's own names (pid, start time, random part): parallel runs of one OUT_DIR never collide
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
+    cache = staging.with_name(staging.name[:-4] + "-calib-cache.json")
     try:
         attempts = Attempts(req, ref, staging, cache, say, progress)
         passed, parts, auto = attempts.search()
@@ -230,7 +256,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         if req.calibration is not None and not req.calibration_saved:
             req.calibration.save(staging / "calibration")
         atomic_write_json(staging / REPORT_NAME, result.to_dict())
-        promote_dir(staging, dest)
+        promote_dir(staging, dest, overwrite=req.overwrite or not passed)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         cache.unlink(missing_ok=True)

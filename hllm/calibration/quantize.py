@@ -45,13 +45,14 @@ prefix such as ``backbone.layers.3.mlp.down_proj``, or an exact node name.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -377,6 +378,26 @@ def calibration_reader(calib):
     return _Reader(calib.batches)
 
 
+@contextlib.contextmanager
+def source_view(src: Path, where: Path) -> Iterator[Path]:
+    """The graph ``src`` seen through symbolic links in ``where`` (the graph file and its external-data
+    files ``src.name*``), removed afterwards.
+
+    ONNX Runtime's quantizers run shape inference into ``<graph>-inferred.onnx`` BESIDE the graph they
+    are given (``onnxruntime.quantization.quant_utils.load_model_with_shape_infer``), which would write a
+    full copy of the graph into the input export (failing on a read-only export, deleting a user's file
+    of that name). Given this view, they write into ``where`` (inside the output's staging directory).
+    """
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        for p in src.parent.iterdir():
+            if p.name.startswith(src.name) and p.is_file():
+                (where / p.name).symlink_to(p.resolve())
+        yield where / src.name
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def _external(model_path: Path) -> bool:
     return model_path.stat().st_size > 1_900_000_000 or any(
         p.name != model_path.name and p.name.startswith(model_path.name) for p in model_path.parent.iterdir()
@@ -597,7 +618,8 @@ def quantize_export(
         if options.backend == "modelopt":
             quantize_modelopt(src, dst, options, calib, sorted(set(exclude) | set(act_mm)))
         else:
-            quantize_ort(src, dst, options, calib, sorted(set(exclude) | set(act_mm)), cache_path)
+            with source_view(src, tmp / ".source") as view:
+                quantize_ort(view, dst, options, calib, sorted(set(exclude) | set(act_mm)), cache_path)
         shutil.copy2(exp.tokenizer_path, tmp / "tokenizer.json")
         qmodel = onnx.load(str(dst), load_external_data=False)
         summary = qdq_summary(qmodel)

@@ -46,7 +46,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, overw
     appears only when complete. Returns ``out_dir``.
 
     Raises:
-        CheckpointError: the GGUF file is missing. FileExistsError: out_dir exists, no overwrite.
+        CheckpointError: the GGUF file is missing, not a GGUF file (magic bytes) or unreadable. FileExistsError: out_dir exists, no overwrite.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -54,10 +54,16 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, overw
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise CheckpointError(f"GGUF file not found: {gguf_path}")
+    with open(gguf_path, "rb") as f:
+        if f.read(4) != b"GGUF":  # the GGUF magic (ggml docs/gguf.md, "File Structure")
+            raise CheckpointError(f"{gguf_path} is not a GGUF file (it does not start with the magic bytes 'GGUF')")
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         src_dir, name = str(gguf_path.parent), gguf_path.name
-        tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        try:
+            tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+            loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+        except (ValueError, OSError, KeyError, IndexError, TypeError, EOFError, MemoryError) as e:
+            raise CheckpointError(f"cannot read the GGUF file {gguf_path}: {type(e).__name__}: {e}") from None
         config = loaded.config
         # The weights are dequantized; a leftover quantization_config would make a reload try GGUF again.
         if hasattr(config, "quantization_config"):

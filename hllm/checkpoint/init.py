@@ -69,10 +69,8 @@ def init_checkpoint(
     dims = backbone_dims(read_config(backbone))
     if not (backbone / "tokenizer.json").is_file():
         raise CheckpointError(f"backbone {backbone} has no tokenizer.json")
-    try:
-        spec = HeadSpec(kind=head_kind, input_dim=dims.hidden_size, num_positions=num_positions, **(head_kwargs or {}))
-    except TypeError as e:
-        raise CheckpointError(f"bad head option: {e}") from None
+    spec = HeadSpec.from_dict({"kind": head_kind, "input_dim": dims.hidden_size, "num_positions": num_positions,
+                               **(head_kwargs or {})})
     spec.validate()
     out_dir = Path(out_dir).resolve()
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:

@@ -27,10 +27,8 @@ import errno
 import json
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -49,9 +47,15 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
+    # Help text is plain text: 'hllm[ray]' is shown as written, not read as Rich markup (rich_markup_mode=None).
+    rich_markup_mode=None,
+    # -h is --help on every command (click passes the setting down to subcommands' contexts).
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console(stderr=True, soft_wrap=True)  # progress, notes, errors
-out = Console(soft_wrap=True)  # results for people; moved to stderr when stdout carries data (--json, -o -)
+# emoji=False: user data (a slate_id ':fire:', a path) is printed literally, never as an emoji; markup in
+# user data is escaped where it is printed (_error, finish_report, step)
+console = Console(stderr=True, soft_wrap=True, emoji=False)  # progress, notes, errors
+out = Console(soft_wrap=True, emoji=False)  # results for people; moved to stderr when stdout carries data (--json, -o -)
 
 # -- exit codes (one place) ---------------------------------------------------------------------------
 EXIT_OK = 0
@@ -133,10 +137,12 @@ def step(description: str) -> Iterator[None]:
     """A spinner with elapsed time for one long step; prints ✓ with the time when done."""
     import time
 
+    from rich.markup import escape
+
     t0 = time.perf_counter()
-    with console.status(f"[bold]{description}…"):
+    with console.status(f"[bold]{escape(description)}…"):
         yield
-    console.print(f"[green]✓[/] {description} ({time.perf_counter() - t0:.1f} s)")
+    console.print(f"[green]✓[/] {escape(description)} ({time.perf_counter() - t0:.1f} s)")
 
 
 # -- option factories: one name, one help text, one bound per concept (README "CLI conventions") -----------
@@ -196,9 +202,22 @@ def positions_opt(default: int = 50) -> Any:
     return typer.Option(default, "--positions", "-k", min=1, max=MAX_ITEMS, help="K: rank positions (largest slate).")
 
 
-def hidden_alias(name: str) -> Any:
-    """A deprecated spelling kept working but not shown in ``--help`` (the README's naming table lists them)."""
-    return typer.Option(None, name, hidden=True)
+def deprecated(old: str, new: str) -> None:
+    """Warn (one line on stderr) that the spelling ``old`` is deprecated in favour of ``new``."""
+    from rich.markup import escape
+
+    console.print(f"[yellow]warning:[/] {escape(old)} is deprecated; use {escape(new)}", highlight=False)
+
+
+def hidden_alias(name: str, use: str) -> Any:
+    """A deprecated spelling ``name`` of the option ``use``: it keeps working, is not shown in ``--help``
+    (the README's naming table lists it) and, when given, warns on stderr (:func:`deprecated`)."""
+    def warn(ctx: typer.Context, value: Any) -> Any:
+        if value is not None and not ctx.resilient_parsing:
+            deprecated(name, use)
+        return value
+
+    return typer.Option(None, name, hidden=True, callback=warn)
 
 
 def pick(new: Any, old: Any, new_default: Any = None) -> Any:
@@ -247,20 +266,20 @@ def load_slates(path: Optional[Path], limit: Optional[int] = None) -> list[dict]
     src = getattr(sys.stdin, "buffer", None)
     if src is None:
         raise SlateError("stdin is not readable")
-    with tempfile.TemporaryDirectory(prefix="hllm-stdin-") as tmp:  # one validator: spool, then read_slates
-        head = src.read(2)
-        spool = Path(tmp) / ("stdin.jsonl.gz" if head == b"\x1f\x8b" else "stdin.jsonl")
-        with open(spool, "wb") as f:
-            f.write(head)
-            shutil.copyfileobj(src, f)
-        try:
-            return _read_slates(spool, limit, "<stdin>")
-        except SlateError as e:
-            raise SlateError(str(e).replace(str(spool), "<stdin>")) from None
+    import io
+
+    from hllm.runtime.slates import iter_slate_stream
+
+    if not hasattr(src, "peek"):
+        src = io.BufferedReader(src)  # type: ignore[arg-type]
+    # streamed (nothing spooled to disk): reading stops after --limit slates, so an endless producer is fine
+    return _read_slates(None, limit, "<stdin>", lambda: list(iter_slate_stream(src, "<stdin>", limit)))
 
 
-def _read_slates(path: Path, limit: Optional[int], name: str) -> list[dict]:
-    """:func:`hllm.runtime.slates.read_slates`, with undecodable files and an empty result as SlateError."""
+def _read_slates(path: Optional[Path], limit: Optional[int], name: str,
+                 read: Optional[Callable[[], list[dict]]] = None) -> list[dict]:
+    """:func:`hllm.runtime.slates.read_slates` of ``path`` (or ``read()``), with undecodable files and an empty
+    result as SlateError."""
     import gzip
     import zlib
 
@@ -268,7 +287,7 @@ def _read_slates(path: Path, limit: Optional[int], name: str) -> list[dict]:
     from hllm.runtime.slates import read_slates
 
     try:
-        rows = read_slates(path, limit=limit)
+        rows = read() if read is not None else read_slates(path, limit=limit)
     except (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile, RecursionError) as e:
         what = {UnicodeDecodeError: "not UTF-8 text", EOFError: "a truncated gzip file",
                 RecursionError: "JSON nested too deeply"}.get(type(e), "not a readable gzip file")
@@ -327,7 +346,9 @@ def finish_report(path: Optional[os.PathLike | str], doc: Any, json_out: bool,
     if show is not None:
         show(doc)
     if path is not None and not is_std(path):
-        out.print(f"{label} → {path}" if label else f"→ {path}")
+        from rich.markup import escape
+
+        out.print(escape(f"{label} → {path}" if label else f"→ {path}"), highlight=False)
     if json_out:
         emit_json(doc)
 
@@ -346,10 +367,42 @@ def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:
 
 # -- output locations, checked before the work (hllm.files.check_writable) ----------------------------------
 
+def command_inputs() -> list[Path]:
+    """The paths the running command was given (every ``Path`` argument and option of the click context,
+    and every string one naming an existing file or directory, lists included), for :func:`hllm.files.refuse_overlap`. Outside a command: []."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    found: list[Path] = []
+    while ctx is not None:
+        for v in ctx.params.values():
+            for x in (v if isinstance(v, (list, tuple)) else [v]):
+                if isinstance(x, Path) and not is_std(x):
+                    found.append(x)
+                elif isinstance(x, str) and x not in ("", "-") and os.path.exists(x):  # e.g. eval's RANKERS
+                    found.append(Path(x))
+        ctx = ctx.parent
+    return found
+
+
+def _refuse_overlap(path: os.PathLike | str, kind: str) -> None:
+    """Refuse an output equal to, inside, or (a directory) containing another path the command was given
+    (:func:`hllm.files.refuse_overlap`). The output's own argument is the one given path equal to it; a
+    second one equal to it is an input named as the output (``rank -s t.jsonl -o t.jsonl``)."""
+    from hllm.files import refuse_overlap
+
+    here = os.path.realpath(path)
+    given = command_inputs()
+    same = [p for p in given if os.path.realpath(p) == here]
+    others = [p for p in given if os.path.realpath(p) != here] + same[1:]
+    refuse_overlap(path, others, kind)
+
+
 def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") -> None:
     """Refuse, before any work, an output file that cannot be written: a directory, a device / pipe /
     socket (the atomic rename would replace it), or a location without a writable directory or free
-    space (:func:`hllm.files.check_writable`). ``-`` (stdout) and None pass. A symbolic link is judged
+    space (:func:`hllm.files.check_writable`); or one that is, or lies inside, an input of the command
+    (:func:`hllm.files.refuse_overlap`). ``-`` (stdout) and None pass. A symbolic link is judged
     by its target. Raises HllmError (OutputError) naming ``what``."""
     from hllm.files import check_writable
 
@@ -357,6 +410,7 @@ def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") ->
         return
     try:
         check_writable(path, "file")
+        _refuse_overlap(path, "file")
     except HllmError as e:
         raise type(e)(f"{what}: {e}") from None
 
@@ -364,14 +418,16 @@ def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") ->
 def check_output_dir(path: os.PathLike | str, overwrite: bool = False, what: str = "output directory",
                      resumable: bool = False) -> None:
     """Refuse, before any work, an output directory that would fail at the end: an existing one without
-    ``--overwrite`` (unless ``resumable``), a file in its place, or a location without a writable directory
-    (:func:`hllm.files.check_writable`). Raises FileExistsError (exists) or HllmError."""
+    ``--overwrite`` (unless ``resumable``), a file in its place, a location without a writable directory
+    (:func:`hllm.files.check_writable`), or one that is, lies inside or contains an input of the command
+    (:func:`hllm.files.refuse_overlap`). Raises FileExistsError (exists) or HllmError."""
     from hllm.files import check_writable
 
     if is_std(path):
         raise HllmError(f"{what} cannot be stdout ('-'); give a directory")
     try:
         check_writable(path, "dir", overwrite=overwrite or resumable)
+        _refuse_overlap(path, "dir")
     except HllmError as e:
         raise type(e)(f"{what}: {e}") from None
 
@@ -393,6 +449,13 @@ def _os_message(e: OSError) -> str:
     return f"{e.strerror or e}{where}"
 
 
+def debug_from_env(value: Optional[str] = None) -> bool:
+    """Whether ``HLLM_DEBUG`` (or ``value``) turns debug on: ``1``, ``true``, ``yes``, ``on`` (any case);
+    anything else — unset, empty, ``0``, ``false``, ``no``, ``off`` — is off."""
+    v = os.environ.get("HLLM_DEBUG", "") if value is None else value
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
 def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
@@ -404,7 +467,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def run(argv: Optional[list[str]] = None) -> int:
     """Run ``hllm ARGV`` and return its exit code (module docstring); with ``--debug`` errors propagate."""
-    _state["debug"] = os.environ.get("HLLM_DEBUG", "") not in ("", "0")
+    _state["debug"] = debug_from_env()
     out.file = None  # back to stdout (a previous in-process run may have moved it)
     quiet_libraries()
     previous = None
@@ -471,13 +534,43 @@ def _run(argv: Optional[list[str]]) -> int:
             raise
         _error("out of memory (lower --batch-size or --limit)")
         return EXIT_USAGE
-    except Exception as e:  # a bug
-        return _internal(e)
+    except Exception as e:  # a bug, or a library's error about an input file a reader did not map
+        message = library_file_error(e)
+        if message is None or _state["debug"]:
+            return _internal(e)
+        _error(message)
+        return EXIT_USAGE
     # With standalone_mode=False click returns the code of `raise typer.Exit(code)` instead of exiting; it turns
     # KeyboardInterrupt (SIGINT) into Exit(130) itself.
     if rv == EXIT_SIGINT:
         _error("interrupted (SIGINT); nothing partial was left in place of an output")
     return rv if isinstance(rv, int) else EXIT_OK
+
+
+#: Errors that libraries raise about the bytes of a file they read (a corrupt or hostile input, not a bug of
+#: hllm): safetensors, zip / npz, pickle refusals, gzip, JSON (incl. nesting too deep), text encodings.
+_LIBRARY_FILE_ERRORS = {
+    "SafetensorError": "not a readable safetensors file",
+    "BadZipFile": "not a readable zip / .npz file",
+    "UnpicklingError": "a pickle, which hllm does not load",
+    "BadGzipFile": "not a readable gzip file",
+    "JSONDecodeError": "malformed JSON",
+    "RecursionError": "nested too deeply",
+    "UnicodeDecodeError": "not UTF-8 text",
+}
+
+
+def library_file_error(e: BaseException) -> Optional[str]:
+    """The one-line message (exit 2) for a library's error about the contents of an input file that no
+    reader of hllm mapped to an :class:`HllmError` itself (:data:`_LIBRARY_FILE_ERRORS`, by class name and
+    its bases), naming the file when the exception or its cause carries one; None for anything else (a bug)."""
+    kinds = [c.__name__ for c in type(e).__mro__]
+    what = next((_LIBRARY_FILE_ERRORS[k] for k in kinds if k in _LIBRARY_FILE_ERRORS), None)
+    if what is None:
+        return None
+    name = getattr(e, "filename", None) or getattr(e, "name", None)
+    where = f"{name}: " if isinstance(name, str) else ""
+    return f"{where}an input file is {what} ({type(e).__name__}: {str(e)[:200]})"
 
 
 def _internal(e: BaseException) -> int:

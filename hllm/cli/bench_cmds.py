@@ -8,11 +8,13 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, finish_report,
+from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, emit_json, finish_report,
                           hidden_alias, json_opt, limit_opt, load_slates, out, pick, progress, quiet_libraries,
                           slates_opt, slates_source, threads_opt)
+from hllm.errors import HllmError
 
-bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True,
+                        rich_markup_mode=None)  # plain help text, as the root app
 app.add_typer(bench_app, name="bench")
 
 _SHARED = typer.Option(None, "--shared/--quiet-machine", help="State whether other work shared the cores (recorded).")
@@ -118,7 +120,7 @@ def lapjv_cmd(
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
     json_out: bool = json_opt(),
-    model_slates: Optional[int] = hidden_alias("--model-slates"),
+    model_slates: Optional[int] = hidden_alias("--model-slates", "--limit"),
 ) -> None:
     """Compare LAP solvers (lap.lapjv, scipy, others installed) and the runtime's decode path."""
     from hllm.bench.lapjv import FAMILIES, available_solvers, bench_solvers
@@ -249,7 +251,7 @@ def versus_ar_cmd(
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
     json_out: bool = json_opt(),
-    count: Optional[int] = hidden_alias("--count"),
+    count: Optional[int] = hidden_alias("--count", "--limit"),
 ) -> None:
     """hLLM single pass vs greedy autoregressive ranking, interleaved per slate (paper Table 2)."""
     from hllm.bench.report import document
@@ -296,11 +298,13 @@ def chart_cmd(
     n_items: int = typer.Option(50, "--n-items", "-n", min=1, max=MAX_ITEMS, help="N of the per-stage panel."),
     scaling: Optional[Path] = typer.Option(None, help="Engine time vs prompt length JSON (hllm bench scaling -o)."),
     out_path: Path = typer.Option(..., "--out", "-o", help="PNG to write (atomic)."),
+    json_out: bool = json_opt(),
 ) -> None:
     """PNG of the per-stage breakdown (+ hLLM vs AR, + engine time vs prompt length) from the JSON results (needs matplotlib)."""
     from hllm.bench.chart import write_chart
 
     check_output_file(out_path)
+    data_to_stdout(json_out)
     st = _load_doc(stages, ("stages",))
     vs = None
     if versus is not None:
@@ -309,6 +313,9 @@ def chart_cmd(
     sc = _load_doc(scaling, ("scaling",))["records"] if scaling is not None else None
     write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
     out.print(f"chart → {out_path}")
+    if json_out:
+        emit_json({"command": "bench chart", "out": str(out_path), "stages": str(stages), "versus": versus and str(versus),
+                   "scaling": scaling and str(scaling), "n_items": n_items})
 
 
 def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
@@ -326,13 +333,24 @@ def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
 @bench_app.command("markdown")
 def markdown_cmd(
     files: List[Path] = typer.Argument(..., help="Benchmark JSON files (stages, versus_ar, lapjv)."),
+    json_out: bool = json_opt(),
 ) -> None:
     """Print the Markdown tables of benchmark JSON files (the figures docs/benchmarks.md shows)."""
     from hllm.bench.markdown import lapjv_table, scaling_table, stages_table, versus_table
 
     render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table, "scaling": scaling_table}
     docs = [(f, _load_doc(f, tuple(render))) for f in files]  # every file checked before any output
-    for f, doc in docs:
+    tables = []
+    for f, doc in docs:  # rendered before any output: a record with null / missing / mistyped values is named
+        try:
+            tables.append(render[doc["kind"]](doc))
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+            raise HllmError(f"{f}: a record of this {doc['kind']} benchmark has a missing or non-numeric value "
+                            f"({type(e).__name__}: {e})") from None
+    if json_out:  # the tables as one JSON document: [{"file", "kind", "markdown"}]
+        emit_json([{"file": str(f), "kind": doc["kind"], "markdown": t} for (f, doc), t in zip(docs, tables)])
+        return
+    for (f, doc), table in zip(docs, tables):
         print(f"<!-- from {f} ({doc.get('created_utc')}, shared machine: {doc.get('shared')}) -->")
-        print(render[doc["kind"]](doc))
+        print(table)
         print()

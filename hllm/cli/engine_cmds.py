@@ -31,7 +31,7 @@ def build_cmd(
                                             "polygraphy convert command lines; build nothing (no GPU needed)."),
     overwrite: bool = overwrite_opt("PLAN"),
     json_out: bool = json_opt(),
-    max_batch: Optional[int] = hidden_alias("--max-batch"),
+    max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
     """Build a strongly typed TensorRT plan (TensorRT 10.x / 11.x) with optimization profiles and a metadata sidecar."""
     from hllm.engines.tensorrt.builder import check_standard_graph

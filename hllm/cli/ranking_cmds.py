@@ -12,6 +12,7 @@ from rich.table import Table
 from hllm.cli.app import (MAX_WORKERS, app, batch_opt, check_output_file, console, data_to_stdout, emit_json,
                           finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, out_opt, pick, progress,
                           quiet_libraries, slates_file, slates_opt, slates_source, threads_opt, write_records)
+from hllm.errors import HllmError
 
 MODEL_HELP = "Checkpoint dir, export dir / .onnx, or TensorRT .plan."
 
@@ -25,7 +26,9 @@ def rank_cmd(
     limit: Optional[int] = limit_opt(),
     threads: Optional[int] = threads_opt("Intra-op threads of the engine (with --ray: per actor, default 1)."),
     ray: bool = typer.Option(False, "--ray", help="Rank on Ray Data with one engine per actor (pip install 'hllm[ray]'); same output, same order."),
-    workers: int = typer.Option(2, "--workers", min=1, max=MAX_WORKERS, help=f"With --ray: number of actors (engines), at most {MAX_WORKERS} (4 × cores)."),
+    workers: int = typer.Option(2, "--workers", min=1, max=100_000, help=f"With --ray: number of actors (engines); on a local Ray at most {MAX_WORKERS} (4 × cores), with RAY_ADDRESS (a cluster) any."),
+    cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker", min=0.0, max=1024.0, help="With --ray: Ray CPUs per actor."),
+    gpus_per_worker: float = typer.Option(0.0, "--gpus-per-worker", min=0.0, max=64.0, help="With --ray: Ray GPUs per actor (a TensorRT plan or CUDA export)."),
     engine: str = typer.Option("auto", "--engine", help="Engine for an export: auto (its sidecar's choice, else "
                                "onnxruntime), onnxruntime, or openvino (standard flavour; pip install 'hllm[openvino]')."),
     json_out: bool = json_opt(),
@@ -38,7 +41,7 @@ def rank_cmd(
     check_output_file(out_path)
     data_to_stdout(json_out, out_path)
     if ray:
-        _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers, json_out)
+        _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers, json_out, cpus_per_worker, gpus_per_worker)
         return
     art = resolve(model)  # a bad path fails before reading slates
     data = load_slates(slates, limit=limit)
@@ -62,20 +65,25 @@ def _rank_summary(json_out: bool, n: int, engine: str, seconds: float, out_path:
 
 
 def _rank_on_ray(model: Path, slates: Optional[Path], out_path: Path, batch_size: int, limit: Optional[int],
-                 threads: Optional[int], workers: int, json_out: bool) -> None:
+                 threads: Optional[int], workers: int, json_out: bool, cpus: float = 1.0, gpus: float = 0.0) -> None:
     """``hllm rank --ray``: :func:`hllm.runtime.ray_data.rank_file` (a local Ray instance unless RAY_ADDRESS is set)."""
+    import os
+
     from hllm.runtime.artefact import resolve
     from hllm.runtime.ray_data import rank_file
 
     if str(out_path) == "-":
         raise typer.BadParameter("--ray writes its rankings to a file: give --out a file name")
+    if workers > MAX_WORKERS and not os.environ.get("RAY_ADDRESS"):
+        raise typer.BadParameter(f"--workers {workers} on a local Ray: at most {MAX_WORKERS} (4 × cores); "
+                                 "set RAY_ADDRESS to rank on a cluster")
     path = slates_file(slates)
     resolve(model)  # fail on a bad path before starting Ray
     t0 = time.perf_counter()
     with progress() as bar:
         task = bar.add_task(f"ranking on Ray ({workers} actors)", total=None)
         n = rank_file(model, path, out_path, workers=workers, batch_size=batch_size, threads=threads or 1, limit=limit,
-                      on_progress=lambda k: bar.advance(task, k))
+                      on_progress=lambda k: bar.advance(task, k), num_cpus=cpus, num_gpus=gpus)
     _rank_summary(json_out, n, "ray", time.perf_counter() - t0, out_path, model, batch_size, workers)
 
 
@@ -94,9 +102,17 @@ def parity_cmd(
     per_slate: bool = typer.Option(False, help="Include per-slate records in the report."),
     threads: Optional[int] = threads_opt("Intra-op threads of both engines."),
     json_out: bool = json_opt(),
-    report: Optional[Path] = hidden_alias("--report"),
+    allow_non_torch_reference: bool = typer.Option(
+        False, "--allow-non-torch-reference",
+        help="Accept an export or plan as REFERENCE (engine vs engine; refused by default, since parity is against PyTorch)."),
+    report: Optional[Path] = hidden_alias("--report", "--out"),
 ) -> None:
-    """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail."""
+    """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail.
+
+    REFERENCE must be a checkpoint (run by PyTorch); an export or a plan is refused (exit 2) unless
+    --allow-non-torch-reference is given, so `hllm parity EXPORT EXPORT` cannot pass a CI gate by comparing
+    an engine with itself.
+    """
     from hllm.runtime import Ranker
     from hllm.runtime.artefact import resolve
     from hllm.verify.parity import Thresholds, run_parity
@@ -105,8 +121,12 @@ def parity_cmd(
     out_path = pick(out_path, report)
     check_output_file(out_path)
     data_to_stdout(json_out, out_path)
+    ref_art, test_art = resolve(reference), resolve(test)  # bad path: before any output
+    if ref_art.kind != "checkpoint" and not allow_non_torch_reference:
+        raise HllmError(f"REFERENCE {reference} is a {ref_art.kind} artefact, not a PyTorch checkpoint: parity compares a "
+                        "backend with the PyTorch reference (pass --allow-non-torch-reference to compare two engines)")
     options = {"threads": threads} if threads else {}
-    ref_ranker, test_ranker = (Ranker.from_path(resolve(p), **options) for p in (reference, test))  # bad path: before any output
+    ref_ranker, test_ranker = (Ranker.from_path(a, **options) for a in (ref_art, test_art))
     data = load_slates(slates, limit=limit)
     th = Thresholds(atol=atol, min_perm_match=min_perm_match, min_top1=min_top1, min_tau=min_tau)
     t0 = time.perf_counter()

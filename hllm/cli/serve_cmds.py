@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, Terminated, app, check_output_dir, check_output_file, choice_opt,
-                          console, data_to_stdout, finish_report, hidden_alias, json_opt, limit_opt, load_slates, out,
+                          console, data_to_stdout, emit_json, finish_report, hidden_alias, json_opt, limit_opt, load_slates, out,
                           out_opt, overwrite_opt, pick, quiet_libraries, slates_opt, slates_source, threads_opt)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -30,7 +30,7 @@ def serve_cmd(
     threads: Optional[int] = threads_opt(),
     graceful_timeout: float = typer.Option(60.0, min=0.0, max=3600.0, help="Seconds to drain in-flight requests on SIGTERM."),
     log_level: str = choice_opt("info", LOG_LEVELS, "--log-level", help="uvicorn log level."),
-    max_batch: Optional[int] = hidden_alias("--max-batch"),
+    max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
     """Serve rankings over HTTP: POST /v1/rank, GET /healthz /readyz /metrics /docs (Ctrl-C or SIGTERM drains)."""
     import logging
@@ -38,7 +38,7 @@ def serve_cmd(
     from hllm.runtime import Ranker
     from hllm.serve.app import ServeOptions, create_app
     from hllm.serve.batching import BatchOptions
-    from hllm.serve.server import is_loopback, run_server
+    from hllm.serve.server import bind_socket, is_loopback, run_server
 
     quiet_libraries()
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s %(name)s: %(message)s")
@@ -57,6 +57,7 @@ def serve_cmd(
     from hllm.runtime.artefact import resolve
 
     art = resolve(model)  # a bad path fails before the server starts
+    sock = bind_socket(host, port)  # a port in use: `error:` and exit 2, before the engine is opened
     ranker = Ranker.from_path(art, threads=threads)
     application = create_app(ranker, opts, info={"model": str(model)})
     console.print(
@@ -64,7 +65,7 @@ def serve_cmd(
         "the engine loads in the background — GET /readyz says when it is ready"
     )
     try:
-        run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout)
+        run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock)
     except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out: a clean stop, exit 0
         console.print("stopped (SIGTERM): in-flight requests were drained")
 
@@ -86,8 +87,8 @@ def loadtest_cmd(
     note: Optional[str] = typer.Option(None, help="Free text stored in the JSON (e.g. that the cores were shared)."),
     out_path: Optional[Path] = out_opt(help="JSON report to write (atomic; '-' = stdout)."),
     json_out: bool = json_opt(),
-    candidates: Optional[int] = hidden_alias("--candidates"),
-    max_batch: Optional[int] = hidden_alias("--max-batch"),
+    candidates: Optional[int] = hidden_alias("--candidates", "--n-items"),
+    max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
     """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off in one run."""
     from hllm.bench.loadtest import loadtest_report
@@ -146,8 +147,9 @@ def triton_repo_cmd(
     bundle_python: str = typer.Option("3.12", help="Python version of the Triton image's Python backend (for --bundle-deps)."),
     bundle_arch: str = choice_opt("x86_64", ("x86_64", "aarch64"), "--bundle-arch", help="CPU architecture of the Triton image (for --bundle-deps)."),
     overwrite: bool = overwrite_opt("OUT_DIR"),
-    max_batch_size: Optional[int] = hidden_alias("--max-batch-size"),
-    kind: Optional[str] = hidden_alias("--kind"),
+    json_out: bool = json_opt(),
+    max_batch_size: Optional[int] = hidden_alias("--max-batch-size", "--batch-size"),
+    kind: Optional[str] = hidden_alias("--kind", "--instance-kind"),
 ) -> None:
     """Write a Triton model repository: preprocessing + engine (ONNX / TensorRT) + LAPJV decode, as one ensemble (slates in, rankings out)."""
     from hllm.serve.triton.repo import write_repository
@@ -158,6 +160,7 @@ def triton_repo_cmd(
     if not 1 <= max_batch_size <= MAX_BATCH or kind not in ("gpu", "cpu", None):
         raise typer.BadParameter(f"--batch-size must be within 1..{MAX_BATCH} and --instance-kind gpu or cpu")
     check_output_dir(out_dir, overwrite, "OUT_DIR")
+    data_to_stdout(json_out)
     res = write_repository(
         model, out_dir, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
         instances=instances, kind=kind, decode_instances=decode_instances, preprocess_instances=preprocess_instances,
@@ -173,3 +176,5 @@ def triton_repo_cmd(
     else:
         console.print("[yellow]note:[/] tokenizers and lap are not shipped: the Triton image needs them, or rerun with --bundle-deps")
     out.print(f"Triton repository → {out_dir} (tritonserver --model-repository {out_dir}/models); client: {out_dir}/client/rank.py; see {out_dir}/README.md")
+    if json_out:
+        emit_json({"command": "triton-repo", "out_dir": str(out_dir), "max_batch_size": max_batch_size, **res})

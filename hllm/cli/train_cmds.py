@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from hllm.cli.app import (MAX_ITEMS, MAX_SEQ, app, batch_opt, check_output_dir, check_output_file, choice_opt,
-                          console, data_to_stdout, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out,
+                          console, data_to_stdout, deprecated, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out,
                           out_opt, pick, positions_opt, progress, quiet_libraries, slates_file, slates_opt,
                           slates_source, threads_opt, write_json_out)
 from hllm.errors import HllmError
@@ -28,7 +28,7 @@ def _legacy_positionals(slates: Optional[Path], out: Optional[Path], legacy: Lis
         return slates, out
     if slates is not None or len(legacy) != 1:
         raise typer.BadParameter(f"unexpected extra arguments {[str(p) for p in legacy]} ({new_form})")
-    console.print(f"[yellow]note:[/] SLATES as a positional argument is deprecated; use {new_form}")
+    deprecated("SLATES as a positional argument", new_form)
     return out, legacy[0]
 
 
@@ -71,8 +71,9 @@ def train_cmd(
     threads: Optional[int] = threads_opt("torch intra-op threads."),
     resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state (training_state.json + .safetensors)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
-    target: Optional[str] = hidden_alias("--target"),
-    max_slates: Optional[int] = hidden_alias("--max-slates"),
+    target: Optional[str] = hidden_alias("--target", "--objective"),
+    json_out: bool = json_opt(),
+    max_slates: Optional[int] = hidden_alias("--max-slates", "--limit"),
 ) -> None:
     """Train a checkpoint with the Sinkhorn loss (paper §3.3): LoRA or frozen backbone + any head.
 
@@ -84,6 +85,7 @@ def train_cmd(
     quiet_libraries()
     slates, out_dir = _legacy_positionals(slates, out_dir, legacy or [], "hllm train BACKBONE CKPT --slates FILE")
     slates = slates_file(slates)
+    data_to_stdout(json_out)
     target = pick(objective, target, "clicks")
     max_slates = pick(limit, max_slates)
     if target not in OBJECTIVES or (max_slates is not None and max_slates < 1):
@@ -112,6 +114,10 @@ def train_cmd(
         f"loss {res.losses[0]:.4f} → {sum(tail) / max(1, len(tail)):.4f} (mean of last {len(tail)}); "
         f"cache {res.cache_s:.0f} s, train {res.train_s:.0f} s"
     )
+    if json_out:
+        emit_json({"command": "train", "out_dir": str(res.out_dir), "steps": res.steps, "train_slates": res.train_slates,
+                   "loss_first": res.losses[0], "loss_last10_mean": sum(tail) / max(1, len(tail)),
+                   "cache_s": round(res.cache_s, 3), "train_s": round(res.train_s, 3), "validation": res.validation})
 
 
 def _train_with_progress(cfg, resume: bool):
@@ -168,7 +174,8 @@ def teacher_cmd(
     threads: Optional[int] = threads_opt("torch intra-op threads."),
     batch_size: int = batch_opt(1, "--kind ar: slates decoded together (left-padded; wall time is shared)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the summary statistics JSON here."),
-    summary: Optional[Path] = hidden_alias("--summary"),
+    json_out: bool = json_opt(),
+    summary: Optional[Path] = hidden_alias("--summary", "--report"),
 ) -> None:
     """Rank slates with an autoregressive listwise LM (paper §4.3 Phase 1): greedy decoding with KV
     cache, parse + repair; per slate: invalid/repeated/missing ordinals, decode passes, wall time.
@@ -183,7 +190,7 @@ def teacher_cmd(
     if legacy:
         if len(legacy) != 2 or slates is not None or out_file is not None:
             raise typer.BadParameter("give MODEL, --slates and --out (hllm teacher MODEL -s SLATES -o OUT.jsonl)")
-        console.print("[yellow]note:[/] `hllm teacher MODEL SLATES OUT` is deprecated; use hllm teacher MODEL -s SLATES -o OUT")
+        deprecated("hllm teacher MODEL SLATES OUT", "hllm teacher MODEL -s SLATES -o OUT")
         slates, out_file = legacy
     if slates is None or out_file is None:
         raise typer.BadParameter("give --slates and --out (hllm teacher MODEL -s SLATES -o OUT.jsonl)")
@@ -192,11 +199,14 @@ def teacher_cmd(
         raise typer.BadParameter("the teacher writes --out (after every batch) and --report to files: give file names")
     check_output_file(out_file)
     check_output_file(summary, "--report")
+    data_to_stdout(json_out)
     if str(model_dir) != "minilm" and not model_dir.is_dir():
         raise HllmError(f"model directory not found: {model_dir}")
     rows = load_slates(slates, limit=limit)
     if kind == "embedding":
-        _embedding_teacher(model_dir, rows, out_file, agg, threads, summary, slates)
+        res = _embedding_teacher(model_dir, rows, out_file, agg, threads, summary, slates)
+        if json_out:
+            emit_json({"command": "teacher", "kind": "embedding", "out": str(out_file), "agg": agg, **res})
         return
     from hllm.teacher import ArRanker
     from hllm.teacher.run import run_ar_teacher
@@ -221,10 +231,13 @@ def teacher_cmd(
         f"missing {stats['missing_mean']:.1f}, repeated {stats['repeated_mean']:.1f}, invalid {stats['invalid_mean']:.1f} per slate; "
         f"{stats['decode_passes_mean']:.0f} decode passes, {stats['wall_s_mean']:.1f} s per slate"
     )
+    if json_out:
+        emit_json({"command": "teacher", "kind": "ar", "out": str(out_file), **stats})
 
 
 def _embedding_teacher(model_dir: Path, rows: list[dict], out_file: Path, agg: str, threads: Optional[int],
-                       summary: Optional[Path], slates: Path) -> None:
+                       summary: Optional[Path], slates: Path) -> dict:
+    """The embedding teacher over ``rows`` → its summary (slates, wall_s, ...)."""
     from hllm.files import atomic_write_json
     from hllm.teacher.embedding import EmbeddingRanker
     from hllm.teacher.run import run_embedding_teacher
@@ -237,6 +250,7 @@ def _embedding_teacher(model_dir: Path, rows: list[dict], out_file: Path, agg: s
         atomic_write_json(summary, {"kind": "embedding", "model": str(ranker.model_dir), "agg": agg,
                                  "slates_file": str(slates), "threads": threads, **res})
     out.print(f"embedding teacher → {out_file}: {res['slates']} slates ranked by {agg} similarity in {res['wall_s']:.0f} s")
+    return res
 
 
 @app.command("features")
@@ -253,6 +267,7 @@ def features_cmd(
     max_history: int = typer.Option(10, min=0, max=10_000, help="Most recent history items used."),
     threads: Optional[int] = threads_opt("torch intra-op threads."),
     source: Optional[Path] = typer.Option(None, "--from", help="Continue from this cache of the same slates at a lower layer and keep only the readout + context rows (needs --layer L)."),
+    json_out: bool = json_opt(),
 ) -> None:
     """Cache frozen backbone hidden states of slates once, for hllm train / hllm eval --features.
 
@@ -266,6 +281,7 @@ def features_cmd(
     if not backbone.is_dir():
         raise HllmError(f"backbone directory not found: {backbone}")
     check_output_dir(out_dir, what="CACHE_DIR", resumable=True)
+    data_to_stdout(json_out)
     rows = load_slates(slates, limit=limit)
     spec = PromptSpec(candidate_token_budget=candidate_tokens, history_token_budget=history_tokens, max_history=max_history)
     plain = not console.is_terminal
@@ -282,6 +298,9 @@ def features_cmd(
         src = FeatureCache.open(source) if source is not None else None
         cache = build_cache(backbone, rows, out_dir, layer, spec.to_dict(), positions, threads, on_progress, src)
     out.print(f"feature cache → {cache.root}: {len(cache)} slates, hidden state entering layer {cache.layer} of {cache.num_layers}")
+    if json_out:
+        emit_json({"command": "features", "out_dir": str(cache.root), "slates": len(cache), "layer": cache.layer,
+                   "num_layers": cache.num_layers})
 
 
 @app.command("eval")

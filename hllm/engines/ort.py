@@ -51,6 +51,8 @@ class OnnxRuntimeEngine(Engine):
     def _activate(self) -> None:
         import onnxruntime as ort
 
+        if hasattr(ort, "disable_telemetry_events"):  # Windows ETW events; the Linux files: hllm/__init__.py
+            ort.disable_telemetry_events()
         if not self.model_path.is_file():
             raise EngineError(f"ONNX model not found: {self.model_path}")
         opts = ort.SessionOptions()

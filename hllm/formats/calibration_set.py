@@ -27,6 +27,7 @@ import numpy as np
 from hllm.errors import HllmError, SlateError
 from hllm.files import atomic_path, atomic_write_json, read_json
 from hllm.formats.graph import INPUT_DTYPES, INPUT_NAMES, declared_inputs
+from hllm.formats.npz import CheckedNpz
 
 FORMAT = "hllm-calibration/1"
 
@@ -105,11 +106,25 @@ def arrays_sha256(batches: Sequence[dict[str, np.ndarray]]) -> str:
     return h.hexdigest()
 
 
+def _expected_shape(name: str, sh: dict) -> tuple[int, ...]:
+    """The shape of graph input ``name`` in a batch of ``sh`` (``{batch, seq, items}``)."""
+    if name == "input_ids":
+        return (sh["batch"], sh["seq"])
+    if name == "context_positions":
+        return (sh["batch"],)
+    return (sh["batch"], sh["items"])
+
+
 def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
     """Load a set written by :meth:`CalibrationSet.save` and verify its content hash.
 
+    Every array's ``.npy`` header is checked against the batch shapes of the ``.json`` (and a 1 GiB bound)
+    BEFORE it is decompressed (:class:`hllm.formats.npz.CheckedNpz`), so a small file declaring a huge
+    array is refused without the memory; the content hash is checked after.
+
     Raises:
-        SlateError: a file is missing or unreadable, or the arrays do not match ``data_sha256``.
+        SlateError: a file is missing or unreadable, an array's shape differs from the ``.json``, or the
+            arrays do not match ``data_sha256``.
     """
     npz, js = calibration_paths(path)
     for p in (npz, js):
@@ -120,13 +135,18 @@ def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
         raise SlateError(f"{js}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise SlateError(f"{js}: not a calibration set (format {meta.get('format')!r}, expected {FORMAT!r})")
+    shapes = meta.get("shapes")
+    if not isinstance(shapes, list) or not all(
+            isinstance(sh, dict) and all(type(sh.get(k)) is int and sh[k] >= 0 for k in ("batch", "seq", "items"))
+            for sh in shapes):
+        raise SlateError(f"{js}: shapes must be a list of {{batch, seq, items}} integers")
     try:
-        with np.load(npz, allow_pickle=False) as z:
-            n = len(meta["shapes"])
-            names = declared_inputs(meta.get("inputs") or INPUT_NAMES)
-            batches = [{name: z[f"{name}/{b}"] for name in names} for b in range(n)]
-    except (OSError, KeyError, ValueError, TypeError, HllmError) as e:
-        raise SlateError(f"cannot read {npz}: {e}") from None
+        names = declared_inputs(meta.get("inputs") or INPUT_NAMES)
+    except HllmError as e:
+        raise SlateError(f"{js}: {e}") from None
+    with CheckedNpz(npz, SlateError) as z:  # each member's header is checked against shapes before it is read
+        batches = [{name: z.get(f"{name}/{b}", _expected_shape(name, sh)) for name in names}
+                   for b, sh in enumerate(shapes)]
     got = arrays_sha256(batches)
     if meta.get("data_sha256") and got != meta["data_sha256"]:
         raise SlateError(f"{npz}: arrays do not match data_sha256 in {js.name} (file changed or corrupt)")

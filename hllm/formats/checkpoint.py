@@ -96,6 +96,22 @@ class HeadSpec:
         if self.d_model % self.num_heads:
             raise CheckpointError(f"head d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "HeadSpec":
+        """Build from the ``head`` section (or options); unknown keys and missing required keys raise
+        CheckpointError naming them and the known keys (never Python's ``__init__()`` signature message).
+        Values are checked by :meth:`validate`."""
+        from dataclasses import MISSING, fields
+
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(map(str, set(d) - set(known)))
+        if unknown:
+            raise CheckpointError(f"unknown head keys {unknown}; known: {', '.join(known)}")
+        missing = [n for n, f in known.items() if f.default is MISSING and n not in d]
+        if missing:
+            raise CheckpointError(f"the head section lacks {', '.join(missing)}")
+        return cls(**d)
+
 
 @dataclass
 class Manifest:
@@ -228,10 +244,7 @@ def _head_spec(section: dict, root: Path, mpath: Path) -> HeadSpec:
     """The validated head section; ``file`` is checked to lie inside ``root`` and stored normalised
     (relative to ``root``), so writers that copy it (``hllm merge``) stay inside their output."""
     try:
-        head = HeadSpec(**section)
-    except TypeError as e:
-        raise CheckpointError(f"{mpath}: bad head section: {e}") from None
-    try:
+        head = HeadSpec.from_dict(section)
         head.validate()
     except CheckpointError as e:
         raise CheckpointError(f"{mpath}: {e}") from None

@@ -35,7 +35,15 @@ FEATURE_PARTIAL = "partial.json"
 
 def describe(path: str | os.PathLike) -> dict:
     """Describe the artefact at ``path`` (module docstring). Raises HllmError (not found, not recognised,
-    or a malformed manifest/sidecar: the message names it)."""
+    or a malformed manifest/sidecar: the message names it; a field of an unexpected type anywhere in the
+    metadata read is one HllmError naming ``path``, never an internal error)."""
+    try:
+        return _describe(path)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as e:
+        raise HllmError(f"{path}: malformed metadata, cannot describe it ({type(e).__name__}: {e})") from None
+
+
+def _describe(path: str | os.PathLike) -> dict:
     from hllm.formats.kind import artefact_kind
 
     p = Path(path)
@@ -189,6 +197,8 @@ def describe_calibration_set(p: Path) -> dict:
     meta = _calibration_meta(p) or {}
     npz = p.with_suffix(".npz")
     shapes = meta.get("shapes") or []
+    if not isinstance(shapes, list):
+        raise HllmError(f"{p}: shapes must be a list of batch shapes, got {type(shapes).__name__}")
     return {
         "kind": "calibration-set", "path": str(p.with_suffix("")), "format": meta.get("format"),
         "bytes": (npz.stat().st_size if npz.is_file() else 0) + p.with_suffix(".json").stat().st_size,

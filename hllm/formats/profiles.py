@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from hllm.errors import EngineError
 
 DIMS = ("batch", "seq", "items")
+#: The largest value of each dynamic dim the exported graph declares (``hllm.exporter.onnx``:
+#: ``Dim("batch", max=1024)``, ``Dim("seq", max=65536)``, ``Dim("items", max=4096)``); a profile beyond
+#: them describes shapes the graph was never exported for.
+GRAPH_MAX = {"batch": 1024, "seq": 65536, "items": 4096}
 
 
 @dataclass(frozen=True)
@@ -77,13 +81,16 @@ class Profile:
     def validate(self, num_positions: int | None = None) -> "Profile":
         """Check the profile can serve the hLLM graph; returns self.
 
-        Rules: each dim ``1 ≤ min ≤ opt ≤ max``; ``seq.min ≥ 2`` (the export's smallest sequence);
+        Rules: each dim ``1 ≤ min ≤ opt ≤ max ≤`` the graph's declared bound (:data:`GRAPH_MAX`); ``seq.min ≥ 2`` (the export's smallest sequence);
         ``items ≤ seq`` at min, opt and max (every item has a readout token); with ``num_positions``
         K: ``items.max ≤ K`` (the head ranks at most K items).
         Raises: EngineError naming the broken rule.
         """
         for d in DIMS:
             getattr(self, d).validate(d)
+            if getattr(self, d).max > GRAPH_MAX[d]:
+                raise EngineError(f"{d}.max={getattr(self, d).max} exceeds the exported graph's declared bound "
+                                  f"{d} ≤ {GRAPH_MAX[d]}")
         if self.seq.min < 2:
             raise EngineError(f"seq.min must be ≥ 2 (the exported graph's smallest sequence), got {self.seq.min}")
         for which in ("min", "opt", "max"):

@@ -54,7 +54,8 @@ class PromptSpec:
         """Raise CheckpointError naming the field: a template that is not a string, uses an unknown
         ``{placeholder}`` (or attribute / index access), is not a valid format string, or a
         candidate_template without ``{title}``; a budget that is not an integer ≥ its minimum
-        (:data:`MINIMUMS`; booleans are not integers); a ``bos_token`` that is neither a string nor null."""
+        (:data:`MINIMUMS`; booleans are not integers); a placeholder with a format spec, width or
+        conversion (``{title:>5000000}``, ``{index:02d}``, ``{title!r}``); a ``bos_token`` that is neither a string nor null."""
         for name in ("user_template", "history_item_template", "candidate_template", "separator"):
             if not isinstance(getattr(self, name), str):
                 raise CheckpointError(f"prompt spec {name} must be a string, got {_type(getattr(self, name))}")
@@ -91,15 +92,21 @@ def _type(v: object) -> str:
 
 
 def _check_template(name: str, template: str, allowed: tuple[str, ...]) -> set[str]:
-    """The placeholders ``template`` uses; refuses unknown or non-plain ``{fields}`` and malformed format
-    strings, then formats once with sample values (catches a bad format spec such as ``{title:d}``)."""
+    """The placeholders ``template`` uses; refuses unknown or non-plain ``{fields}`` (attribute or index
+    access, a format spec or width such as ``{title:>5000000}``, a conversion such as ``{title!r}``: text is
+    only ever inserted as it is, so memory stays bounded by the title cut of the prompt builder) and
+    malformed format strings, then formats once with sample values."""
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as e:
         raise CheckpointError(f"prompt spec {name} is not a valid template ({e}): {template!r}") from None
-    for _, field_name, _, _ in parsed:
+    for _, field_name, spec, conversion in parsed:
         if field_name is None:
             continue
+        if spec or conversion:  # a width such as {title:>5000000} would allocate gigabytes per slate
+            raise CheckpointError(f"prompt spec {name}: the placeholder {{{field_name}"
+                                  f"{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} has a "
+                                  f"format spec or conversion; only plain placeholders such as {{{field_name}}} are allowed")
         if field_name not in allowed:
             raise CheckpointError(f"prompt spec {name} uses the unknown placeholder {{{field_name}}}; "
                                   f"allowed: {', '.join('{' + a + '}' for a in allowed)} (write {{{{ }}}} for a literal brace)")

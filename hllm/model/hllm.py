@@ -115,26 +115,45 @@ class HllmModel(nn.Module):
 def load_backbone(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> nn.Module:
     """Load a Hugging Face base decoder (Qwen3 / Qwen2 / Llama) with ``AutoModel`` on CPU, eval mode.
 
-    Raises: CheckpointError if transformers cannot load the directory.
+    Only ``*.safetensors`` weights are read (``use_safetensors=True``): a ``pytorch_model.bin`` is a pickle
+    and is never loaded. Every weight of the architecture must be in the files (transformers would
+    otherwise initialise the missing ones at random, silently).
+
+    Raises: CheckpointError naming the directory if transformers cannot load it (no safetensors weights,
+        a corrupt file, missing tensors).
     """
+    import pickle
+
+    from safetensors import SafetensorError
     from transformers import AutoModel
 
     try:
-        model = AutoModel.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot load backbone {path}: {e}") from None
+        model, info = AutoModel.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa",
+                                                use_safetensors=True, output_loading_info=True)
+    except (OSError, ValueError, SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError) as e:
+        raise CheckpointError(f"cannot load backbone {path} (only *.safetensors weights are read): "
+                              f"{type(e).__name__}: {e}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise CheckpointError(f"backbone {path}: the weights lack {len(missing)} tensors of the architecture "
+                              f"(first: {missing[0]}); they would be random")
     return model.eval()
 
 
 def load_head(manifest: Manifest) -> nn.Module:
     """Build the head of ``manifest`` and load ``head.safetensors`` (strict).
 
-    Raises: CheckpointError on missing/unexpected/mis-shaped tensors.
+    Raises: CheckpointError naming the file: not a readable safetensors file (empty, truncated, a corrupt
+        header), or missing/unexpected/mis-shaped tensors.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     head = build_head(manifest.head)
-    state = load_file(str(manifest.head_path))
+    try:
+        state = load_file(str(manifest.head_path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read head weights {manifest.head_path}: {e}") from None
     try:
         head.load_state_dict(state, strict=True)
     except RuntimeError as e:

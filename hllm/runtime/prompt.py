@@ -6,6 +6,10 @@ position). To make readout positions exact, the prompt is built by concatenating
 separately tokenized segments (user context, each candidate, separators) instead of tokenizing one
 long string, so no BPE merge can cross a segment boundary.
 
+Hostile text is bounded before the tokenizer sees it: a title is cut to ``budget ×``
+:data:`CHARS_PER_TOKEN_CEILING` characters first (tokenizing a 100 MB title in full costs ~200× its size
+in memory), then tokenized and cut to the token budget; either cut is recorded in ``truncated``.
+
 Batches are right-padded. With right padding and purely causal attention, real tokens never attend
 to pad tokens and position ids of real tokens are unchanged, so no attention mask is needed.
 """
@@ -22,6 +26,22 @@ import numpy as np
 from hllm.errors import CheckpointError, SlateError
 from hllm.formats.graph import feed_dict
 from hllm.formats.prompt import PromptSpec
+
+#: The most characters one token is assumed to cover. A text is cut to ``token budget × this`` characters
+#: before it is tokenized: byte-level BPE tokens of natural text average 3-5 characters and rarely exceed 16,
+#: so the first ``budget`` tokens of the cut text equal those of the whole text unless the text's tokens
+#: average over 32 characters (e.g. one character repeated thousands of times); such a text is still cut,
+#: and recorded as truncated. Memory and time of tokenization are then bounded by the budget, not the text.
+CHARS_PER_TOKEN_CEILING = 32
+
+
+def cut_text(text: str, token_budget: int) -> tuple[str, bool]:
+    """``text`` cut to ``token_budget × CHARS_PER_TOKEN_CEILING`` characters, and whether it was cut.
+
+    The one bound in front of the tokenizer (candidate titles, history titles): a slice, O(limit) memory.
+    """
+    limit = token_budget * CHARS_PER_TOKEN_CEILING
+    return (text[:limit], True) if len(text) > limit else (text, False)
 
 
 @dataclass(frozen=True)
@@ -125,6 +145,7 @@ class PromptBuilder:
         spec = self.spec
         hist = list(history)[-spec.max_history:] if spec.max_history else []
         dropped = len(history) - len(hist)
+        hist = [cut_text(t, spec.history_token_budget)[0] for t in hist]
         while True:
             rendered = "".join(
                 spec.history_item_template.format(title=t, index=i + 1) for i, t in enumerate(hist)
@@ -153,15 +174,16 @@ class PromptBuilder:
         ids, dropped = self._context_ids(slate.get("history") or [])
         ids = self._bos + ids
         context_end = len(ids) - 1
-        texts = [self.spec.candidate_template.format(title=c["title"], index=i + 1) for i, c in enumerate(cands)]
+        budget = self.spec.candidate_token_budget
+        cuts = [cut_text(c["title"], budget) for c in cands]
+        texts = [self.spec.candidate_template.format(title=t, index=i + 1) for i, (t, _) in enumerate(cuts)]
         encs = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         readout, truncated = [], []
-        budget = self.spec.candidate_token_budget
         for i, enc in enumerate(encs):
             cid = enc.ids
             if not cid:
                 raise SlateError(f"slate {sid}: candidate {i} tokenizes to nothing")
-            if len(cid) > budget:
+            if len(cid) > budget or cuts[i][1]:
                 cid = cid[:budget]
                 truncated.append(i)
             ids.extend(cid)

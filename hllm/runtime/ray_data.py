@@ -1,24 +1,35 @@
 """Offline ranking of slate files on Ray Data: ``hllm rank MODEL --slates F --out O --ray --workers N``.
 
-A fixed pool of N Ray actors (``ray.data.ActorPoolStrategy(size=N)``) each holds ONE engine (the
-runtime's :class:`hllm.runtime.Ranker`, activated once in the actor's constructor) and ranks the
-batches Ray Data hands it (``Dataset.map_batches`` with a callable class). The driver reads and
-validates the file exactly as ``hllm rank`` does (:func:`hllm.runtime.slates.iter_slates`, same
-errors), groups the slates into chunks of ``batch_size`` (the slates of ONE engine call, as in the
-single-process run, so padding and therefore every score is the same), and Ray Data preserves the
-order (``DataContext.execution_options.preserve_order``). The result is written by the same
-:func:`write_jsonl`, so the output file is byte-identical to the single-process run's.
-The driver holds the slates' JSON text; the actors only see their batches.
+A streaming pipeline (https://docs.ray.io/en/latest/data/data-internals.html, streaming execution):
+
+1. **read** — :class:`SlateChunks`, a Ray Data datasource (``ray.data.read_datasource``): one read task
+   streams the file with the runtime's :func:`hllm.runtime.slates.iter_slates` (the reader and validator
+   of ``hllm rank``) and yields blocks of ``chunks_per_block`` chunks; a chunk is ``batch_size``
+   consecutive slates as JSON (the slates of ONE engine call, as in the single-process run, so the
+   padding and therefore every score is the same);
+2. **rank** — ``Dataset.map_batches(RankActor, concurrency=N)``: a pool of N actors, each holding ONE
+   engine (:class:`hllm.runtime.Ranker`, activated in the constructor) with ``num_cpus`` / ``num_gpus``
+   per actor;
+3. **write** — the driver iterates the ranked blocks in file order (``preserve_order``) and streams
+   them into the runtime's :func:`write_jsonl` (atomic; gzip for ``.gz``), so the output is
+   byte-identical to ``hllm rank``'s single file.
+
+Ray Data's ``write_json`` is not used: it writes a directory of part files with pandas' JSON encoder,
+which cannot be ``hllm rank``'s one file byte for byte. The driver holds neither the slates nor the
+rankings: it first streams the file once to validate it (so a bad slate fails with ``hllm rank``'s
+error, naming the line, before Ray starts), then holds only the blocks in flight (its peak memory does
+not grow with the file; ``scripts/ray_data_memory.py`` measures it).
 
 Needs ``pip install 'hllm[ray]'``; imports neither torch nor transformers.
-Ray Data API: https://docs.ray.io/en/latest/data/api/doc/ray.data.Dataset.map_batches.html
+Ray Data API: https://docs.ray.io/en/latest/data/api/doc/ray.data.Dataset.map_batches.html,
+https://docs.ray.io/en/latest/data/api/doc/ray.data.Datasource.html
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -45,17 +56,63 @@ class RankActor:
         return {"rankings": np.array(out, dtype=object)}
 
 
-def read_chunks(slates: str | os.PathLike, batch_size: int, limit: int | None = None) -> list[str]:
-    """The slates of ``slates`` (validated, in file order) as JSON lists of ``batch_size`` slates."""
-    chunks, cur = [], []
-    for s in iter_slates(slates, limit):
+def iter_chunks(slates: str | os.PathLike, batch_size: int, limit: int | None = None) -> Iterator[tuple[int, str]]:
+    """(index of the first slate, JSON list of ``batch_size`` slates) for the slates of ``slates`` in file
+    order (validated by :func:`iter_slates`; raises its SlateError)."""
+    cur, first = [], 0
+    for i, s in enumerate(iter_slates(slates, limit)):
+        if not cur:
+            first = i
         cur.append(s)
         if len(cur) == batch_size:
-            chunks.append(json.dumps(cur, ensure_ascii=False))
+            yield first, json.dumps(cur, ensure_ascii=False)
             cur = []
     if cur:
-        chunks.append(json.dumps(cur, ensure_ascii=False))
-    return chunks
+        yield first, json.dumps(cur, ensure_ascii=False)
+
+
+def _make_datasource():
+    """:class:`SlateChunks` (defined on first use: its base class is Ray Data's ``Datasource``)."""
+    from ray.data import Datasource, ReadTask
+    from ray.data.block import BlockMetadata
+
+    class SlateChunks(Datasource):
+        """The chunks of a slates file (:func:`iter_chunks`) as blocks of ``{"chunk", "first"}`` rows,
+        read by ONE task that streams the file (``n_chunks`` counted by the driver's validation pass)."""
+
+        def __init__(self, path: str, batch_size: int, limit: int | None, n_chunks: int, chunks_per_block: int):
+            self.path, self.batch_size, self.limit = path, batch_size, limit
+            self.n_chunks, self.chunks_per_block = n_chunks, chunks_per_block
+
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+            path, bs, limit, per_block = self.path, self.batch_size, self.limit, self.chunks_per_block
+
+            def read():
+                import pyarrow as pa
+
+                rows = {"chunk": [], "first": []}
+                for first, chunk in iter_chunks(path, bs, limit):
+                    rows["chunk"].append(chunk)
+                    rows["first"].append(first)
+                    if len(rows["chunk"]) == per_block:
+                        yield pa.table(rows)
+                        rows = {"chunk": [], "first": []}
+                if rows["chunk"]:
+                    yield pa.table(rows)
+
+            meta = BlockMetadata(num_rows=self.n_chunks, size_bytes=None, input_files=[path], exec_stats=None)
+            return [ReadTask(read, meta, per_task_row_limit=per_task_row_limit)]
+
+    return SlateChunks
+
+
+def count_slates(slates: str | os.PathLike, limit: int | None = None) -> int:
+    """Stream ``slates`` once, validating every slate as ``hllm rank`` does; returns how many (constant memory).
+    Raises: SlateError naming the file and line."""
+    return sum(1 for _ in iter_slates(slates, limit))
 
 
 def rank_file(
@@ -68,51 +125,58 @@ def rank_file(
     limit: int | None = None,
     chunks_per_call: int = 4,
     on_progress: Callable[[int], None] | None = None,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    chunks_per_block: int = 16,
 ) -> int:
-    """Rank the slates file ``slates`` with ``workers`` Ray actors and write JSONL rankings to ``out``.
+    """Rank the slates file ``slates`` with ``workers`` Ray actors and stream JSONL rankings to ``out``.
 
     Uses the initialised Ray, else joins ``RAY_ADDRESS`` or starts (and afterwards stops) a local
-    instance on 127.0.0.1 (:func:`init_local_or_cluster`). ``threads`` is each actor's engine intra-op threads; ``chunks_per_call`` chunks of
-    ``batch_size`` slates go to an actor per call. Returns the number of slates ranked.
-    Raises: MissingExtraError (ray not installed), SlateError (as ``hllm rank``), EngineError.
+    instance on 127.0.0.1 (:func:`init_local_or_cluster`). ``threads``: each actor's engine intra-op
+    threads; ``num_cpus`` / ``num_gpus``: Ray resources per actor; ``chunks_per_call`` chunks of
+    ``batch_size`` slates go to an actor per call; blocks of ``chunks_per_block`` chunks stream from the
+    reader. Returns the number of slates ranked.
+    Raises: MissingExtraError (ray not installed), SlateError (as ``hllm rank``), EngineError, ValueError.
     """
     ray = require("ray")
     require("ray.data")
-    if workers < 1 or batch_size < 1 or chunks_per_call < 1:
-        raise ValueError("workers, batch_size and chunks_per_call must be ≥ 1")
-    chunks = read_chunks(slates, batch_size, limit)
+    if workers < 1 or batch_size < 1 or chunks_per_call < 1 or chunks_per_block < 1 or num_cpus < 0 or num_gpus < 0:
+        raise ValueError("workers, batch_size, chunks_per_call and chunks_per_block must be ≥ 1, num_cpus and num_gpus ≥ 0")
+    n = count_slates(slates, limit)  # validates the whole file before Ray starts (hllm rank's errors)
     started = not ray.is_initialized()
     if started:
-        init_local_or_cluster(ray, workers)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
-    results = []
-    if chunks:
-        ds = ray.data.from_items([{"chunk": c, "first": i * batch_size} for i, c in enumerate(chunks)],
-                                 override_num_blocks=min(len(chunks), workers * 4))
-        ranked = ds.map_batches(
-            RankActor,
-            fn_constructor_kwargs={"model": str(model), "threads": threads},
-            compute=ray.data.ActorPoolStrategy(size=workers),
-            batch_size=chunks_per_call,
-            batch_format="numpy",
-            num_cpus=1,
-        )
-        for row in ranked.iter_rows():
-            part = json.loads(row["rankings"])
-            results.extend(part)
-            if on_progress:
-                on_progress(len(part))
-    if started:
-        ray.shutdown()
-    write_jsonl(out, results)
-    return len(results)
+        init_local_or_cluster(ray, max(1, int(np.ceil(workers * num_cpus))))
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True
+        ctx.enable_progress_bars = False
+        source = _make_datasource()(str(slates), batch_size, limit, -(-n // batch_size), chunks_per_block)
+        # The reader takes no CPU slot: it only decompresses and re-serialises JSON, and with a slot it would
+        # wait forever behind actors that hold every CPU of a small machine (the actor pool starts first).
+        ranked = ray.data.read_datasource(source, override_num_blocks=1, num_cpus=0).map_batches(
+            RankActor, fn_constructor_kwargs={"model": str(model), "threads": threads}, concurrency=workers,
+            batch_size=chunks_per_call, batch_format="numpy", num_cpus=num_cpus, num_gpus=num_gpus)
+        count = [0]
+
+        def records():
+            for batch in ranked.iter_batches(batch_size=None, batch_format="numpy"):
+                for text in batch["rankings"]:
+                    part = json.loads(text)
+                    count[0] += len(part)
+                    yield from part
+                    if on_progress:
+                        on_progress(len(part))
+
+        write_jsonl(out, records())
+    finally:
+        if started:
+            ray.shutdown()
+    return count[0]
 
 
 def init_local_or_cluster(ray, cpus: int) -> None:
     """Join the cluster at ``RAY_ADDRESS`` if set, else start a local Ray instance on 127.0.0.1
-    (no dashboard) with at least ``cpus`` logical CPUs, so ``cpus`` one-CPU actors fit on a small machine."""
+    (no dashboard) with at least ``cpus`` logical CPUs, so the actors fit on a small machine."""
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, logging_level="WARNING")

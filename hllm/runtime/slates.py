@@ -46,10 +46,10 @@ import math
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import IO, Any, Iterable, Iterator, Sequence
 
 from hllm.errors import SlateError
-from hllm.files import atomic_path
+from hllm.files import atomic_path, no_duplicate_keys
 
 
 def _refuse_constant(name: str):
@@ -58,9 +58,10 @@ def _refuse_constant(name: str):
 
 def loads_json(text: str | bytes, where: str = "input") -> Any:
     """Parse JSON strictly: SlateError (naming ``where``) for malformed JSON, ``NaN`` / ``Infinity``
-    literals, nesting too deep for the parser, or integers too long to convert — never an internal error."""
+    literals, nesting too deep for the parser, integers too long to convert, or an object with a duplicate
+    key (:func:`hllm.files.no_duplicate_keys`) — never an internal error."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise SlateError(f"{where}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
@@ -233,36 +234,69 @@ def read_slates(path: str | os.PathLike, limit: int | None = None) -> list[dict]
     return list(iter_slates(path, limit))
 
 
+#: The longest slate line read (bytes, after gzip): a longer line is refused before it is held in memory
+#: (a 1 MB ``.jsonl.gz`` can hold a 1 GB line). 128 MiB holds a 100 MB title; titles are cut to the token
+#: budget before tokenizing (:func:`hllm.runtime.prompt.cut_text`), so such a slate still ranks.
+MAX_LINE_BYTES = 128 * 1024 * 1024
+
+
 def iter_slates(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict]:
     """Like :func:`read_slates` but lazily."""
     path = Path(path)
     if not path.is_file():
         raise SlateError(f"slates file not found: {path}" + (" is a directory, not a file" if path.is_dir() else ""))
-    n = lineno = 0
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-            for lineno, raw in enumerate(f, 1):
-                if limit is not None and n >= limit:
-                    return
-                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                where = f"{path}:{lineno}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise SlateError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)") from None
-                if not line.strip():
-                    continue
-                yield validate_slate(loads_json(line, where), where)
-                n += 1
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise SlateError(f"{path}: not a valid gzip file ({e}) after line {lineno}") from None
-    except EOFError:
-        raise SlateError(f"{path}: the gzip file is truncated (it ends inside line {lineno + 1})") from None
+        f = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     except OSError as e:
         raise SlateError(f"cannot read {path}: {e.strerror or e}") from None
+    with f:
+        yield from iter_slate_stream(f, str(path), limit, gzipped=False)
+
+
+def iter_slate_stream(f: IO[bytes], name: str, limit: int | None = None, gzipped: bool | None = None) -> Iterator[dict]:
+    """Validated slates read lazily from the binary stream ``f`` (a file, or stdin: nothing is spooled,
+    and reading stops after ``limit`` slates, so an endless producer is read only that far).
+
+    Args:
+        f: a binary stream of JSONL (or gzip of it, for ``gzipped``; None = detect the gzip magic
+            ``1f 8b`` when ``f`` can ``peek``). name: how messages name it (``FILE``, ``<stdin>``).
+        limit: stop after this many slates (None = all).
+    Raises: SlateError (:func:`read_slates`; also a line over :data:`MAX_LINE_BYTES`, naming the limit).
+    """
+    if gzipped is None and hasattr(f, "peek"):
+        gzipped = f.peek(2)[:2] == b"\x1f\x8b"
+    if gzipped:
+        f = gzip.GzipFile(fileobj=f, mode="rb")
+    n = lineno = 0
+    try:
+        while limit is None or n < limit:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            lineno += 1
+            where = f"{name}:{lineno}"
+            if len(raw) > MAX_LINE_BYTES:
+                raise SlateError(f"{where}: line longer than the limit of {MAX_LINE_BYTES} bytes "
+                                 f"({MAX_LINE_BYTES // 2**20} MiB; hllm.runtime.slates.MAX_LINE_BYTES)")
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SlateError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)") from None
+            del raw
+            if not line.strip():
+                continue
+            yield validate_slate(loads_json(line, where), where)
+            n += 1
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise SlateError(f"{name}: not a valid gzip file ({e}) after line {lineno}") from None
+    except EOFError:
+        raise SlateError(f"{name}: the gzip file is truncated (it ends inside line {lineno + 1})") from None
+    except OSError as e:
+        raise SlateError(f"cannot read {name}: {e.strerror or e}") from None
     if n == 0 and limit != 0:
-        raise SlateError(f"{path}: no slates in the file ({'it is empty' if lineno == 0 else 'only blank lines'})")
+        raise SlateError(f"{name}: no slates in the file ({'it is empty' if lineno == 0 else 'only blank lines'})")
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> Path:

@@ -9,7 +9,14 @@ Endpoints:
 * ``GET /readyz`` — 200 once the engine is loaded and warmed up, 503 while loading, after a load
   failure and while draining;
 * ``GET /metrics`` — Prometheus text (:mod:`hllm.serve.metrics`);
-* ``GET /openapi.json`` and ``/docs`` — the OpenAPI schema.
+* ``GET /openapi.json`` and ``/docs`` — the OpenAPI schema;
+* the Open Inference Protocol (KServe v2): ``GET /v2/health/live``, ``/v2/health/ready``,
+  ``/v2/models/hllm_ranker[/ready]`` and ``POST /v2/models/hllm_ranker/infer`` with the BYTES
+  ``slates`` input of the Triton ensemble (:mod:`hllm.serve.kserve`), errors as ``{"error": message}``.
+
+Every response carries ``X-Request-ID``: the client's own (1..128 printable ASCII characters, no
+spaces) or a new id; ``/v1/rank`` returns it as ``request_id``. ``hllm_request_duration_seconds{path}``
+in ``/metrics`` is the end-to-end latency of every response inside the server.
 
 Bad input never reaches the engine: the body size is limited, JSON is parsed by the runtime's strict
 :func:`hllm.runtime.slates.loads_json` and every slate is checked by the runtime's one validator
@@ -33,6 +40,7 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -47,6 +55,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hllm.errors import HllmError, SlateError
 from hllm.runtime.slates import loads_json, validate_slate
+from hllm.serve import kserve
 from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, MicroBatcher, QueueFull, ShuttingDown
 from hllm.serve.metrics import ServeMetrics
 from hllm.serve.schemas import ErrorResponse, RankRequest, RankResponse
@@ -75,6 +84,8 @@ class ServeOptions:
             ``timeout_keep_alive``).
         max_connections: over this many open connections or running requests uvicorn answers 503
             (``limit_concurrency``).
+        echo_request_id: set ``X-Request-ID`` on every response (off behind a proxy that sets it
+            itself, such as Ray Serve's, which honours the client's header the same way).
     """
 
     batch: BatchOptions = field(default_factory=BatchOptions)
@@ -85,6 +96,7 @@ class ServeOptions:
     header_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 512
+    echo_request_id: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_slates_per_request", "max_connections"):
@@ -255,16 +267,113 @@ _ERRORS = {
 }
 
 
-def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | None = None) -> FastAPI:
+_REQUEST_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces
+
+
+def request_id(header: str | None) -> str:
+    """The request's id: the client's ``X-Request-ID`` when it is 1..128 printable ASCII characters
+    without spaces, else a new 12-hex-digit id."""
+    return header if header is not None and _REQUEST_ID.fullmatch(header) else uuid.uuid4().hex[:12]
+
+
+#: Paths counted and timed under their own label (others: ``/v2/...`` routes by kind, the rest ``other``).
+METRIC_PATHS = ("/v1/rank", "/healthz", "/readyz", "/metrics")
+
+
+def metric_path(path: str) -> str:
+    """The ``path`` label of a request path: a known path, ``/v2/infer``, ``/v2/health``, ``/v2/models`` or ``other``."""
+    if path in METRIC_PATHS:
+        return path
+    if path.startswith("/v2/"):
+        return "/v2/infer" if path.endswith("/infer") else "/v2/health" if path.startswith("/v2/health") else "/v2/models"
+    return "other"
+
+
+def add_kserve_routes(app: FastAPI, service: "RankService") -> None:
+    """Register the Open Inference Protocol (KServe v2) endpoints of :mod:`hllm.serve.kserve` on ``app``."""
+    app.add_exception_handler(kserve.KServeError, service.kserve_error)
+    tags = ["Open Inference Protocol (KServe v2)"]
+    app.get("/v2/health/live", tags=tags, summary="The server is alive")(service.v2_live)
+    app.get("/v2/health/ready", tags=tags, summary="The model is ready")(service.v2_ready)
+    app.get("/v2", tags=tags, summary="Server metadata")(service.v2_server)
+    for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        app.get(base, tags=tags, summary="Model metadata")(service.v2_model)
+        app.get(base + "/ready", tags=tags, summary="The model is ready")(service.v2_model_ready)
+        app.get(base + "/config", tags=tags, summary="Model configuration (Triton extension)")(service.v2_model_config)
+        app.post(base + "/infer", tags=tags, summary="Rank slates (BYTES input 'slates' [B, 1])")(service.v2_infer)
+
+
+class KServeEndpoints:
+    """The Open Inference Protocol endpoints (mixed into :class:`RankService`; see :mod:`hllm.serve.kserve`)."""
+
+    async def kserve_error(self, request: Request, e: "kserve.KServeError"):
+        self.metrics.error(e.kind)
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
+    def _v2_check_ready(self) -> None:
+        if not self.state.ready or self.state.draining or self.batcher.closing:
+            raise kserve.KServeError(503, "model hllm_ranker is not ready", "not_ready")
+
+    async def v2_live(self):
+        return Response(status_code=200)
+
+    async def v2_ready(self):
+        self._v2_check_ready()
+        return Response(status_code=200)
+
+    async def v2_server(self):
+        import hllm
+
+        return {"name": "hllm", "version": hllm.__version__, "extensions": ["binary_tensor_data"]}
+
+    async def v2_model(self, model_name: str, model_version: str | None = None):
+        kserve.check_model(model_name, model_version)
+        return kserve.model_metadata(self.ranker.engine.num_positions, self.ranker.engine.name)
+
+    async def v2_model_config(self, model_name: str, model_version: str | None = None):
+        kserve.check_model(model_name, model_version)
+        return kserve.model_config(self.ranker.engine.num_positions, self.options.max_slates_per_request)
+
+    async def v2_model_ready(self, model_name: str, model_version: str | None = None):
+        kserve.check_model(model_name, model_version)
+        self._v2_check_ready()
+        return Response(status_code=200)
+
+    async def v2_infer(self, request: Request, model_name: str, model_version: str | None = None):
+        """``POST /v2/models/{name}/infer``: the slates of the BYTES input → ranking, scores, truncated."""
+        t0 = time.perf_counter()
+        kserve.check_model(model_name, model_version)
+        self._v2_check_ready()
+        try:
+            body = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
+        except ApiError as e:
+            raise kserve.KServeError(e.status, e.message, e.kind) from None
+        doc, blob = kserve.split_request(body, request.headers.get(kserve.HEADER_LENGTH.lower()))
+        slates = kserve.request_slates(doc, blob, self.options.max_slates_per_request)
+        try:
+            res, _ = await self.submit(slates, None, t0)
+        except ApiError as e:
+            raise kserve.KServeError(400 if e.status == 422 else e.status, e.message, e.kind) from None
+        outputs = kserve.output_arrays(res.rankings, res.scores, self.ranker.engine.num_positions)
+        rid = doc.get("id") if isinstance(doc.get("id"), str) else request.state.request_id
+        body, headers = kserve.response_body(doc, outputs, rid)
+        return Response(body, headers=headers)
+
+
+def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | None = None,
+               batcher_factory: Any = None) -> FastAPI:
     """The FastAPI app serving ``ranker`` (a :class:`hllm.runtime.Ranker`).
 
     The engine is activated and warmed up on the engine thread after startup (``/readyz`` says when);
     shutdown drains the queue, then deactivates the engine. The handlers are the methods of one
     :class:`RankService` over the app's :class:`ServerState` (``app.state.hllm``).
+    ``batcher_factory(ranker, batch_options, metrics)`` replaces the :class:`MicroBatcher` (same
+    interface; the Ray Serve deployment passes one built on ``@serve.batch``).
     """
     options = options or ServeOptions()
     metrics = ServeMetrics()
-    state = ServerState(ranker, MicroBatcher(ranker, options.batch, metrics), metrics, options, info=dict(info or {}))
+    batcher = (batcher_factory or MicroBatcher)(ranker, options.batch, metrics)
+    state = ServerState(ranker, batcher, metrics, options, info=dict(info or {}))
     service = RankService(state)
     app = FastAPI(
         title="hllm ranking server",
@@ -281,11 +390,12 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     app.get("/readyz", summary="The engine is loaded and warmed up", responses={503: {"model": ErrorResponse}})(service.readyz)
     app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)(service.prometheus_metrics)
     app.post("/v1/rank", summary="Rank one or more slates", response_model=RankResponse, responses=_ERRORS)(service.rank)
+    add_kserve_routes(app, service)
     app.openapi = functools.partial(rank_openapi, app)
     return app
 
 
-class RankService:
+class RankService(KServeEndpoints):
     """The lifespan, middleware, error handlers and endpoints of the app over one :class:`ServerState`
     (wired up by :func:`create_app`; the endpoints are documented in this module's docstring)."""
 
@@ -345,7 +455,10 @@ class RankService:
         return _error_response(ApiError(422, "bad_request", str(e.errors())[:2000]))
 
     async def count(self, request: Request, call_next):
-        """Middleware: count every response by path and code; an unexpected exception → JSON 500 with an id."""
+        """Middleware: the request id (``X-Request-ID``, echoed), count and time every response by path and
+        code; an unexpected exception → JSON 500 with an id."""
+        t0 = time.perf_counter()
+        request.state.request_id = request_id(request.headers.get("x-request-id"))
         try:
             response = await call_next(request)
         except Exception as e:  # noqa: BLE001 — a bug: answered as JSON 500 with an id, logged, counted
@@ -354,9 +467,11 @@ class RankService:
             self.metrics.error("internal")
             response = _error_response(ApiError(500, "internal", f"internal error ({type(e).__name__}); "
                                                 "the server log has its traceback under this id", error_id=error_id))
-        path = request.url.path
-        known = path in ("/v1/rank", "/healthz", "/readyz", "/metrics")
-        self.metrics.requests.labels(path if known else "other", str(response.status_code)).inc()
+        path = metric_path(request.url.path)
+        self.metrics.requests.labels(path, str(response.status_code)).inc()
+        self.metrics.latency.labels(path).observe(time.perf_counter() - t0)
+        if self.options.echo_request_id:
+            response.headers["X-Request-ID"] = request.state.request_id
         return response
 
     # --- endpoints ---------------------------------------------------------------------------------
@@ -385,6 +500,16 @@ class RankService:
         body = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
         slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""),
                                            self.options.max_slates_per_request)
+        res, timing = await self.submit(slates, deadline, t0)
+        return JSONResponse({"request_id": request.state.request_id, "rankings": [r.to_dict() for r in res.rankings],
+                             "timing": timing})
+
+    async def submit(self, slates: list[dict], deadline: float | None, t0: float):
+        """Encode validated slates at admission and rank them in the batcher → (JobResult, timing in ms).
+
+        Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
+        504 (deadline), 500 (the engine batch failed).
+        """
         encoded = await run_in_threadpool(_encode, self.ranker.builder, slates)
         t1 = time.perf_counter()
         self.metrics.stage.labels("validate").observe(t1 - t0)
@@ -397,14 +522,10 @@ class RankService:
         except DeadlineExceeded as e:
             raise ApiError(504, "deadline", str(e)) from None
         except BatchFailed as e:
-            self.metrics.error(e.kind)
-            return _error_response(ApiError(500, e.kind, str(e), error_id=e.error_id))
+            raise ApiError(500, e.kind, str(e), error_id=e.error_id) from None
         t2 = time.perf_counter()
         self.metrics.stage.labels("request").observe(t2 - t0)
-        timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}
-        return JSONResponse(
-            {"request_id": uuid.uuid4().hex[:12], "rankings": [r.to_dict() for r in res.rankings], "timing": timing}
-        )
+        return res, {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}
 
     def _check_ready(self) -> None:
         """Raises: ApiError 503 (Retry-After: 1) while draining, loading or after a load failure."""

@@ -108,11 +108,13 @@ class JobResult:
 
     ``timing`` keys: ``queue_ms`` (admission → engine thread start), ``prompt_ms``, ``engine_ms``,
     ``decode_ms`` (the whole batch's stage times, shared by its requests), ``batch_id``,
-    ``batch_slates``, ``batch_requests``.
+    ``batch_slates``, ``batch_requests``. ``scores``: each slate's score matrix ``[n, K]`` float32
+    (:attr:`hllm.runtime.ranker.RankResult.scores`), for the Open Inference Protocol's ``scores`` output.
     """
 
     rankings: list
     timing: dict
+    scores: list = field(default_factory=list)
 
 
 @dataclass
@@ -283,7 +285,7 @@ class MicroBatcher:
                 self.metrics.queue_wait(start - j.enqueued)
         loop = asyncio.get_running_loop()
         try:
-            rankings, times = await loop.run_in_executor(self._executor, self._rank, slates, encoded)
+            rankings, times, matrices = await loop.run_in_executor(self._executor, self._rank, slates, encoded)
         except Exception as e:  # noqa: BLE001 — any engine failure fails this batch only
             error_id = uuid.uuid4().hex[:12]
             kind = _error_kind(e)
@@ -302,7 +304,7 @@ class MicroBatcher:
             self.metrics.batch(len(slates), len(jobs), times)
         i = 0
         for j in jobs:
-            mine = rankings[i : i + len(j.slates)]
+            mine, my_scores = rankings[i : i + len(j.slates)], matrices[i : i + len(j.slates)]
             i += len(j.slates)
             if j.future.done():
                 continue
@@ -318,10 +320,12 @@ class MicroBatcher:
                         "batch_slates": len(slates),
                         "batch_requests": len(jobs),
                     },
+                    my_scores,
                 )
             )
 
     def _rank(self, slates: list[dict], encoded: list | None = None):
-        """Engine thread: rank ``slates`` in chunks of ``max_batch_slates``; summed stage times."""
+        """Engine thread: rank ``slates`` in chunks of ``max_batch_slates`` → (rankings, summed stage times,
+        score matrices ``[n, K]`` per slate)."""
         res = self.ranker.rank(slates, encoded=encoded, batch_size=self.options.max_batch_slates)
-        return res.rankings, res.times
+        return res.rankings, res.times, res.scores

@@ -10,6 +10,8 @@ Exposed at ``GET /metrics`` in the Prometheus text format
   ``queue_full``, ``not_ready``, ``deadline``, ``engine``, ``decode``, ``shape``, ``slate``, ``internal``);
 * ``hllm_stage_seconds{stage}`` — histogram per stage: ``validate`` (admission checks), ``queue``,
   ``prompt``, ``engine``, ``decode`` (per batch) and ``request`` (end to end inside the server);
+* ``hllm_request_duration_seconds{path}`` — histogram of every response's end-to-end latency inside the
+  server (arrival of the request at the app → response), by path as in ``hllm_requests_total``;
 * ``hllm_batch_slates`` / ``hllm_batch_requests`` — histograms of engine-batch sizes;
 * ``hllm_failed_batches_total{kind}``; ``hllm_queue_depth`` (gauge); ``hllm_ready`` (gauge, 0/1).
 """
@@ -34,6 +36,8 @@ class ServeMetrics:
         self.requests = Counter("hllm_requests", "HTTP requests by path and status code.", ["path", "code"], registry=r)
         self.errors = Counter("hllm_errors", "Failed requests by cause.", ["kind"], registry=r)
         self.stage = Histogram("hllm_stage_seconds", "Latency per stage.", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("hllm_request_duration_seconds", "End-to-end latency of every response inside the server, by path.",
+                                 ["path"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_slates = Histogram("hllm_batch_slates", "Slates per engine batch.", buckets=SIZE_BUCKETS, registry=r)
         self.batch_requests = Histogram("hllm_batch_requests", "Requests per engine batch.", buckets=SIZE_BUCKETS, registry=r)
         self.failed_batches = Counter("hllm_failed_batches", "Engine batches that raised.", ["kind"], registry=r)

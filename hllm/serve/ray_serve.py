@@ -1,121 +1,241 @@
-"""The Ranker as a Ray Serve deployment: replicas, ``@serve.batch`` micro-batching, the API of ``hllm serve``.
+"""The Ranker as a Ray Serve application: the app of ``hllm serve`` on every replica, ``@serve.batch``.
 
-    import ray
+Ray's application-builder form (https://docs.ray.io/en/latest/serve/advanced-guides/app-builder-guide.html),
+so every way Ray starts an application works::
+
+    serve run hllm.serve.ray_serve:app_builder export=work/demo/export num_replicas=2
+    serve run deploy/ray-serve.yaml                   # a Serve config file (serve build format)
+    serve deploy deploy/ray-serve.yaml                # a running cluster; KubeRay RayService takes the same file
+
     from ray import serve
-    from hllm.serve.ray_serve import ranker_app
+    from hllm.serve.ray_serve import app_builder
+    serve.run(app_builder({"export": "work/demo/export", "num_replicas": 2}), route_prefix="/")
 
-    serve.run(ranker_app("export/", num_replicas=2), route_prefix="/")
-    # POST http://127.0.0.1:8000/v1/rank  {"slates": [...]}  → {"request_id", "rankings", "timing"}
-
-Each replica holds ONE engine (:class:`hllm.runtime.Ranker`, activated and warmed up in the
-constructor). ``POST /v1/rank`` takes the bodies of ``hllm serve`` (``{"slates": [...], "deadline_ms"?}``,
-one slate object, a JSON list, or ``application/x-ndjson``), parsed and checked by the same
-:func:`hllm.serve.app.parse_rank_body` and encoded once at admission, and answers the same
-``{"request_id", "rankings": [Ranking.to_dict()], "timing": {...}}`` body (:mod:`hllm.serve.schemas`)
-and the same ``{"error": {"kind", "message", "id"}}`` errors (413, 415, 400, 422). ``GET /healthz`` and
-``GET /readyz`` answer 200 once the replica is up. Requests that reach a replica within
-``batch_wait_timeout_s`` are merged by ``@serve.batch`` (at most ``max_batch_requests`` requests) and
-ranked in engine calls of at most ``max_batch_slates`` slates, off the event loop. Ray Serve routes
-requests across ``num_replicas`` replicas. ``deadline_ms`` is accepted and not enforced (Ray Serve's
-own ``request_timeout_s`` in its HTTP options bounds a request).
+:func:`app_builder` takes ONE argument, a dict or :class:`RayServeArgs` (Ray validates the dict against
+that pydantic model). Each replica (:class:`HllmRanker`) loads ONE engine (:class:`hllm.runtime.Ranker`,
+activated and warmed up in its constructor) and serves, through ``@serve.ingress``, the SAME FastAPI app
+``hllm serve`` runs (:func:`hllm.serve.app.create_app`): ``POST /v1/rank``, the Open Inference Protocol
+``/v2/...`` (:mod:`hllm.serve.kserve`), ``/healthz``, ``/readyz``, ``/metrics`` (this replica's
+counters), ``/docs``, the same ``{"error": {...}}`` envelope and ``X-Request-ID``. The only difference:
+requests are merged into engine batches by Ray's ``@serve.batch`` (:class:`ServeBatcher`, at most
+``max_batch_requests`` requests within ``batch_wait_timeout_s``) instead of ``hllm serve``'s
+:class:`hllm.serve.batching.MicroBatcher`; queueing is bounded by Ray's ``max_ongoing_requests`` /
+``max_queued_requests`` (over it: 503). Ray calls :meth:`HllmRanker.check_health` every
+``health_check_period_s``; replicas take ``num_cpus`` / ``num_gpus``; ``autoscaling_config`` (Ray's
+dict) replaces ``num_replicas``.
 
 Needs ``pip install 'hllm[ray]'``; imports neither torch nor transformers.
-Ray Serve: https://docs.ray.io/en/latest/serve/advanced-guides/dyn-req-batch.html
+Ray Serve: https://docs.ray.io/en/latest/serve/http-guide.html (FastAPI ingress),
+https://docs.ray.io/en/latest/serve/advanced-guides/dyn-req-batch.html (``@serve.batch``).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Ray reads app_builder's parameter annotation as a class.
 import asyncio
+import concurrent.futures
+import logging
 import time
 import uuid
+from typing import Any, Literal, Optional, Union
 
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from ray.serve import Application
 
-from hllm.runtime.ranker import Ranker, StageTimes
-from hllm.serve.app import ApiError, _encode, _error_response, parse_rank_body, warmup_slate
+from hllm.serve.app import ServeOptions, create_app, warmup_slate
+from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, JobResult, ShuttingDown, _error_kind
+
+log = logging.getLogger("hllm.serve")
 
 
-class RankerDeployment:
-    """One replica: an engine behind ``POST /v1/rank`` (see module doc). Deploy with :func:`ranker_app`."""
+class RayServeArgs(BaseModel):
+    """The arguments of :func:`app_builder` (``serve run ... key=value`` or ``args:`` in a config file)."""
 
-    def __init__(self, model: str, threads: int | None = None, max_batch_slates: int = 8,
-                 max_slates_per_request: int = 32, max_body_bytes: int = 4 * 1024 * 1024):
-        self.ranker = Ranker.from_path(model, threads=threads)
-        self.ranker.engine.activate()
-        self.ranker.rank_batch([warmup_slate(self.ranker.engine.num_positions)])
-        self.max_batch_slates = max_batch_slates
-        self.max_slates_per_request = max_slates_per_request
-        self.max_body_bytes = max_body_bytes
-        self.batches = 0
+    model_config = ConfigDict(extra="forbid")
 
-    def _rank(self, slates: list[dict], encoded: list) -> tuple[list, StageTimes]:
-        """Rank in engine calls of at most ``max_batch_slates`` slates; summed stage times."""
-        res = self.ranker.rank(slates, encoded=encoded, batch_size=self.max_batch_slates)
-        return res.rankings, res.times
+    export: str = Field(..., description="Export dir / .onnx, TensorRT .plan or checkpoint dir, as seen by the replicas.")
+    name: str = Field("HllmRanker", description="Deployment name.")
+    num_replicas: Union[int, Literal["auto"]] = Field(1, description="Replicas (ignored with autoscaling_config).")
+    autoscaling_config: Optional[dict] = Field(None, description="Ray's autoscaling_config (min_replicas, max_replicas, "
+                                               "target_ongoing_requests, ...); replaces num_replicas.")
+    max_ongoing_requests: int = Field(16, ge=1, description="Requests a replica handles at once (≥ max_batch_requests).")
+    max_queued_requests: int = Field(64, ge=-1, description="Requests waiting for a replica; more → 503 (-1: no bound).")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs per replica (ray_actor_options).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica (ray_actor_options).")
+    threads: Optional[int] = Field(1, ge=1, description="Engine intra-op threads per replica.")
+    max_batch_requests: int = Field(8, ge=1, description="@serve.batch max_batch_size (requests per engine batch).")
+    batch_wait_timeout_s: float = Field(0.005, ge=0, description="@serve.batch batch_wait_timeout_s.")
+    max_batch_slates: int = Field(8, ge=1, description="Most slates per engine call.")
+    max_slates_per_request: int = Field(32, ge=1, description="More slates in one request → 413.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="Larger bodies → 413.")
+    deadline_ms: float = Field(60_000.0, gt=0, description="Default per-request deadline (ms) → 504.")
+    health_check_period_s: float = Field(10.0, gt=0, description="How often Ray calls check_health.")
+    health_check_timeout_s: float = Field(30.0, gt=0, description="check_health timeout.")
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="Drain time of a replica being stopped.")
 
-    async def rank_requests(self, requests: list[tuple[list[dict], list, float]]) -> list[tuple[list[dict], dict]]:
-        """Micro-batch (wrapped by ``@serve.batch`` in :func:`ranker_app`): rank every request's slates together."""
-        start = time.perf_counter()
-        self.batches += 1
-        batch_id = self.batches
-        slates = [s for req, _, _ in requests for s in req]
-        encoded = [e for _, enc, _ in requests for e in enc]
-        rankings, times = await asyncio.to_thread(self._rank, slates, encoded)
+
+class ServeBatcher:
+    """The :class:`hllm.serve.batching.MicroBatcher` interface of the app, batching with Ray's ``@serve.batch``.
+
+    ``submit`` calls the replica's ``@serve.batch`` method :meth:`HllmRanker.rank_requests`, which runs
+    :meth:`run_batch`: every request's slates in engine calls of at most ``max_batch_slates`` on ONE
+    engine thread (the event loop never blocks). Raises from ``submit``: ShuttingDown, DeadlineExceeded
+    (``deadline_ms``), BatchFailed (the batch's engine call raised; every request of the batch gets it).
+    """
+
+    def __init__(self, replica: Any, ranker: Any, options: BatchOptions, metrics: Any = None):
+        self.replica, self.ranker, self.options, self.metrics = replica, ranker, options, metrics
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._closing = False
+        self._batch_seq = 0
+
+    async def start(self) -> None:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hllm-engine")
+
+    async def run_in_engine_thread(self, fn, *args):
+        if self._executor is None:
+            raise ShuttingDown("batcher not started")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def depth(self) -> int:
+        return 0  # Ray's router and @serve.batch hold the queue
+
+    async def submit(self, slates, deadline_ms: Optional[float] = None, encoded=None) -> JobResult:
+        """Queue one request's (validated, encoded) slates on ``@serve.batch`` and await its rankings."""
+        if self._closing or self._executor is None:
+            raise ShuttingDown("replica is shutting down")
+        timeout = (deadline_ms or self.options.deadline_ms) / 1e3
+        try:
+            return await asyncio.wait_for(self.replica.rank_requests(list(slates), list(encoded), time.perf_counter()), timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(f"deadline of {timeout * 1e3:.0f} ms exceeded") from None
+
+    def _rank(self, slates: list, encoded: list):
+        res = self.ranker.rank(slates, encoded=encoded, batch_size=self.options.max_batch_slates)
+        return res.rankings, res.times, res.scores
+
+    async def run_batch(self, requests: list, encoded: list, enqueued: list) -> list:
+        """One ``@serve.batch`` batch: ``requests[i]`` slates (``encoded[i]`` rows, queued at ``enqueued[i]``,
+        ``time.perf_counter()``) → one :class:`JobResult` per request. Raises BatchFailed."""
+        self._batch_seq += 1
+        batch_id, start = self._batch_seq, time.perf_counter()
+        slates = [s for req in requests for s in req]
+        rows = [e for enc in encoded for e in enc]
+        try:
+            rankings, times, matrices = await self.run_in_engine_thread(self._rank, slates, rows)
+        except Exception as e:  # noqa: BLE001 — fails this batch only
+            error_id, kind = uuid.uuid4().hex[:12], _error_kind(e)
+            log.error("batch %d failed (error id %s, %s): %s", batch_id, error_id, kind, e)
+            if self.metrics is not None:
+                self.metrics.batch_failed(kind)
+            raise BatchFailed(f"{kind} failure in batch {batch_id}: {e}", error_id, kind, batch_id) from None
+        if self.metrics is not None:
+            self.metrics.batch(len(slates), len(requests), times)
         out, i = [], 0
-        for req, _, enqueued in requests:
-            mine = rankings[i : i + len(req)]
+        for req, queued in zip(requests, enqueued):
+            if self.metrics is not None:
+                self.metrics.queue_wait(start - queued)
+            timing = {"queue_ms": round((start - queued) * 1e3, 3), "prompt_ms": round(times.prompt_ms, 3),
+                      "engine_ms": round(times.engine_ms, 3), "decode_ms": round(times.decode_ms, 3), "batch_id": batch_id,
+                      "batch_slates": len(slates), "batch_requests": len(requests)}
+            out.append(JobResult(rankings[i : i + len(req)], timing, matrices[i : i + len(req)]))
             i += len(req)
-            out.append(([r.to_dict() for r in mine], {
-                "queue_ms": round((start - enqueued) * 1e3, 3),
-                "prompt_ms": round(times.prompt_ms, 3),
-                "engine_ms": round(times.engine_ms, 3),
-                "decode_ms": round(times.decode_ms, 3),
-                "batch_id": batch_id,
-                "batch_slates": len(slates),
-                "batch_requests": len(requests),
-            }))
         return out
 
-    async def __call__(self, request: Request):
-        path = request.url.path.rstrip("/")
-        if request.method == "GET" and path in ("/healthz", "/readyz"):
-            return JSONResponse({"status": "ready", "engine": self.ranker.engine.name, "num_positions": self.ranker.engine.num_positions})
-        if request.method != "POST" or path != "/v1/rank":
-            return _error_response(ApiError(404, "not_found", f"{request.method} {path or '/'}: use POST /v1/rank"))
-        t0 = time.perf_counter()
-        try:
-            body = await request.body()
-            if len(body) > self.max_body_bytes:
-                raise ApiError(413, "too_large", f"body of {len(body)} bytes is over the limit of {self.max_body_bytes} bytes")
-            slates, _deadline = parse_rank_body(body, request.headers.get("content-type", ""), self.max_slates_per_request)
-            encoded = await asyncio.to_thread(_encode, self.ranker.builder, slates)
-        except ApiError as e:
-            return _error_response(e)
-        t1 = time.perf_counter()
-        rankings, timing = await self.batched(slates, encoded, t1)
-        t2 = time.perf_counter()
-        timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **timing, "total_ms": round((t2 - t0) * 1e3, 3)}
-        return JSONResponse({"request_id": uuid.uuid4().hex[:12], "rankings": rankings, "timing": timing})
+
+@serve.ingress()
+class HllmRanker:
+    """One replica: an engine and the ``hllm serve`` app over it (module doc). Built by :func:`app_builder`."""
+
+    def __init__(self, args: dict):
+        from hllm.runtime.ranker import Ranker
+
+        a = RayServeArgs.model_validate(args)
+        self.args = a
+        self.ranker = Ranker.from_path(a.export, threads=a.threads)
+        self.ranker.engine.activate()
+        self.ranker.rank_batch([warmup_slate(self.ranker.engine.num_positions)])
+        self.rank_requests.set_max_batch_size(a.max_batch_requests)
+        self.rank_requests.set_batch_wait_timeout_s(a.batch_wait_timeout_s)
+        self.batcher: Optional[ServeBatcher] = None
+        self.state = None
+
+    def __serve_build_asgi_app__(self):
+        """The replica's ASGI app: :func:`hllm.serve.app.create_app` with a :class:`ServeBatcher` (Ray calls
+        this after the constructor, then runs the app's lifespan)."""
+        a = self.args
+
+        def batcher(ranker, options, metrics):
+            self.batcher = ServeBatcher(self, ranker, options, metrics)
+            return self.batcher
+
+        options = ServeOptions(batch=BatchOptions(max_batch_slates=a.max_batch_slates, deadline_ms=a.deadline_ms),
+                               max_body_bytes=a.max_body_bytes, max_slates_per_request=a.max_slates_per_request,
+                               warmup=False,  # warmed up in the constructor
+                               echo_request_id=False)  # Ray's proxy honours and echoes X-Request-ID itself
+        app = create_app(self.ranker, options, info={"model": a.export, "runtime": "ray_serve"}, batcher_factory=batcher)
+        self.state = app.state.hllm
+        return app
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def rank_requests(self, requests: list, encoded: list, enqueued: list) -> list:
+        """``@serve.batch``: the requests that reached this replica together → one JobResult each."""
+        return await self.batcher.run_batch(requests, encoded, enqueued)
+
+    def check_health(self) -> None:
+        """Ray's health check. Raises RuntimeError when the engine failed to load."""
+        if self.state is not None and self.state.load_error:
+            raise RuntimeError(f"engine failed to load: {self.state.load_error}")
+
+
+def app_builder(args: RayServeArgs) -> Application:
+    """The Ray Serve application for ``args`` (a :class:`RayServeArgs` or its dict): :class:`HllmRanker`
+    with Ray's deployment options from ``args``. Raises pydantic.ValidationError for bad arguments."""
+    a = args if isinstance(args, RayServeArgs) else RayServeArgs.model_validate(args)
+    if a.max_ongoing_requests < a.max_batch_requests:
+        raise ValueError(f"max_ongoing_requests ({a.max_ongoing_requests}) must be ≥ max_batch_requests ({a.max_batch_requests})")
+    scale = {"autoscaling_config": a.autoscaling_config} if a.autoscaling_config else {"num_replicas": a.num_replicas}
+    deployment = serve.deployment(HllmRanker).options(
+        name=a.name,
+        **scale,
+        max_ongoing_requests=a.max_ongoing_requests,
+        max_queued_requests=a.max_queued_requests,
+        ray_actor_options={"num_cpus": a.num_cpus, "num_gpus": a.num_gpus},
+        health_check_period_s=a.health_check_period_s,
+        health_check_timeout_s=a.health_check_timeout_s,
+        graceful_shutdown_timeout_s=a.graceful_shutdown_timeout_s,
+    )
+    return deployment.bind(a.model_dump())
 
 
 def ranker_app(model: str, num_replicas: int = 1, max_batch_requests: int = 8, batch_wait_timeout_s: float = 0.005,
-               threads: int | None = 1, max_batch_slates: int = 8, max_slates_per_request: int = 32,
-               ray_actor_options: dict | None = None):
-    """A bound Ray Serve application of ``num_replicas`` :class:`RankerDeployment` replicas for ``model``.
+               threads: Optional[int] = 1, max_batch_slates: int = 8, max_slates_per_request: int = 32) -> Application:
+    """Shorthand for :func:`app_builder` with the common arguments (``model`` is ``export``)."""
+    return app_builder(RayServeArgs(export=str(model), num_replicas=num_replicas, max_batch_requests=max_batch_requests,
+                                    batch_wait_timeout_s=batch_wait_timeout_s, threads=threads,
+                                    max_batch_slates=max_batch_slates, max_slates_per_request=max_slates_per_request))
 
-    ``max_batch_requests`` / ``batch_wait_timeout_s`` configure ``@serve.batch``; ``threads`` is each
-    replica's engine intra-op threads; ``ray_actor_options`` defaults to one CPU per replica.
-    """
-    micro_batch = serve.batch(max_batch_size=max_batch_requests, batch_wait_timeout_s=batch_wait_timeout_s)
 
-    class Replica(RankerDeployment):
-        @micro_batch
-        async def batched(self, slates: list[dict], encoded: list, enqueued: float):
-            return await self.rank_requests(list(zip(slates, encoded, enqueued)))
+#: The export a bare import path (``hllm.serve.ray_serve:app``, e.g. for ``serve build``) deploys.
+DEFAULT_EXPORT = "work/demo/export"
 
-    Replica.__name__ = Replica.__qualname__ = "HllmRanker"
-    deployment = serve.deployment(name="HllmRanker", num_replicas=num_replicas,
-                                  ray_actor_options=ray_actor_options or {"num_cpus": 1})(Replica)
-    return deployment.bind(model, threads=threads, max_batch_slates=max_batch_slates, max_slates_per_request=max_slates_per_request)
+
+def __getattr__(name: str):
+    """``app``: :func:`app_builder` with the default arguments and ``export`` from ``$HLLM_EXPORT`` (else
+    :data:`DEFAULT_EXPORT`), built on first access — for tools that want an Application at an import
+    path (``serve build hllm.serve.ray_serve:app``)."""
+    if name == "app":
+        import os
+
+        return app_builder({"export": os.environ.get("HLLM_EXPORT", DEFAULT_EXPORT)})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,6 +24,7 @@ protocol implementation (subclassed), even where ``httptools`` is installed.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
@@ -133,10 +134,39 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
     return config
 
 
-def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", graceful_timeout_s: float = 60.0) -> None:
-    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain and return)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``SO_REUSEADDR``, as uvicorn binds), for uvicorn to listen on.
+
+    Binding here, before uvicorn starts, turns a port in use or an address that is not this machine's
+    into an error naming the address (uvicorn would log it and exit 3). Raises: HllmError.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise HllmError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        hint = " (another process listens there: choose another --port)" if e.errno == errno.EADDRINUSE else ""
+        raise HllmError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", graceful_timeout_s: float = 60.0,
+               sock: socket.socket | None = None) -> None:
+    """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain and return).
+
+    ``sock``: an already bound socket (:func:`bind_socket`), else ``host:port`` is bound first.
+    Raises: HllmError when the address cannot be bound.
+    """
+    sock = sock or bind_socket(host, port)
     server = _DrainingServer(_config(app, host, port, log_level, graceful_timeout_s), getattr(app.state, "hllm", None))
-    server.run()
+    with sock:
+        server.run(sockets=[sock])
 
 
 class BackgroundServer:

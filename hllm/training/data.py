@@ -77,7 +77,7 @@ def prepare(model, slates: Sequence[dict], builder, cfg: TrainConfig,
     layer is above the first trained layer; CheckpointError for a cache of other slates / prompt.
     """
     from hllm.model.hllm import gather_context, gather_readout, run_layers
-    from hllm.training.features import FeatureCache, context_positions
+    from hllm.training.features import FeatureCache, backbone_hidden_size, context_positions
 
     reads_ctx = model.model.reads_context
     encoded = [builder.encode_one(s) for s in slates]
@@ -96,7 +96,7 @@ def prepare(model, slates: Sequence[dict], builder, cfg: TrainConfig,
     with torch.inference_mode():
         for i, (s, e) in enumerate(zip(slates, encoded)):
             if cache is not None:
-                c = cache.get(index[i])
+                c = cache.get(index[i], backbone_hidden_size(cfg.backbone))
                 h, start, readout = torch.from_numpy(c.hidden)[None], cache.layer, torch.from_numpy(c.readout)
                 ctx = context_positions(cache, [c], [s])[0]
             else:

@@ -51,6 +51,19 @@ class CachedSlate:
     context: int | None
 
 
+def _backbone_config(backbone: str | os.PathLike) -> dict:
+    from hllm.files import read_json
+
+    cfg = read_json(Path(backbone) / "config.json", CheckpointError)
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def backbone_hidden_size(backbone: str | os.PathLike) -> int | None:
+    """``hidden_size`` of the backbone's ``config.json`` (None when absent): the D a cache must hold."""
+    v = _backbone_config(backbone).get("hidden_size")
+    return v if type(v) is int else None
+
+
 def backbone_fingerprint(backbone: str | os.PathLike) -> str:
     """sha256 of the backbone's ``config.json`` and weight file sizes: a cheap identity check that a
     cache was made from the same backbone (not a proof of identical weights)."""
@@ -79,37 +92,66 @@ class FeatureCache:
 
     @classmethod
     def open(cls, root: str | os.PathLike) -> "FeatureCache":
-        """Open ``root``. Raises CheckpointError when it is missing, incomplete or of another version."""
+        """Open ``root``. Raises CheckpointError when it is missing, incomplete, of another version, or its
+        ``meta.json`` is unreadable (not UTF-8, malformed, nested too deeply) or of the wrong types
+        (``0 ≤ layer ≤ num_layers`` integers, ``slate_ids`` a list, ``prompt`` an object)."""
+        from hllm.files import read_json
+
         root = Path(root)
         meta_path = root / META
         if not meta_path.is_file():
             raise CheckpointError(f"{root} is not a complete feature cache (no {META}; rerun `hllm features` to finish it)")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            if meta.get("version") not in READABLE:
-                raise CheckpointError(f"{meta_path}: feature cache version {meta.get('version')} "
-                                      f"(this hllm reads {READABLE})")
-            return cls(root, int(meta["layer"]), int(meta["num_layers"]), meta["prompt"],
-                       [str(s) for s in meta["slate_ids"]], str(meta["fingerprint"]), bool(meta.get("rows_only")))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{meta_path} is not a feature cache manifest: {type(e).__name__}: {e}") from None
+        meta = read_json(meta_path, CheckpointError, "{path} is not a feature cache manifest: {reason}")
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{meta_path} is not a feature cache manifest (a JSON {type(meta).__name__})")
+        if meta.get("version") not in READABLE:
+            raise CheckpointError(f"{meta_path}: feature cache version {meta.get('version')} (this hllm reads {READABLE})")
+        layer, n = meta.get("layer"), meta.get("num_layers")
+        if not all(type(v) is int for v in (layer, n)) or not 0 <= layer <= n:
+            raise CheckpointError(f"{meta_path}: layer and num_layers must be integers with 0 ≤ layer ≤ num_layers, "
+                                  f"got layer {layer!r}, num_layers {n!r}")
+        if not isinstance(meta.get("slate_ids"), list) or not isinstance(meta.get("prompt"), dict):
+            raise CheckpointError(f"{meta_path} is not a feature cache manifest (slate_ids a list, prompt an object)")
+        return cls(root, layer, n, meta["prompt"], [str(s) for s in meta["slate_ids"]], str(meta.get("fingerprint")),
+                   bool(meta.get("rows_only")))
 
     def __len__(self) -> int:
         return len(self.slate_ids)
 
-    def get(self, i: int) -> CachedSlate:
-        """Slate ``i`` (file order). Raises CheckpointError for a missing or unreadable file."""
-        try:
-            with np.load(self.root / f"{i:05d}.npz", allow_pickle=False) as z:
-                return CachedSlate(z["hidden"], z["readout"], int(z["context"]) if "context" in z else None)
-        except (OSError, KeyError, ValueError) as e:
-            raise CheckpointError(f"feature cache {self.root}: slate file {i:05d}.npz unreadable: {e}") from None
+    def get(self, i: int, hidden_size: int | None = None) -> CachedSlate:
+        """Slate ``i`` (file order), checked: ``hidden [S, D]`` floating point (D = ``hidden_size`` when
+        given), ``readout [N]`` integers within ``0..S-1``, ``context`` within ``0..S-1``; each array's
+        header is checked before it is read (:class:`hllm.formats.npz.CheckedNpz`).
+
+        Raises CheckpointError for a missing, unreadable or inconsistent slate file.
+        """
+        from hllm.formats.npz import CheckedNpz
+
+        path = self.root / f"{i:05d}.npz"
+        if not path.is_file():
+            raise CheckpointError(f"feature cache {self.root}: slate file {path.name} is missing")
+        with CheckedNpz(path, CheckpointError) as z:
+            hidden = z.get("hidden", (None, hidden_size))
+            readout = z.get("readout", ndim=1)
+            context = int(z.get("context", ndim=0)) if "context" in z else None
+        s = hidden.shape[0] if hidden.ndim == 2 else 0
+        if hidden.ndim != 2 or not np.issubdtype(hidden.dtype, np.floating):
+            raise CheckpointError(f"{path}: hidden must be a [S, D] float array, got {hidden.dtype} {hidden.shape}")
+        if not np.issubdtype(readout.dtype, np.integer) or (readout.size and not (0 <= readout.min() <= readout.max() < s)):
+            raise CheckpointError(f"{path}: readout positions must be integers within 0..{s - 1} (the hidden rows)")
+        if context is not None and not 0 <= context < s:
+            raise CheckpointError(f"{path}: context position {context} is outside 0..{s - 1}")
+        return CachedSlate(hidden, readout, context)
 
     def check(self, backbone: str | os.PathLike, prompt: dict, slate_ids: Sequence[str]) -> list[int]:
         """Indices in this cache of ``slate_ids``; raise CheckpointError unless the cache matches this
         backbone and prompt spec and holds every one of the slates."""
         if self.fingerprint != backbone_fingerprint(backbone):
             raise CheckpointError(f"feature cache {self.root} was made from another backbone than {backbone}")
+        cfg = _backbone_config(backbone)
+        if cfg.get("num_hidden_layers") not in (None, self.num_layers):
+            raise CheckpointError(f"feature cache {self.root} says num_layers {self.num_layers}, the backbone {backbone} "
+                                  f"has {cfg.get('num_hidden_layers')}")
         if self.prompt != prompt:
             raise CheckpointError(f"feature cache {self.root} used prompt {self.prompt}, not {prompt}")
         where = {sid: i for i, sid in enumerate(self.slate_ids)}
@@ -166,7 +208,7 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
         for i, s in enumerate(slates):
             path = out / f"{i:05d}.npz"
             if not path.is_file():
-                src = None if source is None else (source.get(index[i]), source.layer)
+                src = None if source is None else (source.get(index[i], backbone_hidden_size(backbone)), source.layer)
                 row = _cache_one(model, encode(s), layer, src)
                 with atomic_path(path) as tmp:
                     with open(tmp, "wb") as f:
@@ -280,8 +322,9 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
     if below:
         raise CheckpointError(f"{ckpt}: the adapter changes layers {below[:5]}…, below the cached layer {cache.layer}")
+    d = backbone_hidden_size(manifest.backbone_path)
     for done, i in enumerate(index, 1):
-        c = cache.get(i)
+        c = cache.get(i, d)
         ctx = None
         if model.reads_context:
             ctx = torch.tensor(context_positions(cache, [c], None if slates is None else [slates[done - 1]]))

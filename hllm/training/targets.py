@@ -15,7 +15,6 @@ Three kinds, chosen with ``hllm train --target``:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -24,7 +23,6 @@ import numpy as np
 
 from hllm.errors import SlateError
 from hllm.formats.choices import OBJECTIVES as TARGET_KINDS
-from hllm.runtime.slates import _open_text
 
 
 def permutation_target(order: Sequence[int], n: int) -> np.ndarray:
@@ -62,21 +60,47 @@ def clicks_then_teacher(labels: Sequence[int], order: Sequence[int]) -> list[int
 
 def read_teacher(path: str | os.PathLike) -> dict[str, list[int]]:
     """Read teacher permutations ``{slate_id: order}`` from JSONL (``hllm teacher`` output; any
-    JSONL with ``slate_id`` and ``order`` keys). Raises SlateError naming file and line."""
+    JSONL with ``slate_id`` and ``order`` keys).
+
+    ``order`` must be a list of JSON integers (``"0123"``, ``0.7``, ``true`` are refused, not coerced);
+    lines are parsed by the strict :func:`hllm.runtime.slates.loads_json` (deep nesting, NaN refused).
+    Raises: SlateError naming file and line (also for bytes that are not UTF-8 or a corrupt gzip).
+    """
+    import gzip
+    import zlib
+
+    from hllm.runtime.slates import loads_json
+
     path = Path(path)
     if not path.is_file():
         raise SlateError(f"teacher file not found: {path}")
-    out = {}
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                out[str(rec["slate_id"])] = [int(i) for i in rec["order"]]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise SlateError(f"{path}:{lineno}: not a teacher record with slate_id and order ({e})") from None
+    out: dict[str, list[int]] = {}
+    lineno = 0
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            for lineno, raw in enumerate(f, 1):
+                where = f"{path}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise SlateError(f"{where}: not UTF-8 (byte {e.start + 1} of the line)") from None
+                if line.strip():
+                    sid, order = _teacher_record(loads_json(line, where), where)
+                    out[sid] = order
+    except (OSError, EOFError, zlib.error) as e:
+        raise SlateError(f"cannot read teacher file {path} after line {lineno}: {e}") from None
     return out
+
+
+def _teacher_record(rec: object, where: str) -> tuple[str, list[int]]:
+    if not isinstance(rec, dict) or "slate_id" not in rec or "order" not in rec:
+        raise SlateError(f"{where}: not a teacher record with slate_id and order")
+    sid, order = rec["slate_id"], rec["order"]
+    if isinstance(sid, bool) or not isinstance(sid, (str, int)):
+        raise SlateError(f"{where}: slate_id must be a string or an integer, got {type(sid).__name__}")
+    if not isinstance(order, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
+        raise SlateError(f"{where}: order must be a list of integers (candidate indices), got {str(order)[:60]}")
+    return str(sid), order
 
 
 def build_target(kind: str, slate: dict, teacher: dict[str, list[int]] | None = None) -> np.ndarray | None:

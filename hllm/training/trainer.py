@@ -102,7 +102,8 @@ def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def build_model(cfg: TrainConfig) -> tuple[TrainableModel, HeadSpec, int]:
     """Backbone (+ LoRA) and head, seeded. Returns (model, head spec, number of decoder layers)."""
     dims = backbone_dims(read_config(Path(cfg.backbone)))
-    spec = HeadSpec(kind=cfg.head_kind, input_dim=dims.hidden_size, num_positions=cfg.num_positions, **cfg.head_kwargs)
+    spec = HeadSpec.from_dict({"kind": cfg.head_kind, "input_dim": dims.hidden_size, "num_positions": cfg.num_positions,
+                               **cfg.head_kwargs})
     spec.validate()
     backbone = load_backbone(cfg.backbone)
     for p in backbone.parameters():

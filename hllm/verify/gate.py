@@ -126,19 +126,31 @@ def save_reference(path, scores: Sequence[np.ndarray], slates: Sequence[dict], s
 def load_reference(path, slates: Sequence[dict], source_sha256: str | None) -> list[np.ndarray]:
     """Load the scores saved by :func:`save_reference` for ``slates`` (any subset of the saved ones, by id).
 
-    Raises: ParityError if a slate has no saved scores or they were made by another graph.
+    Raises: ParityError if a slate has no saved scores, they were made by another graph, or the file is
+        not a readable ``.npz`` of that layout (each array's header is checked before it is read:
+        :class:`hllm.formats.npz.CheckedNpz`).
     """
     from hllm.errors import ParityError
+    from hllm.formats.npz import CheckedNpz
 
-    with np.load(path, allow_pickle=False) as z:
-        index = {str(x): i for i, x in enumerate(z["slate_ids"])}
+    with CheckedNpz(path, ParityError) as z:  # headers checked before anything is decompressed
+        ids = z.get("slate_ids", ndim=1)
+        index = {str(x): i for i, x in enumerate(ids.tolist())}
         want = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
         missing = [w for w in want if w not in index]
         if missing:
             raise ParityError(f"{path}: no reference scores for {len(missing)} evaluation slate(s), e.g. {missing[:3]}")
-        if source_sha256 and str(z["source_sha256"]) not in ("", source_sha256):
+        sha = z.get("source_sha256", ndim=0)
+        if source_sha256 and str(sha) not in ("", source_sha256):
             raise ParityError(f"{path}: reference scores come from another graph (onnx sha256 differs)")
-        return [z[f"scores/{index[w]}"] for w in want]
+        out = []
+        for w, s in zip(want, slates):
+            n = len(s["candidates"]) if isinstance(s.get("candidates"), list) else None
+            m = z.get(f"scores/{index[w]}", (n, None))
+            if not np.issubdtype(m.dtype, np.floating):
+                raise ParityError(f"{path}: scores/{index[w]} is {m.dtype}, not floating point")
+            out.append(m)
+        return out
 
 
 @dataclass

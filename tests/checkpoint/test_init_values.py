@@ -57,7 +57,7 @@ def test_init_options_refused_before_any_work(tmp_path, kwargs, words):
         ({"num_positions": -5}, "head num_positions must be a positive integer, got -5"),
         ({"head_kind": "mlp"}, "unknown head kind 'mlp'"),
         ({"head_kwargs": {**TINY_HEAD, "num_heads": 5}}, "not divisible by num_heads=5"),
-        ({"head_kwargs": {**TINY_HEAD, "depth": 3}}, "bad head option"),
+        ({"head_kwargs": {**TINY_HEAD, "depth": 3}}, "unknown head keys"),
         ({"head_kwargs": {**TINY_HEAD, "d_model": 0}}, "head d_model must be a positive integer"),
     ],
 )

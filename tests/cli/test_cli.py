@@ -67,7 +67,7 @@ def test_rank_errors_are_clear_and_leave_no_file(export_dir, tmp_path, capsys, c
 
 
 def test_missing_model(tmp_path, capsys):
-    code, _, err = run(["rank", str(tmp_path / "nope"), "-s", str(tmp_path), "-o", str(tmp_path / "r.jsonl")], capsys)
+    code, _, err = run(["rank", str(tmp_path / "nope"), "-s", str(tmp_path / "s.jsonl"), "-o", str(tmp_path / "r.jsonl")], capsys)
     assert code == 2 and "not found" in err
 
 

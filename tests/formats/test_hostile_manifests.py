@@ -108,7 +108,7 @@ def test_backbone_path_may_point_outside_but_must_be_a_path(ckpt):
         (lambda d: d["head"].update(kind=5), ["unknown head kind 5"]),
         (lambda d: d["head"].update(file=5), ["head file must be a file name", "got 5"]),
         (lambda d: d["head"].update(context="yes"), ["head context must be true or false"]),
-        (lambda d: d["head"].update(colour="red"), ["bad head section", "colour"]),
+        (lambda d: d["head"].update(colour="red"), ["unknown head keys", "colour"]),
         (lambda d: d["prompt"].update(candidate_template="{index}. {title} ({brand})"), ["candidate_template", "{brand}"]),
         (lambda d: d["prompt"].update(user_template="{history} {title}"), ["user_template", "{title}", "allowed: {history}"]),
         (lambda d: d["prompt"].update(history_item_template="{title.__class__}"), ["history_item_template", "{title.__class__}"]),
@@ -357,11 +357,16 @@ def test_plan_sidecar_paths_types_and_size(tmp_path, export_dir):
 
 # -- prompt spec on its own ---------------------------------------------------------------------------
 def test_prompt_spec_literal_braces_and_format_specs():
-    spec = PromptSpec(candidate_template="{{{index:02d}}} {title}")
-    assert spec.candidate_template.format(index=3, title="t") == "{03} t"
+    spec = PromptSpec(candidate_template="{{{index}}} {title}")
+    assert spec.candidate_template.format(index=3, title="t") == "{3} t"
+    for bad in ("{title:>5000000}", "{index:02d} {title}", "{title!r}", "{title!s:^9}"):
+        with pytest.raises(CheckpointError, match="format spec or conversion"):
+            PromptSpec(candidate_template=bad)
+    with pytest.raises(CheckpointError, match="history_item_template.*format spec"):
+        PromptSpec(history_item_template="{title:>5000000}")
     with pytest.raises(CheckpointError, match="must contain {title}"):
         PromptSpec(candidate_template="{{title}} {index}")  # a literal, not the placeholder
-    with pytest.raises(CheckpointError, match="cannot be formatted"):
+    with pytest.raises(CheckpointError, match="format spec"):
         PromptSpec(candidate_template="{title:d}")
     with pytest.raises(CheckpointError, match="unknown placeholder {}"):
         PromptSpec(candidate_template="{} {title}")
@@ -397,7 +402,7 @@ def test_calibration_set_meta_of_the_wrong_type(tmp_path):
     np_ = pytest.importorskip("numpy")
     np_.savez(tmp_path / "calib.npz", x=np_.zeros(1))
     for content, words in ((b"[1]", "expected a JSON object, got list"), (b"\xff", "cannot read"),
-                           (b'{"format": "hllm-calibration/1", "shapes": 5}', "cannot read")):
+                           (b'{"format": "hllm-calibration/1", "shapes": 5}', "shapes must be a list")):
         (tmp_path / "calib.json").write_bytes(content)
         with pytest.raises(SlateError, match=words):
             load_calibration_set(tmp_path / "calib")

@@ -1,5 +1,6 @@
-"""Ray scale-out on a local Ray instance bound to 127.0.0.1 (2 CPUs, no dashboard): the Ray Serve deployment
-answers POST /v1/rank like `hllm serve` from 2 replicas with @serve.batch micro-batching, and Ray Data
+"""Ray scale-out on a local Ray instance bound to 127.0.0.1 (2 CPUs, no dashboard): the committed Serve config
+(deploy/ray-serve.yaml, the application builder) serves the app of `hllm serve` (v1, KServe v2, metrics, docs,
+errors) and scales from 1 to 2 replicas with @serve.batch micro-batching, and Ray Data
 (`hllm rank --ray`, 2 actors) writes the single-process run's output byte for byte, in order."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ httpx = pytest.importorskip("httpx", reason="httpx is not installed (pip install
 from hllm.runtime import Ranker  # noqa: E402
 from hllm.runtime.slates import write_jsonl  # noqa: E402
 from hllm.testing import tiny_slates  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,46 +40,113 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ray_serve_two_replicas_answer_like_hllm_serve(local_ray, export_dir):
+def _deploy_config(export_dir, port: int, **args) -> None:
+    """Deploy the committed deploy/ray-serve.yaml as `serve run deploy/ray-serve.yaml` does (ray.serve.scripts.run:
+    ServeDeploySchema → serve_start with its http_options → deploy_apps), with the tiny export, a free port
+    and ``args`` overriding the file's; waits until the application is RUNNING."""
+    import time
+
+    import yaml
+    from ray.serve._private import api as serve_api
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = yaml.safe_load((REPO / "deploy" / "ray-serve.yaml").read_text())
+    doc["http_options"]["port"] = port
+    doc["applications"][0]["args"].update(export=str(export_dir), **args)
+    config = ServeDeploySchema.model_validate(doc)
+    client = serve_api.serve_start(http_options=config.http_options.model_dump(), proxy_location=config.proxy_location)
+    client.deploy_apps(config, _blocking=False)
     from ray import serve
 
-    from hllm.serve.ray_serve import ranker_app
+    deadline = time.monotonic() + 300
+    while True:
+        app = serve.status().applications.get("hllm")
+        if app is not None and app.status == "RUNNING" and \
+                app.deployments["HllmRanker"].replica_states.get("RUNNING") == args.get("num_replicas", 1):
+            return
+        assert app is None or app.status not in ("DEPLOY_FAILED", "UNHEALTHY"), app
+        assert time.monotonic() < deadline, f"application not running: {app}"
+        time.sleep(0.5)
+
+
+def test_ray_serve_config_serves_the_hllm_serve_app_and_scales_1_to_2(local_ray, export_dir):
+    """The committed config deploys the app builder; the replica answers /v1/rank, the KServe v2 infer of the
+    generated Triton client, /metrics, /docs and the error envelope of `hllm serve`; redeployed with 2 replicas
+    it answers concurrent requests merged by @serve.batch."""
+    tritonclient_http = pytest.importorskip("tritonclient.http")
     from hllm.serve.schemas import RankResponse
+    from hllm.serve.triton.client import rank_slates
 
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(ranker_app(str(export_dir), num_replicas=2, batch_wait_timeout_s=0.2), name="hllm", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     slates = tiny_slates(8, (1, 8), seed=90)
     with Ranker.from_path(export_dir) as ranker:
         want = [r.to_dict() for r in ranker.rank(slates)]
+    _deploy_config(export_dir, port, num_replicas=1)
+    with httpx.Client(timeout=120) as client:
+        one = client.post(f"{url}/v1/rank", json={"slates": slates[:3]}, headers={"X-Request-ID": "ray-1"})
+        v2 = rank_slates(tritonclient_http.InferenceServerClient(url=f"127.0.0.1:{port}", network_timeout=120), "hllm_ranker", slates)
+        too_many = client.post(f"{url}/v1/rank", json={"candidates": [{"title": f"t{i}"} for i in range(9)]})
+        bad_json = client.post(f"{url}/v1/rank", content=b"{nope", headers={"content-type": "application/json"})
+        nowhere = client.get(f"{url}/v1/nowhere")
+        metrics, docs, ready = client.get(f"{url}/metrics"), client.get(f"{url}/docs"), client.get(f"{url}/readyz")
+        openapi = client.get(f"{url}/openapi.json").json()
+    assert one.status_code == 200 and one.headers["x-request-id"] == "ray-1" and one.json()["request_id"] == "ray-1"
+    assert [r["order"] for r in RankResponse.model_validate(one.json()).model_dump()["rankings"]] == [w["order"] for w in want[:3]]
+    assert [r["order"] for r in v2] == [w["order"] for w in want] and [r["ranking"] for r in v2] == [w["ranking"] for w in want]
+    np.testing.assert_allclose([s for r in v2 for s in r["scores"]], [s for w in want for s in w["scores"]], atol=1e-4)
+    assert too_many.status_code == 422 and too_many.json()["error"]["kind"] == "bad_slate" and "K=8" in too_many.json()["error"]["message"]
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["kind"] == "bad_json"
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["kind"] == "not_found"
+    assert 'hllm_requests_total{code="200",path="/v1/rank"}' in metrics.text and "hllm_request_duration_seconds_bucket" in metrics.text
+    assert docs.status_code == 200 and "swagger" in docs.text.lower() and "/v2/models/{model_name}/infer" in openapi["paths"]
+    assert ready.status_code == 200 and ready.json()["runtime"] == "ray_serve" and ready.json()["num_positions"] == 8
+
+    _deploy_config(export_dir, port, num_replicas=2, batch_wait_timeout_s=0.2)  # scale 1 → 2 in place
     try:
-        with httpx.Client(timeout=120) as client:
-            with ThreadPoolExecutor(8) as pool:  # one slate per request, all at once → micro-batches
-                bodies = list(pool.map(lambda s: client.post(f"{url}/v1/rank", json={"slates": [s]}), slates))
-            many = client.post(f"{url}/v1/rank", json=slates[:3])  # a JSON list of slates
-            ndjson = client.post(f"{url}/v1/rank", content="\n".join(json.dumps(s) for s in slates[3:5]),
-                                 headers={"content-type": "application/x-ndjson"})
-            too_many = client.post(f"{url}/v1/rank", json={"candidates": [{"title": f"t{i}"} for i in range(9)]})
-            bad_json = client.post(f"{url}/v1/rank", content=b"{nope", headers={"content-type": "application/json"})
-            ready = client.get(f"{url}/readyz")
-        status = serve.status().applications["hllm"].deployments["HllmRanker"].replica_states
+        with httpx.Client(timeout=120) as client, ThreadPoolExecutor(8) as pool:  # one slate per request, all at once
+            bodies = list(pool.map(lambda s: client.post(f"{url}/v1/rank", json={"slates": [s]}), slates))
+        status = serve_status()
     finally:
+        from ray import serve
+
         serve.delete("hllm")
     assert status == {"RUNNING": 2}
     assert all(r.status_code == 200 for r in bodies), [r.text for r in bodies if r.status_code != 200]
-    got = [RankResponse.model_validate(r.json()).rankings[0].model_dump() for r in bodies]  # the hllm serve schema
-    assert [g["order"] for g in got] == [w["order"] for w in want]
-    assert [g["ranking"] for g in got] == [w["ranking"] for w in want] and [g["truncated"] for g in got] == [w["truncated"] for w in want]
-    np.testing.assert_allclose([s for g in got for s in g["scores"]], [s for w in want for s in w["scores"]], atol=1e-4)
+    got = [r.json()["rankings"][0] for r in bodies]
+    assert [g["order"] for g in got] == [w["order"] for w in want] and [g["truncated"] for g in got] == [w["truncated"] for w in want]
     timings = [r.json()["timing"] for r in bodies]
     assert set(timings[0]) == set(RankResponse.model_fields["timing"].annotation.model_fields)
     assert max(t["batch_requests"] for t in timings) > 1  # @serve.batch merged concurrent requests
-    assert [r["order"] for r in many.json()["rankings"]] == [w["order"] for w in want[:3]]
-    assert [r["order"] for r in ndjson.json()["rankings"]] == [w["order"] for w in want[3:5]]
-    assert too_many.status_code == 422 and too_many.json()["error"]["kind"] == "bad_slate" and "K=8" in too_many.json()["error"]["message"]
-    assert bad_json.status_code == 400 and bad_json.json()["error"]["kind"] == "bad_json"
-    assert ready.status_code == 200 and ready.json()["num_positions"] == 8
+
+
+def serve_status() -> dict:
+    from ray import serve
+
+    return dict(serve.status().applications["hllm"].deployments["HllmRanker"].replica_states)
+
+
+def test_app_builder_takes_one_argument_and_refuses_bad_ones():
+    import inspect
+
+    import pydantic
+    from ray.serve import Application
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    from hllm.serve.ray_serve import RayServeArgs, app_builder
+
+    assert list(inspect.signature(app_builder).parameters) == ["args"]
+    assert inspect.signature(app_builder).parameters["args"].annotation is RayServeArgs  # Ray validates the dict with it
+    app = call_user_app_builder_with_args_if_necessary(app_builder, {"export": "x", "num_replicas": "2", "num_gpus": "0.5"})
+    assert isinstance(app, Application)
+    dep = app._bound_deployment
+    assert dep.num_replicas == 2 and dep.ray_actor_options == {"num_cpus": 1.0, "num_gpus": 0.5} and dep.max_ongoing_requests == 16
+    auto = app_builder({"export": "x", "autoscaling_config": {"min_replicas": 1, "max_replicas": 3}})._bound_deployment
+    assert auto._deployment_config.autoscaling_config.max_replicas == 3
+    with pytest.raises(pydantic.ValidationError, match="no_such"):
+        app_builder({"export": "x", "no_such": 1})
+    with pytest.raises(ValueError, match="max_ongoing_requests"):
+        app_builder({"export": "x", "max_ongoing_requests": 2, "max_batch_requests": 8})
 
 
 def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_path):
@@ -100,6 +169,51 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
               "--batch-size", "3", "--limit", "10", "--ray", "--workers", "2"])
     assert e.value.code == 0
     assert (tmp_path / "cli.jsonl").read_text().splitlines() == (tmp_path / "one.jsonl").read_text().splitlines()[:10]
+
+
+@pytest.fixture(scope="module")
+def export_k50(qwen3_backbone, tmp_path_factory):
+    """A tiny export with K = 50, so the packaged 100-slate sample (50 candidates each) ranks as it is."""
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.exporter.onnx import export_onnx
+    from tests.conftest import TINY_HEAD
+
+    root = tmp_path_factory.mktemp("k50")
+    ck = init_checkpoint(qwen3_backbone, root / "ckpt", "self_attention", 50, seed=0, head_kwargs=TINY_HEAD)
+    export_onnx(ck, root / "export")
+    return root / "export"
+
+
+def test_ray_rank_of_the_sample_is_byte_identical_to_hllm_rank(local_ray, export_k50, tmp_path):
+    """`hllm rank --ray` (read → map_batches over 2 actors → streamed write) on the packaged 100-slate sample."""
+    from hllm.cli import main
+
+    sample = REPO / "examples" / "beauty-eval-sample.jsonl.gz"
+    one = subprocess.run([sys.executable, "-m", "hllm", "rank", str(export_k50), "--slates", str(sample),
+                          "--out", str(tmp_path / "one.jsonl"), "--batch-size", "4"], capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(export_k50), "--slates", str(sample), "--out", str(tmp_path / "ray.jsonl"), "--batch-size", "4",
+              "--ray", "--workers", "2", "--cpus-per-worker", "0.5"])
+    assert e.value.code == 0
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert len((tmp_path / "ray.jsonl").read_text().splitlines()) == 100
+
+
+def test_ray_rank_refuses_bad_slates_before_ray_and_caps_local_workers(export_dir, tmp_path, capsys, monkeypatch):
+    from hllm.cli import main
+    from hllm.cli.app import MAX_WORKERS
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(tiny_slates(1, (1, 8), seed=1)[0]) + "\n{\"candidates\": []}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(export_dir), "-s", str(bad), "-o", str(tmp_path / "o.jsonl"), "--ray"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{bad}:2" in err and not (tmp_path / "o.jsonl").exists()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(export_dir), "-o", str(tmp_path / "o.jsonl"), "--ray", "--workers", str(MAX_WORKERS + 1)])
+    assert e.value.code == 2 and "RAY_ADDRESS" in capsys.readouterr().err
 
 
 def test_ray_data_ranks_a_context_head_like_one_process(local_ray, context_export_dir, tmp_path):

@@ -1,0 +1,223 @@
+"""The Open Inference Protocol (KServe v2 REST) on ``hllm serve``, beside ``POST /v1/rank``.
+
+The model is named like the Triton ensemble ``hllm triton-repo`` writes (``hllm_ranker``) and takes the
+same tensors, so one client (``tritonclient.http``, the generated ``client/rank.py``,
+:func:`hllm.serve.triton.client.rank_slates`, or a load tool that speaks v2 such as ``perf_analyzer``)
+talks to ``hllm serve``, its Ray Serve deployment and Triton alike:
+
+* input ``slates`` ``[B, 1]`` BYTES — one slate JSON object (UTF-8) per row, checked by the runtime's
+  :func:`hllm.runtime.slates.validate_slate` (the rules of ``hllm rank`` and ``/v1/rank``);
+* outputs ``ranking`` ``[B, K]`` INT64 (candidate index per rank position, -1 past the slate),
+  ``scores`` ``[B, K, K]`` FP32 (the score matrix M, rows past the slate are 0) and ``truncated``
+  ``[B, K]`` BOOL (candidate text cut to the token budget).
+
+Endpoints: ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2`` (server metadata),
+``GET /v2/models/{name}[/versions/{v}]`` (model metadata), ``GET /v2/models/{name}[/versions/{v}]/ready``,
+``GET /v2/models/{name}/config`` (Triton's model-configuration extension, read by ``perf_analyzer``),
+``POST /v2/models/{name}[/versions/{v}]/infer``. Request and response tensors are JSON (``data``, flat
+or nested row-major) or use the binary tensor data extension (``Inference-Header-Content-Length``; BYTES
+elements as a 4-byte little-endian length then the bytes), which ``tritonclient.http`` uses by default.
+Errors have the protocol's body ``{"error": "message"}`` (400 bad request, 404 unknown model, 503 not
+ready). The request's ``id`` is echoed in the response.
+
+Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md;
+binary extension: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from hllm.errors import SlateError
+from hllm.runtime.slates import loads_json, validate_slate
+
+#: The model name (that of the Triton ensemble written by ``hllm triton-repo``) and its one version.
+MODEL_NAME = "hllm_ranker"
+MODEL_VERSION = "1"
+INPUT = "slates"
+OUTPUTS = ("ranking", "scores", "truncated")
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: v2 datatypes ↔ numpy dtypes (the subset this model uses).
+DATATYPES = {"BYTES": np.object_, "INT64": np.int64, "FP32": np.float32, "BOOL": np.bool_}
+
+
+class KServeError(Exception):
+    """An error answered as ``{"error": message}`` with an HTTP status (the protocol's error body)."""
+
+    def __init__(self, status: int, message: str, kind: str = "bad_request"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def model_metadata(num_positions: int, engine: str) -> dict:
+    """``GET /v2/models/{name}``: name, versions, platform and the input / output tensors (``-1`` = any)."""
+    k = int(num_positions)
+    return {
+        "name": MODEL_NAME, "versions": [MODEL_VERSION], "platform": f"hllm_{engine}",
+        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1, 1]}],
+        "outputs": [{"name": "ranking", "datatype": "INT64", "shape": [-1, k]},
+                    {"name": "scores", "datatype": "FP32", "shape": [-1, k, k]},
+                    {"name": "truncated", "datatype": "BOOL", "shape": [-1, k]}],
+    }
+
+
+def model_config(num_positions: int, max_batch_size: int) -> dict:
+    """``GET /v2/models/{name}/config`` (Triton's model-configuration extension, which ``perf_analyzer``
+    reads): the JSON form of the ensemble's ``config.pbtxt`` — batch dimension implicit, dims without it."""
+    k = int(num_positions)
+    return {
+        "name": MODEL_NAME, "platform": "ensemble", "max_batch_size": int(max_batch_size),
+        "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
+        "output": [{"name": "ranking", "data_type": "TYPE_INT64", "dims": [-1]},
+                   {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, k]},
+                   {"name": "truncated", "data_type": "TYPE_BOOL", "dims": [k]}],
+    }
+
+
+def check_model(name: str, version: str | None = None) -> None:
+    """Raises KServeError 404 for a model other than :data:`MODEL_NAME` or a version other than 1."""
+    if name != MODEL_NAME or version not in (None, MODEL_VERSION):
+        what = f"{name!r}" + (f" version {version!r}" if version is not None else "")
+        raise KServeError(404, f"unknown model {what}: this server has {MODEL_NAME!r} version {MODEL_VERSION}", "not_found")
+
+
+def _bytes_elements(raw: bytes) -> list[bytes]:
+    """Split the binary form of a BYTES tensor (4-byte LE length + bytes, per element)."""
+    items, i = [], 0
+    while i < len(raw):
+        if i + 4 > len(raw):
+            raise KServeError(400, "BYTES tensor data ends inside an element's length prefix")
+        (n,) = struct.unpack_from("<I", raw, i)
+        if i + 4 + n > len(raw):
+            raise KServeError(400, f"BYTES element {len(items)} declares {n} bytes, past the end of the data")
+        items.append(raw[i + 4 : i + 4 + n])
+        i += 4 + n
+    return items
+
+
+def _flatten(data: Any) -> list:
+    """Row-major flattening of a JSON ``data`` value (flat or nested lists)."""
+    if isinstance(data, list):
+        return [x for d in data for x in _flatten(d)]
+    return [data]
+
+
+def split_request(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
+    """The JSON inference header and the binary tail of a request body.
+
+    Raises: KServeError 400 (bad header length, JSON that is not an object, NaN, nesting too deep).
+    """
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise KServeError(400, f"bad {HEADER_LENGTH} header {header_length!r}") from None
+        if not 0 <= n <= len(body):
+            raise KServeError(400, f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+        head, blob = body[:n], body[n:]
+    else:
+        head, blob = body, b""
+    try:
+        doc = loads_json(head.decode("utf-8"), "inference request")
+    except (SlateError, UnicodeDecodeError) as e:
+        raise KServeError(400, f"inference request header: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise KServeError(400, "inference request must be a JSON object with an 'inputs' list")
+    return doc, blob
+
+
+def request_slates(doc: dict, blob: bytes, max_slates: int) -> list[dict]:
+    """The slates of a v2 inference request: the ``slates`` BYTES input ``[B, 1]``, each element one slate.
+
+    A slate without ``slate_id`` is named by its row index. Raises: KServeError 400 (no ``slates``
+    input, another input, wrong datatype or shape, binary data out of range, B over ``max_slates``,
+    malformed JSON or slate — the message names the row and field).
+    """
+    inputs = {t.get("name") if isinstance(t, dict) else None: t for t in doc["inputs"]}
+    if set(inputs) != {INPUT}:
+        raise KServeError(400, f"inputs must be exactly [{INPUT!r}], got {sorted(map(str, inputs))}")
+    t = inputs[INPUT]
+    shape = t.get("shape")
+    if t.get("datatype") != "BYTES" or not isinstance(shape, list) or len(shape) != 2 or shape[1] != 1 \
+            or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise KServeError(400, f"input {INPUT!r} must be BYTES of shape [B, 1], got {t.get('datatype')} {shape}")
+    if not 1 <= shape[0] <= max_slates:
+        raise KServeError(400, f"input {INPUT!r}: batch of {shape[0]} slates, allowed 1..{max_slates}")
+    size = (t.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or size > len(blob):
+            raise KServeError(400, f"input {INPUT!r}: binary_data_size {size!r} is outside the {len(blob)} bytes sent")
+        elements = _bytes_elements(blob[:size])
+    else:
+        elements = [x.encode("utf-8") if isinstance(x, str) else x for x in _flatten(t.get("data"))]
+    if len(elements) != shape[0]:
+        raise KServeError(400, f"input {INPUT!r}: {len(elements)} elements for shape {shape}")
+    slates = []
+    for i, raw in enumerate(elements):
+        where = f"slates[{i}]"
+        try:
+            if not isinstance(raw, bytes):
+                raise SlateError(f"{where}: must be a JSON string, got {type(raw).__name__}")
+            slate = validate_slate(loads_json(raw.decode("utf-8", errors="strict"), where), where)
+        except (SlateError, UnicodeDecodeError) as e:
+            raise KServeError(400, str(e)) from None
+        slate.setdefault("slate_id", str(i))
+        slates.append(slate)
+    return slates
+
+
+def output_arrays(rankings: Sequence, scores: Sequence[np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """The model's outputs for ranked slates: ``ranking [B, K]`` int64 (-1 padded), ``scores [B, K, K]``
+    float32 (real rows of each score matrix, zeros below), ``truncated [B, K]`` bool.
+
+    ``rankings``: :class:`hllm.runtime.ranker.Ranking` per slate; ``scores``: ``[n_b, K]`` per slate.
+    """
+    b = len(rankings)
+    ranking = np.full((b, k), -1, dtype=np.int64)
+    matrix = np.zeros((b, k, k), dtype=np.float32)
+    truncated = np.zeros((b, k), dtype=np.bool_)
+    for i, (r, m) in enumerate(zip(rankings, scores)):
+        ranking[i, : len(r.order)] = r.order
+        matrix[i, : m.shape[0]] = m
+        truncated[i, list(r.truncated)] = True
+    return {"ranking": ranking, "scores": matrix, "truncated": truncated}
+
+
+def _tensor_bytes(a: np.ndarray) -> bytes:
+    if a.dtype == np.object_:
+        return b"".join(struct.pack("<I", len(x)) + x for x in a.reshape(-1))
+    return np.ascontiguousarray(a).tobytes()
+
+
+def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str) -> tuple[bytes, dict]:
+    """Encode an inference response → (body, headers): the requested outputs (all by default), each
+    binary when asked (per output ``parameters.binary_data`` or request ``binary_data_output``).
+
+    Raises: KServeError 400 for an unknown requested output.
+    """
+    wanted = doc.get("outputs") or [{"name": n} for n in OUTPUTS]
+    default_binary = bool((doc.get("parameters") or {}).get("binary_data_output", False))
+    meta, blobs = [], []
+    for w in wanted:
+        name = w.get("name") if isinstance(w, dict) else None
+        if name not in outputs:
+            raise KServeError(400, f"unknown output {name!r} (outputs: {', '.join(OUTPUTS)})")
+        a = outputs[name]
+        dtype = next(k for k, v in DATATYPES.items() if np.dtype(v) == a.dtype)
+        o = {"name": name, "datatype": dtype, "shape": list(a.shape)}
+        if (w.get("parameters") or {}).get("binary_data", default_binary):
+            raw = _tensor_bytes(a)
+            o["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            o["data"] = a.reshape(-1).tolist()
+        meta.append(o)
+    head = json.dumps({"model_name": MODEL_NAME, "model_version": MODEL_VERSION, "id": request_id,
+                       "outputs": meta}, separators=(",", ":")).encode()
+    if not blobs:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
