@@ -37,14 +37,20 @@ setup: $(BIN)/hllm
 test: setup
 	$(BIN)/python -m pytest -q
 
+# A checkpoint with a LoRA adapter is merged first (peft merge_and_unload + its merge-parity proof) and the
+# merged checkpoint is exported; parity then compares the export with the ORIGINAL adapter checkpoint.
+EXPORT_SRC = $(if $(wildcard $(CKPT)/adapter),$(WORK)/demo/merged,$(CKPT))
+
 demo: setup
-	@echo "== 1/4 convert the real SmolLM2-135M-Instruct GGUF to a Hugging Face dir (cached)"
+	@echo "== 1/5 convert the real SmolLM2-135M-Instruct GGUF to a Hugging Face dir (cached)"
 	$(HLLM) convert-gguf $(WORK)/smollm2
-	@echo "== 2/4 export prefill+readout+head to ONE fused ONNX graph (ort-cpu flavour; validated at untraced shapes)"
-	$(HLLM) export $(CKPT) $(WORK)/demo/export --slates $(SLATES) --overwrite
-	@echo "== 3/4 parity: the fused ONNX Runtime graph vs the PyTorch checkpoint on $(N) real slates"
+	@echo "== 2/5 $(if $(wildcard $(CKPT)/adapter),merge the LoRA adapter into the backbone (peft) and prove it: max|ΔM| vs the adapter model,skip merge: $(CKPT) has no LoRA adapter)"
+	$(if $(wildcard $(CKPT)/adapter),$(HLLM) merge $(CKPT) $(WORK)/demo/merged --slates $(SLATES) --overwrite,@true)
+	@echo "== 3/5 export prefill+readout+head to ONE fused ONNX graph (ort-cpu flavour; validated at untraced shapes)"
+	$(HLLM) export $(EXPORT_SRC) $(WORK)/demo/export --slates $(SLATES) --overwrite
+	@echo "== 4/5 parity: the fused ONNX Runtime graph vs the PyTorch checkpoint $(CKPT) on $(N) real slates"
 	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(SLATES) --limit $(N) --out $(WORK)/demo/parity.json
-	@echo "== 4/4 rank real slates with the lean runtime (ONNX Runtime, no torch)"
+	@echo "== 5/5 rank real slates with the lean runtime (ONNX Runtime, no torch)"
 	$(HLLM) rank $(WORK)/demo/export --slates $(SLATES) --limit $(N) --out $(WORK)/demo/rankings.jsonl
 	@head -c 400 $(WORK)/demo/rankings.jsonl; echo
 
