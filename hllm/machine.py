@@ -120,6 +120,20 @@ def describe_machine(shared: bool | None = None, note: str | None = None) -> dic
     }
 
 
+def best_gflops(fn, flop: float, runs: int = 3, warmup: int = 1) -> float:
+    """Best throughput of ``runs`` timed calls of ``fn()`` (after ``warmup`` untimed ones), in G(FL)OP/s for
+    ``flop`` operations per call, rounded to 4 significant digits (a tiny size on a busy core stays > 0).
+    The one timing loop behind every GEMM peak figure (fp32 here, int8 / bf16 in ``hllm bench frontier``)."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(f"{flop / min(ts) / 1e9:.4g}")
+
+
 def matmul_peak(n: int = 2048, runs: int = 3, warmup: int = 1) -> dict:
     """Best achieved fp32 GEMM throughput on this machine, in GFLOP/s (``2·n³`` FLOP per product).
 
@@ -133,17 +147,9 @@ def matmul_peak(n: int = 2048, runs: int = 3, warmup: int = 1) -> dict:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
-    flop = 2.0 * n**3
 
     def best(fn) -> float:
-        for _ in range(warmup):
-            fn()
-        ts = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return float(f"{flop / min(ts) / 1e9:.4g}")  # 4 significant digits: a tiny n on a busy core stays > 0
+        return best_gflops(fn, 2.0 * n**3, runs, warmup)
 
     out = {"n": n, "runs": runs, "numpy_gflops": best(lambda: a @ b), "torch_gflops": None}
     try:

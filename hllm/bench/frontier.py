@@ -15,7 +15,6 @@ Peaks: fp32 ``torch.mm`` / numpy (:func:`hllm.machine.matmul_peak`); int8 ``torc
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -40,16 +39,10 @@ def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
     instructions), n}``."""
     import torch
 
-    from hllm.machine import bf16_support, matmul_peak
+    from hllm.machine import bf16_support, best_gflops, matmul_peak
 
     def best(fn) -> float:
-        fn()
-        ts = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return round(2.0 * n**3 / min(ts) / 1e9, 1)
+        return best_gflops(fn, 2.0 * n**3, runs)
 
     out = {"n": n, "fp32": matmul_peak(n, runs)["peak_gflops"]}
     a8 = torch.randint(-128, 127, (n, n), dtype=torch.int8)

@@ -141,7 +141,24 @@ class _Stats:
     sizes: collections.Counter = field(default_factory=collections.Counter)
 
 
-class MicroBatcher:
+class EngineThread:
+    """The one worker thread that owns an engine (engines are not shared between threads): batchers open it in
+    ``start`` and run every engine call on it, so the event loop never blocks. Raises ShuttingDown from
+    :meth:`run_in_engine_thread` before it is opened."""
+
+    _executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _open_engine_thread(self) -> None:
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hllm-engine")
+
+    async def run_in_engine_thread(self, fn, *args):
+        """Run ``fn(*args)`` on the engine thread (e.g. activation and warm-up) and await it."""
+        if self._executor is None:
+            raise ShuttingDown("batcher not started")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+
+class MicroBatcher(EngineThread):
     """Collects rank requests into engine batches (see the module docstring).
 
     Args:
@@ -172,14 +189,8 @@ class MicroBatcher:
         if self._task is not None:
             return
         self._wakeup = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hllm-engine")
+        self._open_engine_thread()
         self._task = asyncio.get_running_loop().create_task(self._collect(), name="hllm-batcher")
-
-    async def run_in_engine_thread(self, fn, *args):
-        """Run ``fn(*args)`` on the engine thread (e.g. activation and warm-up) and await it."""
-        if self._executor is None:
-            raise ShuttingDown("batcher not started")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def close(self) -> None:
         """Stop admitting; finish every queued request; stop the engine thread."""

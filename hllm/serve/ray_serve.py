@@ -42,7 +42,8 @@ from ray import serve
 from ray.serve import Application
 
 from hllm.serve.app import ServeOptions, create_app, warmup_slate
-from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, JobResult, ShuttingDown, _error_kind
+from hllm.serve.batching import (BatchFailed, BatchOptions, DeadlineExceeded, EngineThread, JobResult, ShuttingDown,
+                                 _error_kind)
 
 log = logging.getLogger("hllm.serve")
 
@@ -73,7 +74,7 @@ class RayServeArgs(BaseModel):
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="Drain time of a replica being stopped.")
 
 
-class ServeBatcher:
+class ServeBatcher(EngineThread):
     """The :class:`hllm.serve.batching.MicroBatcher` interface of the app, batching with Ray's ``@serve.batch``.
 
     ``submit`` calls the replica's ``@serve.batch`` method :meth:`HllmRanker.rank_requests`, which runs
@@ -90,12 +91,7 @@ class ServeBatcher:
 
     async def start(self) -> None:
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hllm-engine")
-
-    async def run_in_engine_thread(self, fn, *args):
-        if self._executor is None:
-            raise ShuttingDown("batcher not started")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            self._open_engine_thread()
 
     async def close(self) -> None:
         self._closing = True
