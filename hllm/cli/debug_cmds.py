@@ -29,7 +29,7 @@ def _int_list(text: Optional[str], what: str) -> Optional[list[int]]:
 @debug_app.command("precision")
 def precision_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (flavour standard for int8)."),
-    target: str = choice_opt("fp16", ("fp16", "int8", "bf16"), "--target", help="fp16 (CPU emulation of the FP16 graph), int8 (NNCF on OpenVINO) or bf16 (AVX512_BF16 / AMX CPUs only)."),
+    target: str = choice_opt("fp16", ("fp16", "int8", "bf16"), "--precision", help="fp16 (CPU emulation of the FP16 graph), int8 (NNCF on OpenVINO) or bf16 (AVX512_BF16 / AMX CPUs only)."),
     islands_out: Path = typer.Option(..., "--out", "-o", help="Islands file to write (.json; read by `hllm export --fp32-islands`)."),
     slates: Optional[Path] = slates_opt(help="Real slates the variants are ranked on (default: the packaged sample)."),
     limit: Optional[int] = limit_opt(10, "Use the first LIMIT slates."),

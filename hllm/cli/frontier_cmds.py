@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import finish_report, json_opt, limit_opt, load_slates, out, quiet_libraries, slates_opt
+from hllm.cli.app import finish_report, json_opt, limit_opt, load_slates, out, quiet_libraries, slates_opt, threads_opt
 from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
 
 
@@ -37,7 +37,7 @@ def frontier_cmd(
     limit: Optional[int] = limit_opt(1, "Slates cycled through (batch 1)."),
     rounds: int = typer.Option(5, min=1, max=1000, help="Measured interleaved rounds."),
     warmup: int = typer.Option(1, min=0, max=100, help="Discarded warm-up rounds."),
-    threads: int = typer.Option(2, min=1, max=256, help="Threads of every engine."),
+    threads: Optional[int] = threads_opt("Threads of every engine (default 2)."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON to write (e.g. results/bench/frontier.json)."),
     shared: Optional[bool] = _SHARED,
     note: Optional[str] = _NOTE,
@@ -55,7 +55,7 @@ def frontier_cmd(
         for c in cs:
             c.gate = g.get(c.name) or {}
     data = load_slates(slates, limit=limit)
-    res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads)
+    res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads or 2)
     doc = {"benchmark": "frontier", **res, "machine": describe_machine(shared, note), "libraries": library_versions()}
     t = Table(title="engine × precision frontier (median of interleaved rounds, batch 1)")
     for col in ("contender", "s/slate", "× PyTorch fp32", "GEMM peak", "top-1", "tau"):

@@ -102,7 +102,7 @@ def test_one_name_per_concept_and_short_flags():
                "--candidates", "--summary", "--model-slates", "--eval-limit", "--bench-rounds"}
     assert not retired & set(seen), retired & set(seen)
     assert seen["--kind"] == {"teacher"} and seen["--target"] == {"build", "calibrate"}  # one meaning each
-    assert seen["--report"] == {"calibrate", "teacher"}  # the side report of a command writing an artefact
+    assert seen["--report"] == {"calibrate", "debug precision", "teacher"}  # the side report of a command writing an artefact
     assert "-s" in seen and all(cmd in seen["--slates"] for cmd in seen["-s"])
 
 
