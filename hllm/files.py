@@ -274,8 +274,11 @@ def _mk_parent(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary file path beside ``path``; on success rename it to ``path``.
+
+    With ``overwrite=False`` the commit is ``os.link`` of the finished file to ``path``, which refuses an
+    existing name atomically: a parallel writer that got there first is never replaced (FileExistsError).
 
     The destination is checked first (:func:`output_target`: a symbolic link's target is written; a
     directory, device, FIFO or socket is refused). On any exception — a full disk, SIGTERM
@@ -298,7 +301,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             with _output_errors(path):
                 yield tmp_path
                 output_target(path, "file")  # nothing put a directory or device there meanwhile
-                os.replace(tmp_path, path)
+                if overwrite:
+                    os.replace(tmp_path, path)
+                else:
+                    try:
+                        os.link(tmp_path, path)  # atomic create-if-absent (POSIX link(2))
+                    except FileExistsError:
+                        raise FileExistsError(f"{path} exists (written by another process meanwhile; use --overwrite)") from None
         finally:
             if tmp_path.exists():
                 tmp_path.unlink()

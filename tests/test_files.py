@@ -327,3 +327,18 @@ def test_backbone_config_not_utf8_is_a_checkpoint_error(tmp_path):
     (tmp_path / "config.json").write_bytes(b"\xff{}")
     with pytest.raises(CheckpointError, match="backbone config .* is not valid JSON: .*can't decode"):
         read_config(tmp_path)
+
+
+def test_atomic_path_without_overwrite_never_replaces_a_file_written_meanwhile(tmp_path):
+    from hllm.files import atomic_path
+
+    dst = tmp_path / "x.plan"
+    with pytest.raises(FileExistsError, match="another process"):
+        with atomic_path(dst, overwrite=False) as tmp:
+            tmp.write_bytes(b"mine")
+            dst.write_bytes(b"theirs")  # a parallel writer commits first
+    assert dst.read_bytes() == b"theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.plan"]  # no staging file left
+    with atomic_path(tmp_path / "y.plan", overwrite=False) as tmp:
+        tmp.write_bytes(b"ok")
+    assert (tmp_path / "y.plan").read_bytes() == b"ok"

@@ -113,7 +113,7 @@ def build_plan(
                                             save_timing_cache=str(cache_path) if cache_path else None)()
     data = bytes(memoryview(serialized))
     build_s = time.perf_counter() - t0
-    with atomic_path(plan_path) as tmp:
+    with atomic_path(plan_path, overwrite=overwrite) as tmp:  # checked again at the commit: no silent replace
         tmp.write_bytes(data)
     tok_name = f"{plan_path.name}.tokenizer.json"
     with atomic_path(plan_path.parent / tok_name) as tmp:
