@@ -88,7 +88,7 @@ def _max_diff_at_untraced_shapes(ckpt, export_dir) -> dict[str, float]:
 def test_fused_export_matches_pytorch_and_holds_the_fused_ops(arch, checkpoints, exports):
     d = exports(arch, "ort-cpu")
     meta = json.loads((d / "export.json").read_text())
-    assert meta["flavour"] == "ort-cpu" and meta["validation"]["max_abs_diff"] <= 1e-4
+    assert meta["flavour"] == "ort-cpu"  # the tolerance is recomputed below, not read back from the sidecar
     diffs = _max_diff_at_untraced_shapes(checkpoints[arch], d)
     assert max(diffs.values()) <= 1e-4, diffs
 
@@ -115,7 +115,7 @@ def test_fused_export_matches_pytorch_and_holds_the_fused_ops(arch, checkpoints,
 def test_standard_export_is_portable_and_matches_pytorch(arch, checkpoints, exports):
     d = exports(arch, "standard")
     meta = json.loads((d / "export.json").read_text())
-    assert meta["flavour"] == "standard" and meta["validation"]["max_abs_diff"] <= 1e-4
+    assert meta["flavour"] == "standard"  # the tolerance is recomputed below, not read back from the sidecar
     diffs = _max_diff_at_untraced_shapes(checkpoints[arch], d)
     assert max(diffs.values()) <= 1e-4, diffs
     ops = _ops(d)
