@@ -19,7 +19,7 @@ from hllm.errors import EngineError, SlateError
 def calibrate_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (from `hllm export`)."),
     out_dir: Optional[Path] = typer.Argument(None, show_default=False, help="Quantized export directory to write (only if it passes the gate)."),
-    backend: str = choice_opt("ort-static", BACKENDS, "--backend", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations) or modelopt (TensorRT Q/DQ)."),
+    backend: str = choice_opt("ort-static", BACKENDS + ("auto",), "--backend", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations), modelopt (TensorRT Q/DQ), or auto: build every engine × precision this CPU runs (ONNX Runtime / OpenVINO, fp32 / bf16 / int8), gate each, write the fastest that passes."),
     precision: str = choice_opt("int8", PRECISIONS + ("bf16",), "--precision", help="int8, fp8 (modelopt, Ada/Hopper targets only), or bf16 (checked against the CPU: AVX512_BF16 / AMX; refused with the reason)."),
     target: str = typer.Option("cpu", help="cpu, a GPU name (a100, l4, h100 …) or compute capability (8.0)."),
     calib_slates: Optional[Path] = typer.Option(None, help="Slates to draw calibration data from (e.g. the train split)."),
@@ -44,8 +44,10 @@ def calibrate_cmd(
     accuracy_level: int = typer.Option(0, min=0, max=4, help="ort-weight-only: MatMulNBits compute, 0 float … 4 INT8 activations per block."),
     min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Gate: min top-1 agreement with FP32."),
     max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Gate: max |ΔRecall@10| (slates with labels)."),
+    max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Gate: max |ΔAUC| (slates with labels)."),
     min_tau: Optional[float] = typer.Option(None, min=-1.0, max=1.0, help="Gate: min mean Kendall tau (off by default)."),
-    bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip)."),
+    candidate: List[str] = typer.Option([], "--candidate", help="With --backend auto: consider only these candidates (onnxruntime-fp32 always). Repeatable."),
+    bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip; --backend auto: default 5)."),
     bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
     threads: Optional[int] = threads_opt("Intra-op threads of the ORT engines."),
     reference_scores_path: Optional[Path] = typer.Option(
@@ -73,6 +75,14 @@ def calibrate_cmd(
     bench_runs = pick(bench_runs, bench_rounds, 0)
     if (limit is not None and limit < 1) or not 0 <= bench_runs <= 10_000:
         raise typer.BadParameter("--limit must be ≥ 1 and --bench-runs within 0..10000")
+    if backend == "auto":
+        return _select(export_dir, out_dir, th_kw=dict(min_top1=min_top1, max_recall10_delta=max_recall10_delta,
+                                                        min_tau=min_tau, max_auc_delta=max_auc_delta),
+                       slates=slates, limit=limit, calib=(calibration, calib_slates, calib_count, calib_seed, calib_batch_size),
+                       candidates=tuple(candidate), rounds=bench_runs or 5, warmup=bench_warmup, threads=threads,
+                       reference_cache=reference_scores_path, report=report, overwrite=overwrite, json_out=json_out)
+    if candidate:
+        raise typer.BadParameter("--candidate applies to --backend auto only")
     opts = QuantOptions(backend=backend, precision=precision, target=target, per_channel=per_channel,
                         reduce_range=reduce_range, activation_type=activation_type, exclude=tuple(exclude),
                         exclude_nodes=tuple(exclude_node), calibrate_method=calibrate_method,
@@ -80,7 +90,8 @@ def calibrate_cmd(
                         block_size=block_size, accuracy_level=accuracy_level)
     opts.validate()  # refuses fp8 for an A100 before any work
     try:
-        th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau)
+        th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau,
+                            max_auc_delta=max_auc_delta)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     data_to_stdout(json_out, report)
@@ -101,6 +112,53 @@ def calibrate_cmd(
                            reference_cache=reference_scores_path, artefact=art, overwrite=overwrite)
     result, dest = _calibrate_with_progress(req)
     _report(result, dest, report, json_out)
+
+
+def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: tuple, candidates: tuple, rounds: int,
+            warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool) -> None:
+    """``--backend auto``: :func:`hllm.calibration.select.select` with the console's progress; prints the
+    candidates table and writes the selected export (always: the FP32 baseline passes its own gate)."""
+    from hllm.calibration.pipeline import prepare_calibration
+    from hllm.calibration.select import SelectRequest, select
+    from hllm.verify.gate import GateThresholds
+
+    try:
+        th = GateThresholds(**th_kw)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    data_to_stdout(json_out, report)
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    check_output_file(report, "--report")
+    calibration, calib_slates, count, seed, batch = calib
+    if calib_slates is not None:
+        calib_slates = slates_file(calib_slates, "--calib-slates")
+    art, builder = _onnx_export(export_dir, "auto")
+    if art.precision.value != "fp32":
+        raise typer.BadParameter(f"{export_dir} is a {art.precision.value} export: --backend auto starts from the FP32 export")
+    evals = load_slates(slates, limit=limit)
+    cal = None
+    if calibration is not None or calib_slates is not None:
+        with console.status("[bold]preparing calibration data…"):
+            cal = prepare_calibration(art, builder, "ort-static", calibration, calib_slates, count, seed, batch,
+                                      [str(s.get("slate_id", "")) for s in evals])
+    req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
+                        reference_cache, overwrite)
+    result, dest = select(req, say=lambda m: console.print(f"  {m}"))
+    finish_report(report, result.to_dict(), json_out, show=_print_selection)
+    out.print(f"selected {result.selected} → {dest}")
+
+
+def _print_selection(r: dict) -> None:
+    t = Table(title=f"calibrate --backend auto: selected {r['selected']}")
+    for col in ("candidate", "top-1", "tau", "ΔR@10", "ΔAUC", "gate", "ms/slate", "× fp32"):
+        t.add_column(col)
+    for c in r["candidates"]:
+        g = c.get("gate") or {}
+        f = lambda k, fmt="{:.3f}": "-" if g.get(k) is None else fmt.format(g[k])  # noqa: E731
+        status = c.get("refused") or c.get("error") or ("pass" if c.get("passed") else "FAIL")
+        t.add_row(c["name"], f("top1_agreement"), f("kendall_tau_mean"), f("recall@10_delta", "{:+.4f}"),
+                  f("auc_delta", "{:+.4f}"), status[:70], str(c.get("engine_ms_median", "-")), str(c.get("speedup_vs_fp32", "-")))
+    out.print(t)
 
 
 def _onnx_export(export_dir: Path, backend: str):

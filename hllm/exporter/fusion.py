@@ -306,3 +306,49 @@ class CausalGroupQueryAttention(pattern.RewriteRuleClassBase):
         out, _, _ = op.GroupQueryAttention(q_in, k_in, v_bsd, None, None, seqlens_k, total, *caches,
                                            **attrs, _domain="com.microsoft", _outputs=3)
         return out
+
+
+def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
+    """Write the ``ort-cpu`` flavour of the fp32 ``standard`` export ``src`` into the new directory ``dst``
+    without re-tracing: the saved graph is loaded with onnx_ir and rewritten by :func:`fuse_for_ort`
+    (the standard graph is what the fused one starts from, less the NaN guards it already dropped).
+    The other files are hard-linked (copied across file systems); the sidecar records the new graph's
+    sha256, its fusion counts and ``fused_from`` (the source graph's sha256).
+
+    Returns the fusion record. Raises: ExportError if ``src`` is not an fp32 standard export, ``dst``
+    exists, or the attention fusion misses a decoder layer.
+    """
+    import shutil
+    from pathlib import Path
+
+    from hllm.errors import ExportError
+    from hllm.files import sha256_file
+    from hllm.formats.export import read_export, write_export
+
+    meta = read_export(src)
+    dst = Path(dst)
+    if meta.flavour != "standard" or meta.precision.value != "fp32":
+        raise ExportError(f"{meta.root}: fusing needs an fp32 standard export, got {meta.precision.value} {meta.flavour}")
+    if dst.exists():
+        raise ExportError(f"{dst} exists; choose a new directory")
+    model = ir.load(str(meta.onnx_path))
+    counts = fuse_for_ort(model)
+    ops = op_counts(model)
+    layers = (meta.raw.get("backbone") or {}).get("num_layers")
+    gqa = ops.get("com.microsoft:GroupQueryAttention", 0)
+    if layers is not None and gqa != layers:
+        raise ExportError(f"attention fusion matched {gqa} of {layers} decoder layers ({counts})")
+    dst.mkdir(parents=True)
+    for f in meta.root.iterdir():
+        if f.is_file() and f.name not in ("export.json", meta.onnx_path.name):
+            try:
+                os.link(f, dst / f.name)
+            except OSError:
+                shutil.copy2(f, dst / f.name)
+    out = dst / meta.onnx_path.name
+    ir.save(model, str(out))
+    fusion = {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": meta.raw.get("opset")}
+    write_export(dst, {**{k: v for k, v in meta.raw.items() if k != "format"}, "flavour": "ort-cpu", "fusion": fusion,
+                       "onnx_sha256": sha256_file(out), "onnx_bytes": out.stat().st_size,
+                       "fused_from": meta.raw.get("onnx_sha256")})
+    return fusion

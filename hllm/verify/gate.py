@@ -7,8 +7,8 @@ reference on held-out real slates, with the per-slate metrics of :mod:`hllm.veri
 the slates carry labels, the change in ranking quality (Recall@1, Recall@10, NDCG@10 of the
 reference and of the quantized ranking against the labels).
 
-Default verdict: top-1 agreement ≥ 0.97, |ΔRecall@10| ≤ 0.01, no non-finite score; optional minimum
-mean Kendall tau. The reference's scores are computed once (:func:`reference_scores`) so the
+Default verdict: top-1 agreement ≥ 0.97, |ΔRecall@10| ≤ 0.01, |ΔAUC| ≤ 0.005, no non-finite score;
+optional minimum mean Kendall tau. The reference's scores are computed once (:func:`reference_scores`) so the
 automatic exclusion mode re-runs only the quantized graph.
 
 Note: Recall@K / NDCG@K are computed here with the plain definitions (a ranking's hits among the
@@ -35,6 +35,7 @@ class GateThresholds:
         min_top1: min fraction of slates whose top item equals the reference's (default 0.97).
         max_recall10_delta: max |Recall@10(quantized) − Recall@10(reference)| (default 0.01); only
             checked when the slates have labels.
+        max_auc_delta: max |AUC(quantized) − AUC(reference)| (default 0.005; labelled slates only).
         min_tau: min mean Kendall tau (None = not checked).
         max_nonfinite: max number of non-finite scores (default 0).
     Raises: ValueError for a limit outside its range (top-1 and ΔRecall@10 in [0, 1], tau in [-1, 1]).
@@ -43,6 +44,7 @@ class GateThresholds:
     min_top1: float = 0.97
     max_recall10_delta: float = 0.01
     min_tau: float | None = None
+    max_auc_delta: float = 0.005
     max_nonfinite: int = 0
 
     def __post_init__(self) -> None:
@@ -51,6 +53,8 @@ class GateThresholds:
             raise ValueError(f"min_top1 must be in [0, 1], got {self.min_top1}")
         if not 0.0 <= self.max_recall10_delta <= 1.0:
             raise ValueError(f"max_recall10_delta must be in [0, 1], got {self.max_recall10_delta}")
+        if not 0.0 <= self.max_auc_delta <= 1.0:
+            raise ValueError(f"max_auc_delta must be in [0, 1], got {self.max_auc_delta}")
         if self.min_tau is not None and not -1.0 <= self.min_tau <= 1.0:
             raise ValueError(f"min_tau must be in [-1, 1], got {self.min_tau}")
 
@@ -177,6 +181,12 @@ class GateReport(Verdict):
             return None
         return self.test_metrics["recall@10"] - self.reference_metrics["recall@10"]
 
+    @property
+    def auc_delta(self) -> float | None:
+        if not self.reference_metrics or not self.test_metrics:
+            return None
+        return self.test_metrics["auc"] - self.reference_metrics["auc"]
+
     def criteria(self, s: ComparisonSummary) -> list[tuple[str, float, float, str]]:
         t = self.thresholds
         checks = [("top1_agreement", s.top1_agreement, t.min_top1, ">="),
@@ -186,10 +196,13 @@ class GateReport(Verdict):
         d = self.recall10_delta
         if d is not None:
             checks.append(("|recall@10_delta|", abs(d), t.max_recall10_delta, "<="))
+        a = self.auc_delta
+        if a is not None:
+            checks.append(("|auc_delta|", abs(a), t.max_auc_delta, "<="))
         return checks
 
     def to_dict(self, per_slate: bool = False) -> dict:
-        d = {**self.summary().to_dict(), "recall@10_delta": self.recall10_delta,
+        d = {**self.summary().to_dict(), "recall@10_delta": self.recall10_delta, "auc_delta": self.auc_delta,
              "reference_metrics": self.reference_metrics, "quantized_metrics": self.test_metrics,
              **self.verdict_dict()}
         if self.test_metrics and self.reference_metrics:

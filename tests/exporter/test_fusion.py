@@ -189,3 +189,25 @@ def test_cli_export_flavour_option(checkpoints, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["export", str(checkpoints["qwen2"]), str(tmp_path / "x"), "--flavour", "tensorrt", "--slates", ""])
     assert e.value.code == 2 and "flavour must be one of ort-cpu, standard" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama_hd16"])
+def test_fuse_export_turns_a_standard_export_into_the_fused_flavour(arch, checkpoints, exports, tmp_path):
+    """``fuse_export`` (no re-trace) yields the same fused ops as a fused export and PyTorch's scores at
+    untraced shapes; the input export is left as it was; a fused or existing destination is refused."""
+    from hllm.exporter.fusion import fuse_export
+
+    src = exports(arch, "standard")
+    before = {f.name: f.stat().st_mtime_ns for f in src.iterdir()}
+    fuse_export(src, tmp_path / "fused")
+    meta = json.loads((tmp_path / "fused" / "export.json").read_text())
+    assert meta["flavour"] == "ort-cpu" and meta["fused_from"] == json.loads((src / "export.json").read_text())["onnx_sha256"]
+    ops = _ops(tmp_path / "fused")
+    assert ops["com.microsoft:GroupQueryAttention"] == 2 and ops["com.microsoft:MultiHeadAttention"] == 2
+    diffs = _max_diff_at_untraced_shapes(checkpoints[arch], tmp_path / "fused")
+    assert max(diffs.values()) <= 1e-4, diffs
+    assert {f.name: f.stat().st_mtime_ns for f in src.iterdir()} == before
+    with pytest.raises(ExportError, match="exists"):
+        fuse_export(src, tmp_path / "fused")
+    with pytest.raises(ExportError, match="standard export"):
+        fuse_export(tmp_path / "fused", tmp_path / "again")

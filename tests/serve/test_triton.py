@@ -377,6 +377,14 @@ def test_writer_refuses_what_it_cannot_serve_and_picks_the_instance_kind(context
     odd = dataclasses.replace(art, meta={**art.meta, "inputs": [*art.meta["inputs"], {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "seq"]}]})
     with pytest.raises(EngineError, match="attention_mask"):
         servable(odd, None)
+    # what `hllm calibrate --backend auto` may select: an OpenVINO sidecar over model.onnx is served by ORT
+    # (with a note); an NNCF INT8 IR is refused with the way out
+    ov = dataclasses.replace(art, meta={**art.meta, "engine": "openvino", "openvino": {"inference_precision": "bf16"}})
+    kind, notes = servable(ov, None)
+    assert kind == "cpu" and "OpenVINO (bf16)" in notes[0] and "fp32" in notes[0]
+    ir = dataclasses.replace(art, meta={**art.meta, "engine": "openvino", "openvino": {"ir": "model.xml"}})
+    with pytest.raises(EngineError, match="OpenVINO IR export.*hllm serve"):
+        servable(ir, None)
     with pytest.raises(EngineError, match=r"hllm_engine reads \['context_positions'\]"):
         check_ensemble([("hllm_preprocess", ["slates"], ["input_ids", "truncated"]),
                         ("hllm_engine", ["input_ids", "context_positions"], ["scores"])])

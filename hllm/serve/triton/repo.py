@@ -249,11 +249,16 @@ def servable(art, kind: str | None) -> tuple[str, list[str]]:
 
     ``kind`` None → ``cpu`` for an ``ort-cpu`` export (its fused contrib ops, e.g. GroupQueryAttention,
     are ONNX Runtime CPU kernels), ``gpu`` for a ``standard`` / FP16 export or a TensorRT plan.
-    Raises: EngineError (not an ONNX export or a plan; a graph input the preprocessing model cannot
-        produce; an output other than ``scores [batch, items, K]``).
+    Raises: EngineError (not an ONNX export or a plan; an OpenVINO IR export (NNCF INT8); a graph input the
+        preprocessing model cannot produce; an output other than ``scores [batch, items, K]``).
     """
     if art.kind not in ("onnx", "tensorrt"):
         raise EngineError(f"{art.path}: Triton serves an ONNX export or a TensorRT plan, not a {art.kind} (run `hllm export` first)")
+    ov = (art.meta.get("openvino") or {}) if art.meta.get("engine") == "openvino" else None
+    if ov is not None and ov.get("ir"):
+        raise EngineError(f"{art.path.parent} is an OpenVINO IR export (NNCF INT8, {ov['ir']}): this repository "
+                          "uses Triton's ONNX Runtime / TensorRT backends; serve it with `hllm serve`, or write the "
+                          "repository from the FP32 export")
     inputs, outputs = graph_io(art)
     try:
         declared_inputs(inputs)
@@ -263,6 +268,9 @@ def servable(art, kind: str | None) -> tuple[str, list[str]]:
         raise EngineError(f"{art.path}: expected one output scores [batch, items, {art.num_positions}], got {outputs}")
     cpu_graph = art.kind == "onnx" and art.flavour == "ort-cpu"
     notes = []
+    if ov is not None:
+        notes.append(f"the sidecar selects OpenVINO ({ov.get('inference_precision', 'f32')}); Triton runs model.onnx "
+                     "with its ONNX Runtime backend in fp32")
     if kind is None:
         kind = "cpu" if cpu_graph else "gpu"
     elif kind.lower() == "gpu" and cpu_graph:

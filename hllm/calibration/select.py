@@ -1,0 +1,267 @@
+"""``hllm calibrate --backend auto``: build every engine × precision this CPU can run from one FP32 export,
+gate each on labelled held-out slates, time the ones that pass interleaved, keep the fastest.
+
+Candidates (:data:`CANDIDATES`), each with the instruction sets it needs and the export flavour it reads:
+
+============================  ==========  =========  ===========================================
+name                          engine      precision  needs
+============================  ==========  =========  ===========================================
+``onnxruntime-fp32``          ONNX Runt.  fp32       the export itself (the baseline)
+``onnxruntime-fused-fp32``    ONNX Runt.  fp32       flavour ``standard`` (fused here: ort-cpu ops)
+``openvino-fp32``             OpenVINO    fp32       flavour ``standard``
+``openvino-bf16``             OpenVINO    bf16       flavour ``standard``; AVX512_BF16 or AMX-BF16
+``openvino-int8``             OpenVINO    int8       flavour ``standard``; calibration data (NNCF)
+``onnxruntime-int8-dynamic``  ONNX Runt.  int8       —
+``onnxruntime-int8-static``   ONNX Runt.  int8       calibration data
+============================  ==========  =========  ===========================================
+
+A candidate the CPU or the export cannot run is listed with the reason (``refused``) and never built.
+Every built candidate is gated against the FP32 export's rankings (:func:`hllm.verify.gate.run_gate`:
+top-1 agreement, |ΔRecall@10|, |ΔAUC|, non-finite scores) on the same slates; those that pass are timed
+interleaved (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the
+fastest is promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
+``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline always passes its own gate, so a
+run always writes a directory (possibly the FP32 graph itself when nothing faster keeps the ranking).
+
+Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF post-training quantization
+(``nncf.quantize``); ONNX Runtime quantization (``onnxruntime.quantization``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from hllm.errors import EngineError
+
+Say = Callable[[str], None]
+
+#: The report written beside the selected export.
+SELECTION_NAME = "selection_report.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One engine × precision the selector may build. ``flavour``: the export flavour it reads (None = any);
+    ``isa``: CPU features of which at least one must be present (empty = none needed); ``needs_calibration``:
+    built from calibration data."""
+
+    name: str
+    engine: str
+    precision: str
+    flavour: str | None = None
+    isa: tuple[str, ...] = ()
+    needs_calibration: bool = False
+
+
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("onnxruntime-fp32", "onnxruntime", "fp32"),
+    Candidate("onnxruntime-fused-fp32", "onnxruntime", "fp32", flavour="standard"),
+    Candidate("openvino-fp32", "openvino", "fp32", flavour="standard"),
+    Candidate("openvino-bf16", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
+    Candidate("openvino-int8", "openvino", "int8", flavour="standard", needs_calibration=True),
+    Candidate("onnxruntime-int8-dynamic", "onnxruntime", "int8"),
+    Candidate("onnxruntime-int8-static", "onnxruntime", "int8", needs_calibration=True),
+)
+BASELINE = CANDIDATES[0].name
+
+
+def refusal(c: Candidate, flavour: str, features: Sequence[str], has_calibration: bool,
+            openvino_installed: bool) -> str | None:
+    """Why ``c`` cannot be built here (None = it can): the export's flavour, the CPU's instruction sets
+    (``features`` as :func:`hllm.machine.cpu_flags` names them), missing calibration data or OpenVINO."""
+    if c.flavour is not None and flavour != c.flavour:
+        return f"needs an export of flavour {c.flavour} (this one is {flavour}; `hllm export --flavour {c.flavour}`)"
+    if c.isa and not set(c.isa) & set(features):
+        return (f"this CPU lacks {' and '.join(i.upper() for i in c.isa)} "
+                f"(CPU features: {', '.join(features) or 'unknown'})")
+    if c.engine == "openvino" and not openvino_installed:
+        return "OpenVINO is not installed (pip install 'hllm[openvino]')"
+    if c.needs_calibration and not has_calibration:
+        return "needs calibration data (--calib-slates or --calibration)"
+    return None
+
+
+@dataclass
+class SelectRequest:
+    """One selection run. ``export_dir``: the FP32 export; ``out_dir``: where the winner goes;
+    ``eval_slates``: labelled held-out slates of the gate (≥ 200 recommended); ``calibration``: a
+    :class:`hllm.formats.calibration_set.CalibrationSet` or None; ``only``: candidate names to consider
+    (empty = all); ``rounds`` / ``warmup``: interleaved timing rounds; ``threads``: engine threads."""
+
+    export_dir: Path
+    out_dir: Path
+    thresholds: object
+    eval_slates: list[dict]
+    calibration: object = None
+    only: tuple[str, ...] = ()
+    rounds: int = 5
+    warmup: int = 1
+    threads: int | None = None
+    reference_cache: Path | None = None
+    overwrite: bool = False
+
+
+@dataclass
+class SelectionResult:
+    """What a selection run decided: ``selected`` (a candidate name), ``candidates`` (one record per
+    candidate: refused / gate figures / engine ms per slate / speed-up over ``onnxruntime-fp32``), the
+    machine it ran on and the gate's slates. ``to_dict`` is ``selection_report.json``."""
+
+    selected: str
+    candidates: list[dict]
+    machine: dict
+    eval_slates: dict
+    thresholds: dict
+    timing: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"selected": self.selected, "candidates": self.candidates, "thresholds": self.thresholds,
+                "eval_slates": self.eval_slates, "timing": self.timing, "machine": self.machine}
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst`` gets every file of ``src`` (hard links where the file system allows, else copies)."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            try:
+                os.link(f, dst / f.name)
+            except OSError:
+                shutil.copy2(f, dst / f.name)
+
+
+def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
+    """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
+
+    Fused fp32: :func:`hllm.exporter.fusion.fuse_export`. fp32 / bf16 OpenVINO: the export's files with a sidecar that says ``engine: openvino`` and the
+    inference precision. INT8: NNCF (OpenVINO) or ``onnxruntime.quantization`` (dynamic / static).
+    Raises: EngineError / NothingToQuantize from the quantizers.
+    """
+    from hllm.formats.export import read_export, write_export
+
+    if c.name == BASELINE:
+        _link_tree(export_dir, dst)
+    elif c.name == "onnxruntime-fused-fp32":
+        from hllm.exporter.fusion import fuse_export
+
+        fuse_export(export_dir, dst)
+    elif c.engine == "openvino" and c.precision in ("fp32", "bf16"):
+        _link_tree(export_dir, dst)
+        raw = read_export(export_dir).raw
+        write_export(dst, {**raw, "engine": "openvino",
+                           "openvino": {"inference_precision": "f32" if c.precision == "fp32" else "bf16"}})
+    elif c.name == "openvino-int8":
+        from hllm.calibration.openvino_int8 import quantize_openvino
+
+        quantize_openvino(export_dir, dst, calibration)
+    else:
+        from hllm.calibration.quantize import QuantOptions, quantize_export
+
+        backend = "ort-dynamic" if c.name.endswith("dynamic") else "ort-static"
+        quantize_export(export_dir, dst, QuantOptions(backend=backend, precision="int8"), calibration)
+    return dst
+
+
+def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tuple[SelectionResult, Path]:
+    """Run the selection (module doc); returns ``(result, out_dir)``.
+
+    Raises: EngineError when ``only`` names an unknown candidate; FileExistsError if ``out_dir`` exists and
+        ``overwrite`` is False; the quantizers' errors are recorded per candidate, not raised.
+    """
+    from hllm.calibration.pipeline import CalibrateRequest, fp32_reference
+    from hllm.files import _staging_prefix, atomic_write_json, promote_dir
+    from hllm.formats.export import read_export
+    from hllm.machine import cpu_flags, describe_machine
+    from hllm.verify.gate import run_gate
+
+    names = {c.name for c in CANDIDATES}
+    bad = [n for n in req.only if n not in names]
+    if bad:
+        raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
+    meta = read_export(req.export_dir)
+    flavour, features = meta.flavour, cpu_flags()
+    try:
+        import openvino  # noqa: F401
+        have_ov = True
+    except ImportError:
+        have_ov = False
+    ref, _ = fp32_reference(CalibrateRequest(req.export_dir, req.out_dir, None, req.thresholds, req.eval_slates, "",
+                                             threads=req.threads, reference_cache=req.reference_cache),
+                            meta.raw.get("onnx_sha256"), progress or (lambda d, n: (lambda k: None)), say)
+    out = Path(req.out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
+    records, built = [], {}
+    try:
+        for c in CANDIDATES:
+            rec = {"name": c.name, "engine": c.engine, "precision": c.precision}
+            records.append(rec)
+            why = "not requested (--candidate)" if req.only and c.name not in req.only and c.name != BASELINE else \
+                refusal(c, flavour, features, req.calibration is not None, have_ov)
+            if why:
+                rec["refused"] = why
+                say(f"{c.name}: refused — {why}")
+                continue
+            t0 = time.perf_counter()
+            try:
+                path = build(c, req.export_dir, work / c.name, req.calibration)
+                rec["build_s"] = round(time.perf_counter() - t0, 1)
+                rep = run_gate(ref, path, req.eval_slates, req.thresholds,
+                               req.calibration.slate_ids if req.calibration is not None else (), threads=req.threads)
+            except Exception as e:  # one candidate's failure is a record, never the end of the run
+                rec["error"] = f"{type(e).__name__}: {e}"
+                say(f"{c.name}: failed — {rec['error']}")
+                continue
+            g = rep.to_dict()
+            rec["gate"] = {k: g.get(k) for k in ("slates", "top1_agreement", "kendall_tau_mean", "recall@10_delta",
+                                                 "auc_delta", "nonfinite", "passed", "failures")}
+            rec["passed"] = bool(rep.passed)
+            say(f"{c.name}: top-1 {g['top1_agreement']:.3f} tau {g['kendall_tau_mean']:.3f} → "
+                f"{'pass' if rep.passed else 'FAIL ' + '; '.join(map(str, g.get('failures') or []))}")
+            if rep.passed:
+                built[c.name] = path
+        if BASELINE not in built:
+            raise EngineError(f"the FP32 export itself could not be gated: {records[0].get('error')}")
+        timing = _time(req, built, records, say)
+        best = min(built, key=lambda n: timing["engine_ms"][n]["median"]) if timing else BASELINE
+        say(f"selected {best}")
+        result = SelectionResult(best, records, describe_machine(), _slates_record(req.eval_slates),
+                                 {k: getattr(req.thresholds, k) for k in ("min_top1", "max_recall10_delta",
+                                                                            "max_auc_delta", "min_tau", "max_nonfinite")},
+                                 timing)
+        atomic_write_json(built[best] / SELECTION_NAME, result.to_dict())
+        promote_dir(built[best], out, overwrite=req.overwrite)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return result, out
+
+
+def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
+    """Interleaved engine timing of the candidates that passed; fills each record's ``engine_ms`` and
+    ``speedup_vs_fp32``. Returns compare_speed's record (empty when only the baseline passed)."""
+    from hllm.calibration.speed import compare_speed
+
+    if len(built) < 2:
+        return {}
+    say(f"timing {', '.join(built)} interleaved ({req.rounds} rounds)")
+    evals = req.eval_slates[: max(1, min(len(req.eval_slates), req.rounds))]
+    sp = compare_speed(dict(built), evals, rounds=req.rounds, warmup=req.warmup, threads=req.threads,
+                       baseline=BASELINE)
+    for r in records:
+        if r["name"] in built:
+            r["engine_ms_median"] = round(sp["engine_ms"][r["name"]]["median"], 3)
+            r["speedup_vs_fp32"] = sp[f"speedup_vs_{BASELINE}"][r["name"]]
+    return sp
+
+
+def _slates_record(slates: Sequence[dict]) -> dict:
+    ids = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
+    labelled = sum(1 for s in slates if s.get("labels") and any(s["labels"]))
+    return {"count": len(slates), "labelled": labelled, "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None}

@@ -1,0 +1,79 @@
+"""``hllm calibrate --backend auto``: every candidate the CPU and the export allow is built and gated, the
+ones it cannot run are listed with the missing instruction set, the fastest that passes is written and
+opens with ``hllm rank``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("openvino")
+
+from hllm.calibration.select import CANDIDATES, refusal  # noqa: E402
+from hllm.testing import tiny_slates  # noqa: E402
+
+BY_NAME = {c.name: c for c in CANDIDATES}
+
+
+def test_refusal_names_the_missing_instruction_set_flavour_and_data():
+    vnni = ["avx2", "avx512f", "avx512_vnni"]
+    why = refusal(BY_NAME["openvino-bf16"], "standard", vnni, True, True)
+    assert "AVX512_BF16 and AMX_BF16" in why and "avx512_vnni" in why
+    assert refusal(BY_NAME["openvino-bf16"], "standard", vnni + ["amx_bf16"], True, True) is None
+    assert "flavour standard" in refusal(BY_NAME["openvino-fp32"], "ort-cpu", vnni, True, True)
+    assert "calibration" in refusal(BY_NAME["onnxruntime-int8-static"], "ort-cpu", vnni, False, True)
+    assert "hllm[openvino]" in refusal(BY_NAME["openvino-int8"], "standard", vnni, True, False)
+    assert refusal(BY_NAME["onnxruntime-fp32"], "ort-cpu", [], False, False) is None
+
+
+def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_export_dir, tmp_path, monkeypatch):
+    from hllm import machine
+    from hllm.cli import main
+    from hllm.runtime.slates import write_jsonl as write_slates
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])  # no bf16 here
+    write_slates(tmp_path / "eval.jsonl", tiny_slates(6, (2, 8), seed=11))
+    write_slates(tmp_path / "train.jsonl", [{**s, "slate_id": f"train-{i}"} for i, s in enumerate(tiny_slates(4, 6, seed=12))])
+    out, rep = tmp_path / "selected", tmp_path / "selection.json"
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(standard_export_dir), str(out), "--backend", "auto", "-s", str(tmp_path / "eval.jsonl"),
+              "--calib-slates", str(tmp_path / "train.jsonl"), "--calib-count", "4", "--bench-runs", "3",
+              "--bench-warmup", "1", "--threads", "1", "--min-top1", "0.5", "--max-recall10-delta", "1",
+              "--max-auc-delta", "1", "--report", str(rep)])
+    assert e.value.code in (0, None)
+    doc = json.loads(rep.read_text())
+    rec = {c["name"]: c for c in doc["candidates"]}
+    assert list(rec) == [c.name for c in CANDIDATES]
+    assert "AVX512_BF16" in rec["openvino-bf16"]["refused"]
+    # fp32 engines reproduce the FP32 rankings exactly; every built candidate carries its gate figures
+    for name in ("onnxruntime-fp32", "onnxruntime-fused-fp32", "openvino-fp32"):
+        assert rec[name]["passed"] and rec[name]["gate"]["top1_agreement"] == 1.0, rec[name]
+    built = [c for c in rec.values() if "gate" in c]
+    assert {c["name"] for c in built} >= {"onnxruntime-fp32", "onnxruntime-fused-fp32", "openvino-fp32", "openvino-int8",
+                                          "onnxruntime-int8-dynamic", "onnxruntime-int8-static"}
+    passed = {n: c["engine_ms_median"] for n, c in rec.items() if c.get("passed")}
+    assert doc["selected"] == min(passed, key=passed.get)
+    assert rec["onnxruntime-fp32"]["speedup_vs_fp32"] == 1.0
+    # the selected directory is an export that ranks as it is, and carries the report
+    assert json.loads((out / "selection_report.json").read_text())["selected"] == doc["selected"]
+    ranked = tmp_path / "r.jsonl"
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(out), "-s", str(tmp_path / "eval.jsonl"), "-o", str(ranked)])
+    assert e.value.code in (0, None)
+    assert len(ranked.read_text().splitlines()) == 6
+    # the input export is untouched: no selection report written into it
+    assert not (standard_export_dir / "selection_report.json").exists()
+
+
+def test_auto_refuses_an_unknown_candidate_and_a_quantized_start(standard_export_dir, tmp_path, capsys):
+    from hllm.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "auto", "--candidate", "tvm-int4"])
+    assert e.value.code == 2
+    assert "tvm-int4" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "ort-dynamic", "--candidate",
+              "openvino-fp32"])
+    assert e.value.code == 2
