@@ -16,8 +16,10 @@ name                          engine      precision  needs
 ============================  ==========  =========  ===========================================
 
 A candidate the CPU or the export cannot run is listed with the reason (``refused``) and never built.
-Every built candidate is gated against the FP32 export's rankings (:func:`hllm.verify.gate.run_gate`:
-top-1 agreement, |ΔRecall@10|, |ΔAUC|, non-finite scores) on the same slates; those that pass are timed
+Every built candidate is gated against the FP32 export's rankings (:func:`hllm.verify.gate.gate_scores`:
+top-1 agreement, |ΔRecall@10|, |ΔAUC|, non-finite scores) on the same slates, and dropped as soon as it
+can no longer pass (:func:`gate_fail_fast`: an INT8 graph that disagrees on the top item of one slate in
+two is known to fail after a few dozen slates, not 200); those that pass are timed
 interleaved (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the
 fastest is promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
 ``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline always passes its own gate, so a
@@ -178,8 +180,6 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     from hllm.files import _staging_prefix, atomic_write_json, promote_dir
     from hllm.formats.export import read_export
     from hllm.machine import cpu_flags, describe_machine
-    from hllm.verify.gate import run_gate
-
     names = {c.name for c in CANDIDATES}
     bad = [n for n in req.only if n not in names]
     if bad:
@@ -212,8 +212,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             try:
                 path = build(c, req.export_dir, work / c.name, req.calibration)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
-                rep = run_gate(ref, path, req.eval_slates, req.thresholds,
-                               req.calibration.slate_ids if req.calibration is not None else (), threads=req.threads)
+                rep, scored = gate_fail_fast(ref, path, req.eval_slates, req.thresholds, req.threads)
             except Exception as e:  # one candidate's failure is a record, never the end of the run
                 rec["error"] = f"{type(e).__name__}: {e}"
                 say(f"{c.name}: failed — {rec['error']}")
@@ -221,10 +220,13 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             g = rep.to_dict()
             rec["gate"] = {k: g.get(k) for k in ("slates", "top1_agreement", "kendall_tau_mean", "recall@10_delta",
                                                  "auc_delta", "nonfinite", "passed", "failures")}
-            rec["passed"] = bool(rep.passed)
+            rec["passed"] = bool(rep.passed) and scored == len(req.eval_slates)
+            if scored < len(req.eval_slates):
+                rec["gate"].update(passed=False, stopped_after=scored)
+            stop = f" (stopped after {scored} slates: it can no longer pass)" if scored < len(req.eval_slates) else ""
             say(f"{c.name}: top-1 {g['top1_agreement']:.3f} tau {g['kendall_tau_mean']:.3f} → "
-                f"{'pass' if rep.passed else 'FAIL ' + '; '.join(map(str, g.get('failures') or []))}")
-            if rep.passed:
+                f"{'pass' if rec['passed'] else 'FAIL ' + '; '.join(map(str, g.get('failures') or []))}{stop}")
+            if rec["passed"]:
                 built[c.name] = path
         if BASELINE not in built:
             raise EngineError(f"the FP32 export itself could not be gated: {records[0].get('error')}")
@@ -240,6 +242,40 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result, out
+
+
+def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, threads: int | None = None,
+                   chunk: int = 10):
+    """Gate the export at ``path`` against the reference scores ``ref`` (one ``[n_i, K]`` float32 array per
+    slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass: more
+    top-1 disagreements than ``(1 − min_top1) · len(slates)`` allows, or more non-finite scores than
+    allowed. Returns ``(GateReport over the slates scored, number scored)``; a report over fewer slates
+    than given is a failure whatever its figures (:func:`hllm.verify.gate.gate_scores` computes them).
+
+    Raises: EngineError / SlateError from loading or running the engine.
+    """
+    import math
+
+    from hllm.verify.gate import cpu_ranker, gate_scores
+    from hllm.verify.parity import compare_slate
+    from hllm.verify.scoring import score_slates
+
+    n = len(slates)
+    allowed = math.floor((1.0 - thresholds.min_top1) * n + 1e-9)
+    got, misses, nonfinite = [], 0, 0
+    ranker = cpu_ranker(path, threads)
+    with ranker:
+        for i in range(0, n, chunk):
+            part = score_slates([ranker.engine], ranker.builder, slates[i:i + chunk])[0]
+            for a, b in zip(ref[i:i + chunk], part):
+                c = compare_slate(a, b)
+                misses += not c.top1_match
+                nonfinite += c.nonfinite
+            got += part
+            if misses > allowed or nonfinite > thresholds.max_nonfinite:
+                break
+    k = len(got)
+    return gate_scores(ref[:k], got, slates[:k], thresholds), k
 
 
 def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:

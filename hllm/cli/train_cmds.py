@@ -71,6 +71,7 @@ def train_cmd(
     threads: Optional[int] = threads_opt("torch intra-op threads."),
     resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state (training_state.json + .safetensors)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
+    init_head: Optional[Path] = typer.Option(None, help="Start the head from this checkpoint's trained head (same kind and sizes), e.g. a frozen-backbone run, then train LoRA + head."),
     target: Optional[str] = hidden_alias("--target", "--objective"),
     json_out: bool = json_opt(),
     max_slates: Optional[int] = hidden_alias("--max-slates", "--limit"),
@@ -105,7 +106,7 @@ def train_cmd(
         lora_rank=lora_rank, lora_layers=lora_layers, steps=steps, batch_size=batch_size, accum=accum, lr=lr,
         lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay,
         tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
-        features=str(features) if features else None,
+        features=str(features) if features else None, init_head=str(init_head) if init_head else None,
     )
     res = _train_with_progress(cfg, resume)
     tail = res.losses[-10:]

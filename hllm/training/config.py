@@ -42,6 +42,9 @@ class TrainConfig:
         threads: torch intra-op threads (None = default).
         features: a :mod:`hllm.training.features` cache holding these slates (same backbone and
             prompt, layer ≤ the first trained layer): the frozen layers below it are not run again.
+        init_head: a checkpoint directory whose head (same kind and sizes) is the starting point instead
+            of a random init: train the head on a frozen backbone first, then LoRA + head from it
+            ("linear probing then fine-tuning", Kumar et al., ICLR 2022).
     """
 
     backbone: str
@@ -73,6 +76,7 @@ class TrainConfig:
     prompt: dict = field(default_factory=lambda: PromptSpec().to_dict())
     threads: int | None = None
     features: str | None = None
+    init_head: str | None = None
 
     def validate(self) -> None:
         """Raise HllmError for out-of-range options, naming them."""

@@ -127,7 +127,28 @@ def build_model(cfg: TrainConfig) -> tuple[TrainableModel, HeadSpec, int]:
         torch.manual_seed(cfg.seed + 1)
         backbone = get_peft_model(backbone, lc)
         start = n_layers - (cfg.lora_layers or n_layers)
-    return TrainableModel(HllmModel(backbone, build_head(spec, seed=cfg.seed)), start), spec, n_layers
+    head = _initial_head(cfg, spec)
+    return TrainableModel(HllmModel(backbone, head), start), spec, n_layers
+
+
+def _initial_head(cfg: TrainConfig, spec: HeadSpec):
+    """A seeded random head, or (``cfg.init_head``) the trained head of that checkpoint.
+
+    Raises: CheckpointError if that checkpoint's head differs from ``spec`` in kind or size (the message
+        names the first difference), or its weights cannot be read.
+    """
+    if not cfg.init_head:
+        return build_head(spec, seed=cfg.seed)
+    from hllm.formats.checkpoint import load_manifest
+    from hllm.model.hllm import load_head
+
+    m = load_manifest(Path(cfg.init_head))
+    want, got = asdict(spec), asdict(m.head)
+    diff = [k for k in sorted(set(want) | set(got)) if k != "file" and want.get(k) != got.get(k)]
+    if diff:
+        raise CheckpointError(f"--init-head {cfg.init_head}: its head differs in {diff[0]} "
+                              f"({got.get(diff[0])!r}, this run {want.get(diff[0])!r})")
+    return load_head(m).train()
 
 
 def save_checkpoint(model: TrainableModel, spec: HeadSpec, cfg: TrainConfig, state: TrainingState,

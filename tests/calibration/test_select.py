@@ -77,3 +77,27 @@ def test_auto_refuses_an_unknown_candidate_and_a_quantized_start(standard_export
         main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "ort-dynamic", "--candidate",
               "openvino-fp32"])
     assert e.value.code == 2
+
+
+def test_gate_fail_fast_stops_once_the_gate_cannot_pass(standard_export_dir):
+    import numpy as np
+
+    from hllm.calibration.select import gate_fail_fast
+    from hllm.verify.gate import GateThresholds, cpu_ranker, ranker_scores
+
+    slates = tiny_slates(12, (3, 8), seed=21)
+    ref = ranker_scores(cpu_ranker(standard_export_dir, 1), slates)
+    th = GateThresholds(min_top1=0.9, max_recall10_delta=1.0, max_auc_delta=1.0)  # 1 top-1 miss allowed of 12
+    rep, k = gate_fail_fast(ref, standard_export_dir, slates, th, threads=1, chunk=3)
+    assert k == 12 and rep.passed and rep.summary().top1_agreement == 1.0
+    # a reference whose top item is another one on every slate: 2 misses exceed the 1 allowed → stop after 3
+    from hllm.verify.parity import compare_slate
+
+    flipped = []
+    for a in ref:
+        second = compare_slate(a, a).ref_order[1]  # the engine's second item: put it first
+        m = np.zeros_like(a)
+        m[second, 0] = 10.0
+        flipped.append(m)
+    rep, k = gate_fail_fast(flipped, standard_export_dir, slates, th, threads=1, chunk=3)
+    assert k == 3 and not rep.passed

@@ -203,3 +203,22 @@ def test_cosine_schedule_and_learning_curve(backbones, train_file, tmp_path):
     assert all(0.0 <= r["auc"] <= 1.0 and r["slates"] == 2 for r in res.validation)
     prov = json.loads((tmp_path / "v" / "hllm.json").read_text())["provenance"]
     assert prov["validation"] == res.validation and prov["val_slates"] == 2
+
+
+def test_init_head_starts_from_a_trained_head_and_refuses_another_size(backbones, train_file, tmp_path):
+    """Linear probe, then LoRA + head: the second run's head starts at the first run's trained weights
+    (not the seeded init), its LoRA still starts at zero; a head of other sizes is refused by name."""
+    from hllm.errors import CheckpointError
+
+    train(_cfg(backbones["qwen3"], train_file, tmp_path / "probe", lora_rank=0, steps=2))
+    probe = load_file(str(tmp_path / "probe" / "head.safetensors"))
+    model, _, _ = build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "ft", init_head=str(tmp_path / "probe")))
+    start = {k: v for k, v in model.model.head.state_dict().items()}
+    assert start.keys() == probe.keys() and all(torch.equal(start[k], probe[k]) for k in probe)
+    fresh, _, _ = build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "ft2"))
+    assert any(not torch.equal(fresh.model.head.state_dict()[k], probe[k]) for k in probe)  # not the seeded init
+    assert all(p.abs().sum() == 0 for n, p in model.named_parameters() if "lora_B" in n)
+    assert all(p.requires_grad for p in model.model.head.parameters())
+    with pytest.raises(CheckpointError, match="d_model"):
+        build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "ft3", init_head=str(tmp_path / "probe"),
+                         head_kwargs={**TINY_HEAD, "d_model": 16}))
