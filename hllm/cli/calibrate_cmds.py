@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -12,7 +13,7 @@ from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, c
                           finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
                           progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
 from hllm.calibration.quantize import BACKENDS, PRECISIONS
-from hllm.errors import EngineError, SlateError
+from hllm.errors import EngineError, OutputError, SlateError
 
 
 @app.command("calibrate")
@@ -97,6 +98,7 @@ def calibrate_cmd(
     data_to_stdout(json_out, report)
     check_output_dir(out_dir, overwrite, "OUT_DIR")
     check_output_file(report, "--report")
+    _check_reference_cache(reference_scores_path, out_dir)
     if calib_slates is not None:
         calib_slates = slates_file(calib_slates, "--calib-slates")
     art, builder = _onnx_export(export_dir, backend)
@@ -129,6 +131,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     data_to_stdout(json_out, report)
     check_output_dir(out_dir, overwrite, "OUT_DIR")
     check_output_file(report, "--report")
+    _check_reference_cache(reference_cache, out_dir)
     calibration, calib_slates, count, seed, batch = calib
     if calib_slates is not None:
         calib_slates = slates_file(calib_slates, "--calib-slates")
@@ -146,6 +149,22 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     result, dest = select(req, say=lambda m: console.print(f"  {m}"))
     finish_report(report, result.to_dict(), json_out, show=_print_selection)
     out.print(f"selected {result.selected} → {dest}")
+
+
+def _check_reference_cache(cache: Optional[Path], out_dir: Path) -> None:
+    """Refuse, before any work, a ``--reference-scores`` cache that would be written (it does not exist
+    yet; an existing one is only read) inside OUT_DIR — replaced at the end, so the final rename would
+    fail — or inside an input of the command such as the export (:func:`check_output_file`).
+
+    Raises: OutputError naming the option.
+    """
+    if cache is None or cache.is_file():
+        return
+    here, dest = Path(os.path.realpath(cache)), Path(os.path.realpath(out_dir))
+    if here == dest or dest in here.parents:
+        raise OutputError(f"--reference-scores: {cache} is inside OUT_DIR {out_dir}, which is written as a whole "
+                          "at the end; keep the cache elsewhere")
+    check_output_file(cache, "--reference-scores")
 
 
 def _print_selection(r: dict) -> None:

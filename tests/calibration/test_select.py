@@ -101,3 +101,23 @@ def test_gate_fail_fast_stops_once_the_gate_cannot_pass(standard_export_dir):
         flipped.append(m)
     rep, k = gate_fail_fast(flipped, standard_export_dir, slates, th, threads=1, chunk=3)
     assert k == 3 and not rep.passed
+
+
+@pytest.mark.parametrize("backend", ["auto", "ort-dynamic"])
+def test_reference_cache_is_never_written_into_the_input_or_out_dir(backend, standard_export_dir, tmp_path, capsys):
+    """``--reference-scores`` is written when absent: inside the input export it would modify the input,
+    inside OUT_DIR it would make the final rename fail after all the work; both are refused up front."""
+    from hllm.cli import main
+    from hllm.runtime.slates import write_jsonl as write_slates
+
+    write_slates(tmp_path / "eval.jsonl", tiny_slates(2, (2, 8), seed=11))
+    before = sorted(p.name for p in standard_export_dir.iterdir())
+    for cache, where in ((standard_export_dir / "ref.npz", "input"), (tmp_path / "o" / "ref.npz", "OUT_DIR")):
+        with pytest.raises(SystemExit) as e:
+            main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", backend, "-s",
+                  str(tmp_path / "eval.jsonl"), "--threads", "1", "--reference-scores", str(cache)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--reference-scores" in err and where in err, err
+        assert not cache.exists() and not (tmp_path / "o").exists()
+    assert sorted(p.name for p in standard_export_dir.iterdir()) == before
