@@ -138,6 +138,28 @@ def _link_tree(src: Path, dst: Path) -> None:
                 shutil.copy2(f, dst / f.name)
 
 
+def check_start(meta, only: Sequence[str] = ()) -> None:
+    """Refuse what a selection cannot start from, before any work: a candidate name in ``only`` that is
+    not in :data:`CANDIDATES`, an export that is not fp32, or one whose sidecar selects another engine
+    than ONNX Runtime (e.g. ``engine: openvino``, a previous selection's result: the ``onnxruntime-*``
+    candidates built from it would inherit that engine and be timed on OpenVINO).
+
+    Args:
+        meta: the export's :class:`hllm.formats.export.ExportMeta`. only: ``--candidate`` names.
+    Raises: EngineError naming the problem and the way out.
+    """
+    names = {c.name for c in CANDIDATES}
+    bad = [n for n in only if n not in names]
+    if bad:
+        raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
+    if meta.precision.value != "fp32":
+        raise EngineError(f"{meta.root} is a {meta.precision.value} export: --backend auto starts from the FP32 export")
+    engine = meta.raw.get("engine") or "onnxruntime"
+    if engine != "onnxruntime":
+        raise EngineError(f"{meta.root}: its sidecar selects the {engine} engine (a `calibrate --backend auto` result?); "
+                          "--backend auto starts from the ONNX Runtime FP32 export it was made from")
+
+
 def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
     """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
 
@@ -173,18 +195,16 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
 def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tuple[SelectionResult, Path]:
     """Run the selection (module doc); returns ``(result, out_dir)``.
 
-    Raises: EngineError when ``only`` names an unknown candidate; FileExistsError if ``out_dir`` exists and
+    Raises: EngineError from :func:`check_start` (unknown candidate, not an ONNX Runtime fp32 export) or when
+        the FP32 export itself cannot be gated; FileExistsError if ``out_dir`` exists and
         ``overwrite`` is False; the quantizers' errors are recorded per candidate, not raised.
     """
     from hllm.calibration.pipeline import CalibrateRequest, fp32_reference
     from hllm.files import _staging_prefix, atomic_write_json, promote_dir
     from hllm.formats.export import read_export
     from hllm.machine import cpu_flags, describe_machine
-    names = {c.name for c in CANDIDATES}
-    bad = [n for n in req.only if n not in names]
-    if bad:
-        raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
     meta = read_export(req.export_dir)
+    check_start(meta, req.only)
     flavour, features = meta.flavour, cpu_flags()
     try:
         import openvino  # noqa: F401

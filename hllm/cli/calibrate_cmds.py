@@ -121,7 +121,8 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     """``--backend auto``: :func:`hllm.calibration.select.select` with the console's progress; prints the
     candidates table and writes the selected export (always: the FP32 baseline passes its own gate)."""
     from hllm.calibration.pipeline import prepare_calibration
-    from hllm.calibration.select import SelectRequest, select
+    from hllm.calibration.select import SelectRequest, check_start, select
+    from hllm.formats.export import read_export
     from hllm.verify.gate import GateThresholds
 
     try:
@@ -136,8 +137,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     if calib_slates is not None:
         calib_slates = slates_file(calib_slates, "--calib-slates")
     art, builder = _onnx_export(export_dir, "auto")
-    if art.precision.value != "fp32":
-        raise typer.BadParameter(f"{export_dir} is a {art.precision.value} export: --backend auto starts from the FP32 export")
+    check_start(read_export(art.path.parent), candidates)
     evals = load_slates(slates, limit=limit)
     cal = None
     if calibration is not None or calib_slates is not None:

@@ -121,3 +121,21 @@ def test_reference_cache_is_never_written_into_the_input_or_out_dir(backend, sta
         assert "--reference-scores" in err and where in err, err
         assert not cache.exists() and not (tmp_path / "o").exists()
     assert sorted(p.name for p in standard_export_dir.iterdir()) == before
+
+
+def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_export_dir, tmp_path, capsys):
+    """A previous selection that picked OpenVINO (sidecar ``engine: openvino``) is not an ONNX Runtime FP32
+    start: its "onnxruntime-*" candidates would inherit that engine. Refused, as is a --candidate typo,
+    before the slates are read."""
+    from hllm.calibration.select import build
+    from hllm.cli import main
+
+    ov = build(BY_NAME["openvino-fp32"], standard_export_dir, tmp_path / "ov")
+    for export, extra, want in ((ov, [], "selects the openvino engine"), (standard_export_dir, ["--candidate", "openvino-fp33"], "openvino-fp33")):
+        with pytest.raises(SystemExit) as e:
+            main(["calibrate", str(export), str(tmp_path / "o"), "--backend", "auto", "-s", str(tmp_path / "missing.jsonl"),
+                  *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert want in err and "missing.jsonl" not in err, err
+    assert not (tmp_path / "o").exists()
