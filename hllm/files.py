@@ -444,6 +444,28 @@ def refuse_overlap(output: str | os.PathLike, inputs: Iterable[str | os.PathLike
                               "replacing it would destroy the input")
 
 
+def link_files(src: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> list[str]:
+    """Give the existing directory ``dst`` every regular file of the directory ``src`` (not its
+    sub-directories) whose name is not in ``skip``: hard links, copies where the file system refuses
+    one (another device, no link support). Returns the names, sorted.
+
+    A hard link shares the input's bytes: whatever then writes into ``dst`` must replace a file
+    (:func:`atomic_write_text` and the other writers here rename a new file in), never open one of
+    these for writing, or it would change ``src`` too. Raises: OSError from the copy.
+    """
+    src, dst, skip = Path(src), Path(dst), set(skip)
+    names = []
+    for f in sorted(src.iterdir()):
+        if f.name in skip or not f.is_file() or f.is_symlink():
+            continue
+        try:
+            os.link(f, dst / f.name)
+        except OSError:
+            shutil.copy2(f, dst / f.name)
+        names.append(f.name)
+    return names
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex sha256 of one file's bytes."""
     h = hashlib.sha256()

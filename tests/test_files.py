@@ -342,3 +342,25 @@ def test_atomic_path_without_overwrite_never_replaces_a_file_written_meanwhile(t
     with atomic_path(tmp_path / "y.plan", overwrite=False) as tmp:
         tmp.write_bytes(b"ok")
     assert (tmp_path / "y.plan").read_bytes() == b"ok"
+
+
+def test_link_files_hard_links_or_copies_regular_files_only(tmp_path, monkeypatch):
+    """``link_files``: the regular files of a directory (not sub-directories, links or skipped names) appear
+    in another one, as hard links — or copies where ``os.link`` is refused (another file system)."""
+    from hllm.files import link_files
+
+    src, a, b = tmp_path / "src", tmp_path / "a", tmp_path / "b"
+    for d in (src / "sub", a, b):
+        d.mkdir(parents=True)
+    (src / "model.onnx").write_bytes(b"graph")
+    (src / "export.json").write_text("{}")
+    (src / "link").symlink_to(src / "model.onnx")
+    assert link_files(src, a, skip=("export.json",)) == ["model.onnx"]
+    assert os.path.samefile(a / "model.onnx", src / "model.onnx") and sorted(os.listdir(a)) == ["model.onnx"]
+
+    def refuse(*_):
+        raise OSError(errno.EXDEV, "cross-device link")
+
+    monkeypatch.setattr(files.os, "link", refuse)
+    assert link_files(src, b) == ["export.json", "model.onnx"]
+    assert not os.path.samefile(b / "model.onnx", src / "model.onnx") and (b / "model.onnx").read_bytes() == b"graph"

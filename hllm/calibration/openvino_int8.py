@@ -62,13 +62,6 @@ def calibration_feeds(slates: Sequence[dict], builder, count: int, seed: int = 0
     return [builder.encode([s]).inputs(context) for s in choose_slates(slates, count, seed, exclude_ids)]
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike, calibration: Iterable[dict],
                       keep_float: Sequence[str] = (), smooth_quant_alpha: float | None = None,
                       subset_size: int | None = None) -> dict:
@@ -89,6 +82,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     import nncf
     import openvino as ov
 
+    from hllm.files import link_files
     from hllm.formats.export import read_export, write_export
 
     meta = read_export(export_dir)
@@ -126,9 +120,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     ov.save_model(q, str(staging / IR_NAME), compress_to_fp16=False)
-    for f in meta.root.iterdir():
-        if f.is_file() and f.name != "export.json":
-            _link_or_copy(f, staging / f.name)
+    link_files(meta.root, staging, skip=("export.json",))
     n_fq = sum(op.get_type_name() == "FakeQuantize" for op in q.get_ops())
     record = {"backend": "nncf", "precision": "int8", "nncf": nncf.__version__, "openvino": ov.__version__,
               "model_type": "transformer", "smooth_quant_alpha": smooth_quant_alpha,

@@ -31,7 +31,6 @@ Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF 
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -128,14 +127,11 @@ class SelectionResult:
 
 
 def _link_tree(src: Path, dst: Path) -> None:
-    """``dst`` gets every file of ``src`` (hard links where the file system allows, else copies)."""
+    """New directory ``dst`` with every file of ``src`` (:func:`hllm.files.link_files`: hard links)."""
+    from hllm.files import link_files
+
     dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file():
-            try:
-                os.link(f, dst / f.name)
-            except OSError:
-                shutil.copy2(f, dst / f.name)
+    link_files(src, dst)
 
 
 def check_start(meta, only: Sequence[str] = ()) -> None:

@@ -318,11 +318,10 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     Returns the fusion record. Raises: ExportError if ``src`` is not an fp32 standard export, ``dst``
     exists, or the attention fusion misses a decoder layer.
     """
-    import shutil
     from pathlib import Path
 
     from hllm.errors import ExportError
-    from hllm.files import sha256_file
+    from hllm.files import link_files, sha256_file
     from hllm.formats.export import read_export, write_export
 
     meta = read_export(src)
@@ -339,12 +338,7 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     if layers is not None and gqa != layers:
         raise ExportError(f"attention fusion matched {gqa} of {layers} decoder layers ({counts})")
     dst.mkdir(parents=True)
-    for f in meta.root.iterdir():
-        if f.is_file() and f.name not in ("export.json", meta.onnx_path.name):
-            try:
-                os.link(f, dst / f.name)
-            except OSError:
-                shutil.copy2(f, dst / f.name)
+    link_files(meta.root, dst, skip=("export.json", meta.onnx_path.name))
     out = dst / meta.onnx_path.name
     ir.save(model, str(out))
     fusion = {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": meta.raw.get("opset")}
