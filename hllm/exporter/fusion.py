@@ -342,7 +342,8 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     out = dst / meta.onnx_path.name
     ir.save(model, str(out))
     fusion = {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": meta.raw.get("opset")}
-    write_export(dst, {**{k: v for k, v in meta.raw.items() if k != "format"}, "flavour": "ort-cpu", "fusion": fusion,
+    keep = {k: v for k, v in meta.raw.items() if k not in ("format", "engine", "openvino")}  # ORT contrib ops now
+    write_export(dst, {**keep, "flavour": "ort-cpu", "fusion": fusion,
                        "onnx_sha256": sha256_file(out), "onnx_bytes": out.stat().st_size,
                        "fused_from": meta.raw.get("onnx_sha256")})
     return fusion

@@ -38,7 +38,7 @@ class GateThresholds:
         max_auc_delta: max |AUC(quantized) − AUC(reference)| (default 0.005; labelled slates only).
         min_tau: min mean Kendall tau (None = not checked).
         max_nonfinite: max number of non-finite scores (default 0).
-    Raises: ValueError for a limit outside its range (top-1 and ΔRecall@10 in [0, 1], tau in [-1, 1]).
+    Raises: ValueError for a limit outside its range (top-1, ΔRecall@10 and ΔAUC in [0, 1], tau in [-1, 1]).
     """
 
     min_top1: float = 0.97
