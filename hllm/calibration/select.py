@@ -228,7 +228,12 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             try:
                 path = build(c, req.export_dir, work / c.name, req.calibration)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
-                rep, scored = gate_fail_fast(ref, path, req.eval_slates, req.thresholds, req.threads)
+                if c.name == BASELINE:  # the reference itself: its scores are ``ref``, nothing to run again
+                    from hllm.verify.gate import gate_scores
+
+                    rep, scored = gate_scores(ref, ref, req.eval_slates, req.thresholds), len(req.eval_slates)
+                else:
+                    rep, scored = gate_fail_fast(ref, path, req.eval_slates, req.thresholds, req.threads)
             except Exception as e:  # one candidate's failure is a record, never the end of the run
                 rec["error"] = f"{type(e).__name__}: {e}"
                 say(f"{c.name}: failed — {rec['error']}")
