@@ -211,3 +211,26 @@ def test_fuse_export_turns_a_standard_export_into_the_fused_flavour(arch, checkp
         fuse_export(src, tmp_path / "fused")
     with pytest.raises(ExportError, match="standard export"):
         fuse_export(tmp_path / "fused", tmp_path / "again")
+
+
+def test_fuse_export_of_a_context_head_feeds_context_positions(context_checkpoint, tmp_path):
+    """A head that reads the user context: the fused graph made by ``fuse_export`` keeps the
+    ``context_positions`` input and scores real encoded slates (B=3, unequal lengths, N<K) like PyTorch."""
+    from hllm.exporter.fusion import fuse_export
+    from hllm.runtime.artefact import resolve
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+    from hllm.testing import tiny_slates
+
+    export_onnx(context_checkpoint, tmp_path / "std", flavour="standard")
+    fuse_export(tmp_path / "std", tmp_path / "fused")
+    art = resolve(tmp_path / "fused")
+    assert art.flavour == "ort-cpu" and art.context
+    assert "context_positions" in [i.name for i in onnx.load(str(art.path), load_external_data=False).graph.input]
+    builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
+    b = builder.encode(tiny_slates(3, (2, 7), seed=8))
+    model = load_model(context_checkpoint)
+    with torch.inference_mode():
+        ref = model(*(torch.from_numpy(x) for x in b.inputs(True).values())).numpy()
+    with OnnxRuntimeEngine(art.path, art.num_positions, context=True) as eng:
+        got = eng.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
+    assert np.abs(ref - got).max() <= 1e-4
