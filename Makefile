@@ -3,8 +3,9 @@
 #   make test   set up .venv and run the test suite (what CI runs)
 #   make train-beauty  reproduce the committed trained checkpoint (needs the full Beauty train file)
 # Variables: PY (python ≥3.11), VENV, SLATES (slates file), N (slates used by the demo parity check),
-# CKPT (the checkpoint the demo deploys; the committed one expects its backbone at work/smollm2, so keep
-# WORK=work with it), TRAIN (training slates).
+# CKPT (the checkpoint the demo deploys: the LoRA checkpoint, so the demo walks merge → export → parity → rank;
+# CKPT=checkpoints/smollm2-beauty deploys the frozen one without a merge; both expect their backbone at
+# work/smollm2, so keep WORK=work with them), TRAIN (training slates).
 
 PY      ?= python3
 VENV    ?= .venv
@@ -17,7 +18,7 @@ EVAL    ?= ../shared/data/amazon-beauty/eval.jsonl.gz
 N       ?= 8
 LONG_N  ?= 200
 TRAIN   ?= ../shared/data/amazon-beauty/train.jsonl.gz
-CKPT    ?= checkpoints/smollm2-beauty
+CKPT    ?= checkpoints/smollm2-beauty-lora
 
 .PHONY: setup demo test parity-long bench train-beauty train-beauty-lora train-beauty-lora-cache train-beauty-equal-budget clean
 

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Run ``make demo`` here and record what it took: ``results/demo-timings.json``.
+
+Usage (in a checkout, ideally a fresh ``git clone``)::
+
+    python3 scripts/demo_timings.py --out demo-timings.json [-- CKPT=checkpoints/smollm2-beauty-lora]
+
+The Makefile's demo prints ``== k/5 …`` before each step; this script stamps every output line with
+the wall clock, so a step's seconds are the time from its marker to the next one (setup is the time
+before the first marker). It records the exit status, the total wall time, the children's peak RSS
+(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the CPU model, its SIMD flags, the core count,
+the 1-minute load average at the start and end (other jobs inflate the times), the commit and whether
+the tree was clean, then the proofs the demo wrote: the merge's max |ΔM| (from its output line), the
+export's validation and the parity report. Standard library only; it needs ``make`` and the Makefile.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SIMD = re.compile(r"^(avx.*|amx.*|fma|f16c|sse4_2)$")
+
+
+def cpu_facts() -> dict:
+    """CPU model, SIMD flags and core count from /proc/cpuinfo (Linux); empty fields elsewhere."""
+    model, flags = "", []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = val.strip()
+            if key.strip() == "flags" and not flags:
+                flags = sorted(f for f in val.split() if SIMD.match(f))
+    except OSError:
+        pass
+    return {"cpu": model, "flags": flags, "cores": os.cpu_count()}
+
+
+def git(*args: str) -> str:
+    r = subprocess.run(["git", *args], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path, help="JSON to write (refused if it exists).")
+    ap.add_argument("--log", type=Path, help="Also keep the full make output here.")
+    ap.add_argument("--note", default="", help="Free text stored in the JSON (e.g. what else ran).")
+    ap.add_argument("make_args", nargs="*", help="Extra make arguments, e.g. CKPT=... N=8.")
+    a = ap.parse_args()
+    if a.out.exists():
+        print(f"error: {a.out} exists; choose another --out", file=sys.stderr)
+        return 2
+    variables = dict(arg.split("=", 1) for arg in a.make_args if "=" in arg)
+    work = Path(variables.get("WORK", "work"))
+
+    started = time.time()
+    load_start = os.getloadavg()[0]
+    marks: list[tuple[float, str]] = [(started, "setup (make setup: venv, pinned installs)")]
+    lines: list[str] = []
+    merge_dm = None
+    proc = subprocess.Popen(["make", "demo", *a.make_args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        now = time.time()
+        sys.stdout.write(line)
+        lines.append(f"{now - started:8.1f} {line}")
+        m = re.match(r"^== (\d)/(\d) (.*)", line)
+        if m:
+            marks.append((now, f"{m.group(1)}/{m.group(2)} {m.group(3).strip()}"))
+        d = re.search(r"max\|ΔM\| merged vs adapter = ([0-9.eE+-]+)", line)
+        if d:
+            merge_dm = float(d.group(1))
+    rc = proc.wait()
+    ended = time.time()
+    marks.append((ended, "end"))
+    if a.log:
+        a.log.write_text("".join(lines))
+
+    steps = {name: round(t1 - t0, 1) for (t0, name), (t1, _) in zip(marks, marks[1:])}
+
+    def load(path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    export = load(work / "demo" / "export" / "export.json") or {}
+    parity = load(work / "demo" / "parity.json") or {}
+    record = {
+        "what": "wall time of `make demo` by step, timed by scripts/demo_timings.py around the make output",
+        "command": " ".join(["make", "demo", *a.make_args]),
+        "rc": rc,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+        "total_wall_s": round(ended - started, 1),
+        "steps_wall_s": steps,
+        "peak_child_rss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+        "machine": {**cpu_facts(), "loadavg_1min_start": round(load_start, 2),
+                    "loadavg_1min_end": round(os.getloadavg()[0], 2)},
+        "commit": git("rev-parse", "HEAD"),
+        "tree_clean": git("status", "--porcelain") == "",
+        "merge_max_abs_dM_vs_adapter": merge_dm,
+        "export_validation": export.get("validation"),
+        "parity": {k: parity.get(k) for k in ("slates", "perm_match_rate", "top1_agreement",
+                                              "kendall_tau_mean", "max_abs_diff", "nonfinite", "passed")}
+        if parity else None,
+        "note": a.note,
+    }
+    a.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"demo rc {rc} in {record['total_wall_s']} s → {a.out}", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
