@@ -100,9 +100,10 @@ train-beauty-equal-budget: train-beauty-lora-cache
 	$(HLLM) train $(WORK)/smollm2 $(WORK)/train/lora -s $(TRAIN) --limit 300 --val-slates 100 --val-every 25 \
 	    --features $(WORK)/train/feat-L28 --lora-rank 16 --lora-layers 2 --lr 1e-3 $(LORA_COMMON) --threads 2
 
-# The longer parity run behind results/parity-smollm2-eval200.json (needs the demo's artefacts).
+# The longer parity run behind results/parity-smollm2-beauty-eval200.json (CKPT=checkpoints/smollm2-beauty; needs the
+# demo's artefacts of the same CKPT).
 parity-long: setup
-	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(EVAL) --limit $(LONG_N) --out results/parity-smollm2-eval$(LONG_N).json
+	$(HLLM) parity $(CKPT) $(WORK)/demo/export --slates $(EVAL) --limit $(LONG_N) --out results/parity-$(notdir $(CKPT))-eval$(LONG_N).json
 
 bench: setup
 	bash scripts/bench.sh

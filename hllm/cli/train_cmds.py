@@ -350,6 +350,12 @@ def eval_cmd(
         result = evaluate_rankers(rankers, rows, slates_source(slates), seed, batch_size, features, bar_for,
                                   on_ranker)
     out.print(table)
+    for name, row in result["rankers"].items():
+        pair = row.get("paired_vs_first")
+        if pair and pair["ci95"]:
+            cells = ", ".join(f"Δ{'AUC' if k == 'auc' else k} {pair['delta'][k]:+.4f} [{pair['ci95'][k][0]:+.3f}, {pair['ci95'][k][1]:+.3f}]"
+                              for k in ("auc", "recall@10", "ndcg@10"))
+            out.print(f"{name} − {pair['baseline']}, paired over {pair['slates']} slates (95% interval): {cells}")
     if str(out_json) == "-":
         write_json_out(out_json, result)
     if json_out:

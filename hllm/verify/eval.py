@@ -4,7 +4,8 @@ A ranker is named by a spec: ``random`` (seeded permutations), a checkpoint dire
 reference; with a feature cache only the layers above it run), an export directory / ``.onnx`` /
 ``.plan`` (:meth:`hllm.runtime.Ranker.from_path`), or a JSONL with ``slate_id`` + ``order`` per slate
 (``hllm teacher`` or ``hllm rank`` output). ``NAME=SPEC`` names the row. Metrics come from
-:mod:`hllm.verify.metrics`, each with a 95% bootstrap interval over slates.
+:mod:`hllm.verify.metrics`, each with a 95% bootstrap interval over slates; every ranker after the first
+also gets its paired difference to the first (:func:`hllm.verify.metrics.paired_difference`).
 """
 
 from __future__ import annotations
@@ -81,19 +82,27 @@ def evaluate_rankers(specs: Sequence[str], slates: Sequence[dict], slates_file: 
     """Metrics of every ranker on the same slates.
 
     Returns ``{slates_file, subset, random_seed, features, rankers: {name: QualityReport dict + kind,
-    source}}``; ``on_ranker(name, row, result so far)`` is called after each ranker (to save partial
-    results). Raises: SlateError if a slate has no labels.
+    source}}``; rows after the first also hold ``paired_vs_first`` = ``{baseline, delta, slates, ci95}``
+    (this ranker minus the first, slate by slate, 95% paired bootstrap interval).
+    ``on_ranker(name, row, result so far)`` is called after each ranker (to save partial results).
+    Raises: SlateError if a slate has no labels.
     """
-    from hllm.verify.metrics import evaluate
+    from hllm.verify.metrics import evaluate, paired_difference
 
     if any(s.get("labels") is None for s in slates):
         raise SlateError(f"{slates_file or 'slates'}: every slate needs labels for eval")
     result = {"slates_file": slates_file, "subset": subset_record(slates, slates_file), "random_seed": seed,
               "features": str(features) if features else None, "rankers": {}}
+    labels = [s["labels"] for s in slates]
+    first: tuple[str, list[list[int]]] | None = None
     for spec in specs:
         name, kind, orders = ranker_orders(spec, slates, seed, batch_size, features, progress)
-        row = evaluate(orders, [s["labels"] for s in slates]).to_dict()
+        row = evaluate(orders, labels).to_dict()
         row.update(kind=kind, source=parse_spec(spec)[1])
+        if first is None:
+            first = (name, orders)
+        else:
+            row["paired_vs_first"] = {"baseline": first[0], **paired_difference(first[1], orders, labels).to_dict()}
         result["rankers"][name] = row
         if on_ranker:
             on_ranker(name, row, result)

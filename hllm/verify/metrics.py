@@ -10,7 +10,9 @@ For one slate with 0/1 labels and a ranking ``order`` (0-based candidate indices
 Reported values are means over slates that have at least one positive and one negative (the
 others are counted in ``skipped``), each with a 95% percentile-bootstrap interval over slates
 (``ci95``: 1,000 resamples of the slates with replacement, seeded; Efron & Tibshirani 1993, ch. 13), so
-"ranker A beats ranker B" can be read off non-overlapping intervals.
+"ranker A beats ranker B" can be read off non-overlapping intervals. Two rankers on the same slates are
+compared more sharply by :func:`paired_difference`: the per-slate difference B − A, its mean and a
+bootstrap interval that resamples slates jointly (the slate-to-slate variance both share cancels).
 """
 
 from __future__ import annotations
@@ -109,6 +111,46 @@ def evaluate(orders: Iterable[Sequence[int]], labels: Iterable[Sequence[int]], r
         table = np.array([[r[k] for k in METRIC_KEYS] for r in rows])
         ci = dict(zip(METRIC_KEYS, bootstrap_ci(table, resamples, seed)))
     return QualityReport(values, len(rows), skipped, ci)
+
+
+@dataclass
+class PairedDifference:
+    """Per-metric mean of ``metric(B) − metric(A)`` over the slates both rankers can be scored on, with a
+    95% paired bootstrap interval (``ci95``; None without slates). ``slates`` = slates compared."""
+
+    delta: dict[str, float]
+    slates: int
+    ci95: dict[str, tuple[float, float]] | None = None
+
+    def to_dict(self) -> dict:
+        return {"delta": {k: round(v, 6) for k, v in self.delta.items()}, "slates": self.slates,
+                "ci95": None if self.ci95 is None else {k: [round(lo, 6), round(hi, 6)] for k, (lo, hi) in self.ci95.items()}}
+
+
+def paired_difference(orders_a: Sequence[Sequence[int]], orders_b: Sequence[Sequence[int]],
+                      labels: Sequence[Sequence[int]], resamples: int = 1000, seed: int = 0) -> PairedDifference:
+    """Ranker B minus ranker A on the same labelled slates, slate by slate (a paired comparison).
+
+    Args:
+        orders_a, orders_b: per slate, a permutation of its candidates (best first), same slate order.
+        labels: per slate, 0/1 labels. Slates without a positive or without a negative are left out.
+        resamples: bootstrap resamples of the slates (0 skips the interval); seed fixes them.
+    Returns: :class:`PairedDifference`; B is better on a metric when its whole ``ci95`` is above 0.
+    Raises: SlateError when the three lists differ in length or an order is not a permutation.
+    """
+    if not len(orders_a) == len(orders_b) == len(labels):
+        raise SlateError(f"paired comparison needs the same slates: {len(orders_a)}, {len(orders_b)} orders, "
+                         f"{len(labels)} label lists")
+    rows = []
+    for a, b, y in zip(orders_a, orders_b, labels):
+        ma, mb = slate_metrics(a, y), slate_metrics(b, y)
+        if ma is not None and mb is not None:
+            rows.append([mb[k] - ma[k] for k in METRIC_KEYS])
+    if not rows:
+        return PairedDifference({k: float("nan") for k in METRIC_KEYS}, 0, None)
+    d = np.array(rows)
+    ci = dict(zip(METRIC_KEYS, bootstrap_ci(d, resamples, seed))) if resamples else None
+    return PairedDifference(dict(zip(METRIC_KEYS, d.mean(axis=0).tolist())), len(rows), ci)
 
 
 def order_from_scores(scores: Sequence[float]) -> list[int]:

@@ -60,3 +60,41 @@ def test_evaluate_means_and_skips():
 def test_bad_ranking_is_named():
     with pytest.raises(SlateError, match="permutation"):
         slate_metrics([0, 0, 1], [1, 0, 0])
+
+
+def test_paired_difference_by_hand_and_its_interval():
+    from hllm.verify.metrics import paired_difference
+
+    labels = [[0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]  # the last slate has no positive
+    a = [[0, 1, 3, 2], [1, 0, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]]       # AUC 0, 1, 1
+    b = [[2, 0, 1, 3], [0, 1, 2, 3], [0, 1, 2, 3], [3, 2, 1, 0]]       # AUC 1, 2/3, 1
+    d = paired_difference(a, b, labels, resamples=500)
+    assert d.slates == 3
+    assert d.delta["auc"] == pytest.approx((1 + (2 / 3 - 1) + 0) / 3)
+    assert d.delta["recall@1"] == pytest.approx((1 - 1 + 0) / 3)
+    lo, hi = d.ci95["auc"]
+    assert -1 / 3 <= lo <= d.delta["auc"] <= hi <= 1.0
+    same = paired_difference(a, a, labels)  # a ranker against itself: exactly 0, interval [0, 0]
+    assert same.delta["auc"] == 0.0 and same.ci95["auc"] == (0.0, 0.0)
+    with pytest.raises(SlateError, match="same slates"):
+        paired_difference(a, b[:2], labels)
+
+
+def test_eval_pairs_every_ranker_with_the_first(tmp_path):
+    import json
+
+    from hllm.testing import tiny_slates
+    from hllm.verify.eval import evaluate_rankers
+
+    slates = tiny_slates(30, 6, seed=3)
+    best = tmp_path / "best.jsonl"  # positives first: AUC 1 on every slate
+    best.write_text("".join(json.dumps({"slate_id": s["slate_id"], "order": sorted(range(6), key=lambda i: -s["labels"][i])})
+                            + "\n" for s in slates))
+    res = evaluate_rankers(["r0=random", "same=random", f"best={best}"], slates, seed=1)
+    assert "paired_vs_first" not in res["rankers"]["r0"]
+    same = res["rankers"]["same"]["paired_vs_first"]  # same seed → same orders → exactly zero
+    assert same["baseline"] == "r0" and same["slates"] == 30 and same["delta"]["auc"] == 0.0
+    pair = res["rankers"]["best"]["paired_vs_first"]
+    assert res["rankers"]["best"]["auc"] == 1.0 and res["rankers"]["r0"]["auc"] < 0.8
+    assert pair["delta"]["auc"] == pytest.approx(1.0 - res["rankers"]["r0"]["auc"], abs=1e-5)
+    assert 0 < pair["ci95"]["auc"][0] <= pair["delta"]["auc"] <= pair["ci95"]["auc"][1]

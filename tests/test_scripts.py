@@ -1,0 +1,85 @@
+"""The measurement scripts behind committed results: ``scripts/demo_timings.py`` (``make demo`` by step)
+and ``scripts/lora_readout_shift.py`` (what a checkpoint's adapter changes)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hllm.runtime.slates import read_slates, write_jsonl
+from hllm.testing import tiny_slates
+from hllm.training.features import build_cache
+from hllm.training.trainer import train
+from tests.training.test_features import PROMPT, TINY_HEAD_CTX
+from tests.training.test_features import _cfg as feat_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_MAKEFILE = """\
+demo:
+\t@echo "== 1/2 merge"
+\t@echo "merged → x; max|ΔM| merged vs adapter = 2.3e-05 on 2 slates (atol 0.0001)"
+\t@echo "== 2/2 parity"
+\t@mkdir -p $(WORK)/demo && echo '{"slates": 8, "perm_match_rate": 1.0, "passed": true}' > $(WORK)/demo/parity.json
+\t@test "$(FAIL)" != 1
+"""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_demo_timings_records_steps_proofs_and_exit_status(tmp_path):
+    (tmp_path / "Makefile").write_text(FAKE_MAKEFILE)
+    script = [sys.executable, str(ROOT / "scripts" / "demo_timings.py")]
+    r = subprocess.run([*script, "--out", "t.json", "WORK=w"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((tmp_path / "t.json").read_text())
+    assert rec["rc"] == 0 and rec["command"] == "make demo WORK=w"
+    assert list(rec["steps_wall_s"]) == ["setup (make setup: venv, pinned installs)", "1/2 merge", "2/2 parity"]
+    assert all(v >= 0 for v in rec["steps_wall_s"].values())
+    assert rec["merge_max_abs_dM_vs_adapter"] == pytest.approx(2.3e-5)
+    assert rec["parity"]["passed"] is True and rec["parity"]["slates"] == 8
+    assert rec["machine"]["cores"] >= 1 and rec["export_validation"] is None
+    # an existing output is never replaced; a failing demo is recorded with its exit status
+    before = (tmp_path / "t.json").read_bytes()
+    r = subprocess.run([*script, "--out", "t.json"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2 and "exists" in r.stderr and (tmp_path / "t.json").read_bytes() == before
+    r = subprocess.run([*script, "--out", "f.json", "FAIL=1"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and json.loads((tmp_path / "f.json").read_text())["rc"] == r.returncode
+
+
+def _shift(ckpt, cache, slates, out):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "lora_readout_shift.py"), str(ckpt), str(cache),
+                        str(slates), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return json.loads(Path(out).read_text())
+
+
+def test_lora_readout_shift_measures_the_adapter(backbones, tmp_path):
+    """A trained top-layer adapter (context head) moves the readout rows; the same checkpoint with its
+    LoRA B matrices zeroed (peft's initial state: ΔW = 0) measures exactly no change."""
+    bb = backbones["qwen3"]
+    slates = tmp_path / "s.jsonl"
+    write_jsonl(slates, tiny_slates(5, (3, 8), seed=11))
+    ck = tmp_path / "ck"
+    train(feat_cfg(bb, slates, ck, lora_rank=4, steps=3, lr=5e-2, head_kwargs={**TINY_HEAD_CTX, "context": True}))
+    build_cache(bb, read_slates(slates), tmp_path / "cache", 1, PROMPT, 8, threads=1)
+
+    moved = _shift(ck, tmp_path / "cache", slates, tmp_path / "moved.json")
+    assert moved["slates"] == 5 and moved["cache_layer"] == 1
+    assert moved["readout_rel_change"]["mean"] > 1e-4
+    assert moved["adapter_delta_over_weight"]["max"] > 0
+    assert set(moved["adapter_delta_over_weight"]["per_module"]) >= {"layers.1.self_attn.q_proj", "layers.1.mlp.down_proj"}
+    assert -1.0 <= moved["ranking_adapter_off_vs_on"]["kendall_tau_mean"] <= 1.0
+    assert moved["metrics"]["lora"]["slates"] == moved["metrics"]["adapter_off"]["slates"] == 5
+
+    adapter = ck / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(str(adapter))
+    save_file({k: torch.zeros_like(v) if "lora_B" in k else v for k, v in tensors.items()}, str(adapter))
+    still = _shift(ck, tmp_path / "cache", slates, tmp_path / "still.json")
+    assert still["readout_rel_change"]["max"] == 0.0 and still["adapter_delta_over_weight"]["max"] == 0.0
+    assert still["ranking_adapter_off_vs_on"] == {"kendall_tau_mean": 1.0, "top1_agreement": 1.0}
+    assert still["paired_delta_on_minus_off"]["auc"]["mean"] == 0.0
