@@ -123,7 +123,7 @@ class PairedDifference:
     ci95: dict[str, tuple[float, float]] | None = None
 
     def to_dict(self) -> dict:
-        return {"delta": {k: round(v, 6) for k, v in self.delta.items()}, "slates": self.slates,
+        return {"delta": {k: None if math.isnan(v) else round(v, 6) for k, v in self.delta.items()}, "slates": self.slates,
                 "ci95": None if self.ci95 is None else {k: [round(lo, 6), round(hi, 6)] for k, (lo, hi) in self.ci95.items()}}
 
 

@@ -78,6 +78,8 @@ def test_paired_difference_by_hand_and_its_interval():
     assert same.delta["auc"] == 0.0 and same.ci95["auc"] == (0.0, 0.0)
     with pytest.raises(SlateError, match="same slates"):
         paired_difference(a, b[:2], labels)
+    none = paired_difference(a[3:], b[3:], labels[3:]).to_dict()  # no slate with a positive and a negative
+    assert none == {"delta": dict.fromkeys(none["delta"]), "slates": 0, "ci95": None}
 
 
 def test_eval_pairs_every_ranker_with_the_first(tmp_path):
