@@ -10,8 +10,10 @@ the wall clock, so a step's seconds are the time from its marker to the next one
 before the first marker). It records the exit status, the total wall time, the children's peak RSS
 (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the CPU model, its SIMD flags, the core count,
 the 1-minute load average at the start and end (other jobs inflate the times), the commit and whether
-the tree was clean, then the proofs the demo wrote: the merge's max |ΔM| (from its output line), the
-export's validation and the parity report. Standard library only; it needs ``make`` and the Makefile.
+the tree was clean (None outside git), then the proofs the demo wrote during this run: the merge's max
+|ΔM| (from its output line), the export's validation and the parity report (files older than the run
+are left out). Paths are checked before make starts and nothing existing is replaced; Ctrl-C stops the
+demo and still writes the record (rc 130). Standard library only; it needs ``make`` and the Makefile.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import json
 import os
 import re
 import resource
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -43,9 +47,18 @@ def cpu_facts() -> dict:
     return {"cpu": model, "flags": flags, "cores": os.cpu_count()}
 
 
-def git(*args: str) -> str:
-    r = subprocess.run(["git", *args], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else ""
+def git(*args: str) -> str | None:
+    """``git ARGS`` output, or None without git or outside a repository."""
+    try:
+        r = subprocess.run(["git", *args], capture_output=True, text=True)
+    except OSError:
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def refuse(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
 
 
 def main() -> int:
@@ -55,40 +68,72 @@ def main() -> int:
     ap.add_argument("--note", default="", help="Free text stored in the JSON (e.g. what else ran).")
     ap.add_argument("make_args", nargs="*", help="Extra make arguments, e.g. CKPT=... N=8.")
     a = ap.parse_args()
-    if a.out.exists():
-        print(f"error: {a.out} exists; choose another --out", file=sys.stderr)
-        return 2
+    # Every check before make starts: a record must never be lost after a ten-minute demo.
+    outputs = [p for p in (a.out, a.log) if p is not None]
+    for p in outputs:
+        if os.path.lexists(p):
+            return refuse(f"{p} exists; choose another path (nothing is replaced)")
+        if not p.resolve().parent.is_dir():
+            return refuse(f"{p}: its directory does not exist")
+    if a.log is not None and a.log.resolve() == a.out.resolve():
+        return refuse("--log and --out are the same file")
+    if shutil.which("make") is None:
+        return refuse("make is not on PATH")
     variables = dict(arg.split("=", 1) for arg in a.make_args if "=" in arg)
-    work = Path(variables.get("WORK", "work"))
+    work = Path(variables.get("WORK", os.environ.get("WORK", "work")))  # make reads WORK ?= work from both
 
     started = time.time()
     load_start = os.getloadavg()[0]
     marks: list[tuple[float, str]] = [(started, "setup (make setup: venv, pinned installs)")]
     lines: list[str] = []
     merge_dm = None
-    proc = subprocess.Popen(["make", "demo", *a.make_args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    echo = True
+    proc = subprocess.Popen(["make", "demo", *a.make_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, encoding="utf-8", errors="replace", bufsize=1)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        now = time.time()
-        sys.stdout.write(line)
-        lines.append(f"{now - started:8.1f} {line}")
-        m = re.match(r"^== (\d)/(\d) (.*)", line)
-        if m:
-            marks.append((now, f"{m.group(1)}/{m.group(2)} {m.group(3).strip()}"))
-        d = re.search(r"max\|ΔM\| merged vs adapter = ([0-9.eE+-]+)", line)
-        if d:
-            merge_dm = float(d.group(1))
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            now = time.time()
+            if echo:
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                except BrokenPipeError:  # `| head`: stop echoing, keep timing the demo
+                    echo = False
+            lines.append(f"{now - started:8.1f} {line}")
+            m = re.match(r"^== (\d+)/(\d+) (.*)", line)
+            if m:
+                marks.append((now, f"{m.group(1)}/{m.group(2)} {m.group(3).strip()}"))
+            d = re.search(r"max\|ΔM\| merged vs adapter = ([0-9.eE+-]+)", line)
+            if d:
+                merge_dm = float(d.group(1))
+        rc = proc.wait()
+    except KeyboardInterrupt:  # stop make, keep what was measured
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        rc = 130
+        lines.append("interrupted (SIGINT)\n")
     ended = time.time()
     marks.append((ended, "end"))
     if a.log:
         a.log.write_text("".join(lines))
 
-    steps = {name: round(t1 - t0, 1) for (t0, name), (t1, _) in zip(marks, marks[1:])}
+    steps: dict[str, float] = {}
+    for (t0, name), (t1, _) in zip(marks, marks[1:]):
+        key, k = name, 2
+        while key in steps:  # a marker printed twice keeps both times
+            key, k = f"{name} ({k})", k + 1
+        steps[key] = round(t1 - t0, 1)
 
     def load(path: Path) -> dict | None:
+        """A proof the demo wrote during this run (older files are another run's); None otherwise."""
         try:
+            if path.stat().st_mtime < started:
+                return None
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
@@ -106,7 +151,7 @@ def main() -> int:
         "machine": {**cpu_facts(), "loadavg_1min_start": round(load_start, 2),
                     "loadavg_1min_end": round(os.getloadavg()[0], 2)},
         "commit": git("rev-parse", "HEAD"),
-        "tree_clean": git("status", "--porcelain") == "",
+        "tree_clean": None if (st := git("status", "--porcelain")) is None else st == "",
         "merge_max_abs_dM_vs_adapter": merge_dm,
         "export_validation": export.get("validation"),
         "parity": {k: parity.get(k) for k in ("slates", "perm_match_rate", "top1_agreement",

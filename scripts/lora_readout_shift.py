@@ -14,23 +14,29 @@ layers run twice from the same cached hidden state: with the adapter, and inside
 It also lists, per adapted weight, ``‖scale·B·A‖_F / ‖W‖_F`` (peft LoRA: ``W + scale·B·A``).
 
 usage: python scripts/lora_readout_shift.py CHECKPOINT CACHE SLATES [--limit N] [--threads T] --out OUT.json
+
+Bad input (no adapter, a cache above an adapted layer or of other slates, slates without labels, an
+existing or overlapping --out) exits 2 with one line, before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import numpy as np
 import torch
 
-from hllm.files import atomic_write_json
+from hllm.errors import CheckpointError, HllmError, OutputError, SlateError
+from hllm.files import atomic_write_json, refuse_overlap
 from hllm.formats.checkpoint import load_manifest
 from hllm.machine import describe_machine
 from hllm.model.hllm import gather_context, gather_readout, load_model
 from hllm.runtime.decode import decode
 from hllm.runtime.slates import read_slates
-from hllm.training.features import FeatureCache, backbone_hidden_size, context_positions
-from hllm.verify.metrics import bootstrap_ci, slate_metrics
+from hllm.training.features import FeatureCache, _adapted_layers, backbone_hidden_size, context_positions
+from hllm.verify.metrics import MIN_PAIRED, bootstrap_ci, slate_metrics
 from hllm.verify.parity import kendall_tau
 
 
@@ -47,28 +53,57 @@ def adapter_weight_ratios(backbone) -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {v}")
+    return v
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
     ap.add_argument("cache")
     ap.add_argument("slates", help="the cached slates with labels (JSONL[.gz])")
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--limit", type=positive_int)
+    ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    try:
+        run(a)
+    except HllmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(a: argparse.Namespace) -> None:
+    """The measurement; raises HllmError (exit 2) on bad input, before any output is written."""
+    if os.path.lexists(a.out):
+        raise OutputError(f"--out {a.out} exists; choose another path (nothing is replaced)")
+    refuse_overlap(a.out, [a.checkpoint, a.cache, a.slates])
     torch.set_num_threads(a.threads)
     manifest = load_manifest(a.checkpoint)
     if manifest.adapter_path is None:
-        raise SystemExit(f"{a.checkpoint} has no LoRA adapter")
+        raise CheckpointError(f"{a.checkpoint} has no LoRA adapter: nothing to measure")
     slates = read_slates(a.slates, limit=a.limit)
+    if any(s.get("labels") is None for s in slates):
+        raise SlateError(f"{a.slates}: every slate needs labels")
     cache = FeatureCache.open(a.cache)
     index = cache.check(manifest.backbone_path, manifest.prompt.to_dict(), [s["slate_id"] for s in slates])
     model = load_model(manifest)
+    below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
+    if below:  # those layers ran without the adapter when the cache was made: both passes would be frozen there
+        raise CheckpointError(f"{a.checkpoint}: the adapter changes layers {below[:5]}, below the cached layer "
+                              f"{cache.layer}; cache a layer ≤ {below[0]}")
     d = backbone_hidden_size(manifest.backbone_path)
     rel, cos, taus, top1 = [], [], [], 0
     metrics = {"lora": [], "adapter_off": []}
     for s, i in zip(slates, index):
         c = cache.get(i, d)
+        if len(c.readout) != len(s["candidates"]):
+            raise SlateError(f"slate {s['slate_id']}: {len(s['candidates'])} candidates, the cache holds "
+                             f"{len(c.readout)}; the cache was made from other slates")
         h = torch.from_numpy(c.hidden)[None]
         pos = torch.from_numpy(c.readout)[None]
         mask = torch.ones(1, pos.shape[1], dtype=torch.bool)
@@ -94,20 +129,25 @@ def main() -> None:
         taus.append(kendall_tau(orders["lora"], orders["adapter_off"]))
         top1 += int(orders["lora"][0] == orders["adapter_off"][0])
 
-    def summary(rows: list[dict]) -> dict:
-        out = {}
-        for k in ("auc", "recall@10"):
-            v = np.array([r[k] for r in rows])
+    if not metrics["lora"]:
+        raise SlateError("no slate has both a positive and a negative label: no AUC to compare")
+
+    def mean_ci(v: np.ndarray) -> dict:  # no interval below MIN_PAIRED slates (degenerate bootstrap)
+        ci = None
+        if len(v) >= MIN_PAIRED:
             lo, hi = bootstrap_ci(v[:, None])[0]
-            out[k] = {"mean": round(float(v.mean()), 4), "ci95": [round(lo, 4), round(hi, 4)]}
+            ci = [round(lo, 4), round(hi, 4)]
+        return {"mean": round(float(v.mean()), 4), "ci95": ci}
+
+    def summary(rows: list[dict]) -> dict:
+        out = {k: mean_ci(np.array([r[k] for r in rows])) for k in ("auc", "recall@10")}
         out["slates"] = len(rows)
         return out
 
     def paired(key: str) -> dict:
         on = np.array([r[key] for r in metrics["lora"]])
         off = np.array([r[key] for r in metrics["adapter_off"]])
-        lo, hi = bootstrap_ci((on - off)[:, None])[0]
-        return {"mean": round(float((on - off).mean()), 4), "ci95": [round(lo, 4), round(hi, 4)]}
+        return mean_ci(on - off)
 
     ratios = adapter_weight_ratios(model.backbone)
     result = {
@@ -131,4 +171,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -47,8 +47,19 @@ def test_demo_timings_records_steps_proofs_and_exit_status(tmp_path):
     before = (tmp_path / "t.json").read_bytes()
     r = subprocess.run([*script, "--out", "t.json"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2 and "exists" in r.stderr and (tmp_path / "t.json").read_bytes() == before
-    r = subprocess.run([*script, "--out", "f.json", "FAIL=1"], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode != 0 and json.loads((tmp_path / "f.json").read_text())["rc"] == r.returncode
+    r = subprocess.run([*script, "--out", "f.json", "FAIL=1", "WORK=w"], cwd=tmp_path, capture_output=True, text=True)
+    failed = json.loads((tmp_path / "f.json").read_text())
+    assert r.returncode != 0 and failed["rc"] == r.returncode
+    # a proof left by an earlier run is not this run's: the demo below fails before writing one
+    (tmp_path / "Makefile").write_text("demo:\n\t@echo '== 1/1 parity'\n\t@printf 'caf\\351\\n'\n\t@false\n")
+    r = subprocess.run([*script, "--out", "g.json", "WORK=w"], cwd=tmp_path, capture_output=True, text=True)
+    stale = json.loads((tmp_path / "g.json").read_text())
+    assert r.returncode == stale["rc"] != 0 and stale["parity"] is None  # non-UTF-8 output did not stop it
+    # paths are checked before make starts: nothing runs, nothing is replaced
+    for args, words in ((["--out", "missing/t.json"], "does not exist"), (["--out", "h.json", "--log", "t.json"], "exists"),
+                        (["--out", "h.json", "--log", "h.json"], "same file")):
+        r = subprocess.run([*script, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 2 and words in r.stderr and not (tmp_path / "h.json").exists(), r.stderr
 
 
 def _shift(ckpt, cache, slates, out):
@@ -82,4 +93,18 @@ def test_lora_readout_shift_measures_the_adapter(backbones, tmp_path):
     still = _shift(ck, tmp_path / "cache", slates, tmp_path / "still.json")
     assert still["readout_rel_change"]["max"] == 0.0 and still["adapter_delta_over_weight"]["max"] == 0.0
     assert still["ranking_adapter_off_vs_on"] == {"kendall_tau_mean": 1.0, "top1_agreement": 1.0}
-    assert still["paired_delta_on_minus_off"]["auc"]["mean"] == 0.0
+    assert still["paired_delta_on_minus_off"]["auc"] == {"mean": 0.0, "ci95": None}  # 5 slates: no interval
+
+    # bad input: exit 2 with one line, nothing written, inputs untouched
+    script = [sys.executable, str(ROOT / "scripts" / "lora_readout_shift.py")]
+    build_cache(bb, read_slates(slates), tmp_path / "cache2", 2, PROMPT, 8, threads=1)
+    before = slates.read_bytes()
+    for args, words in (([ck, tmp_path / "cache2", slates, "--out", tmp_path / "x.json"], "below the cached layer 2"),
+                        ([ck, tmp_path / "cache", slates, "--out", slates], "exists"),
+                        ([ck, tmp_path / "cache", slates, "--out", ck / "adapter" / "new.json"], "inside the input"),
+                        ([ck, tmp_path / "cache", slates, "--limit", "0", "--out", tmp_path / "x.json"], "must be ≥ 1"),
+                        ([bb, tmp_path / "cache", slates, "--out", tmp_path / "x.json"], "")):
+        r = subprocess.run([*script, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert slates.read_bytes() == before and not (tmp_path / "x.json").exists()
+    assert not (ck / "adapter" / "new.json").exists()

@@ -316,14 +316,20 @@ def eval_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """AUC, Recall@1/10 and NDCG@1/10 (with 95% bootstrap intervals) of several rankers on the same labelled slates."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from hllm.files import atomic_write_json
-    from hllm.verify.eval import evaluate_rankers
-    from hllm.verify.metrics import METRIC_KEYS
+    from hllm.files import atomic_write_json, refuse_overlap
+    from hllm.verify.eval import evaluate_rankers, parse_spec
+    from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED
 
     quiet_libraries()
     check_output_file(out_json)
+    if out_json is not None and str(out_json) != "-":  # NAME=PATH rankers are inputs too
+        try:
+            refuse_overlap(out_json, [parse_spec(r)[1] for r in rankers])
+        except HllmError as e:
+            raise type(e)(f"--out: {e}") from None
     data_to_stdout(json_out, out_json)
     if features is not None and not features.is_dir():
         raise HllmError(f"--features {features}: not a complete feature cache (no such directory; run `hllm features`)")
@@ -338,7 +344,7 @@ def eval_cmd(
     def on_ranker(name: str, rep: dict, result: dict) -> None:
         ci = rep.get("ci95") or {}
         cell = lambda k: "–" if rep[k] is None else (f"{rep[k]:.4f}" + (f" [{ci[k][0]:.3f}, {ci[k][1]:.3f}]" if k in ci else ""))  # noqa: E731
-        table.add_row(name, *(cell(k) for k in METRIC_KEYS), str(rep["slates"]))
+        table.add_row(escape(name), *(cell(k) for k in METRIC_KEYS), str(rep["slates"]))
         if out_json and str(out_json) != "-":
             atomic_write_json(out_json, result)
 
@@ -352,10 +358,17 @@ def eval_cmd(
     out.print(table)
     for name, row in result["rankers"].items():
         pair = row.get("paired_vs_first")
-        if pair and pair["ci95"]:
+        if not pair:
+            continue
+        head = f"{escape(name)} − {escape(pair['baseline'])}, paired over {pair['slates']} slates"
+        if pair["ci95"]:
             cells = ", ".join(f"Δ{'AUC' if k == 'auc' else k} {pair['delta'][k]:+.4f} [{pair['ci95'][k][0]:+.3f}, {pair['ci95'][k][1]:+.3f}]"
                               for k in ("auc", "recall@10", "ndcg@10"))
-            out.print(f"{name} − {pair['baseline']}, paired over {pair['slates']} slates (95% interval): {cells}")
+            out.print(f"{head} (95% interval): {cells}")
+        elif pair["slates"]:
+            out.print(f"{head}: ΔAUC {pair['delta']['auc']:+.4f}; no interval below {MIN_PAIRED} slates")
+        else:
+            out.print(f"{head}: no slate has both a positive and a negative label")
     if str(out_json) == "-":
         write_json_out(out_json, result)
     if json_out:

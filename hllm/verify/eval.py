@@ -85,10 +85,17 @@ def evaluate_rankers(specs: Sequence[str], slates: Sequence[dict], slates_file: 
     source}}``; rows after the first also hold ``paired_vs_first`` = ``{baseline, delta, slates, ci95}``
     (this ranker minus the first, slate by slate, 95% paired bootstrap interval).
     ``on_ranker(name, row, result so far)`` is called after each ranker (to save partial results).
-    Raises: SlateError if a slate has no labels.
+    Raises: SlateError if a slate has no labels; HllmError if two rankers have the same name (the second
+        row would replace the first).
     """
+    from hllm.errors import HllmError
     from hllm.verify.metrics import evaluate, paired_difference
 
+    names = [parse_spec(s)[0] for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise HllmError(f"ranker name {twice[0]!r} is given more than once; name the rows apart with NAME=SPEC "
+                        f"(e.g. a={twice[0]} b={twice[0]})")
     if any(s.get("labels") is None for s in slates):
         raise SlateError(f"{slates_file or 'slates'}: every slate needs labels for eval")
     result = {"slates_file": slates_file, "subset": subset_record(slates, slates_file), "random_seed": seed,

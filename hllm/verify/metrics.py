@@ -113,10 +113,13 @@ def evaluate(orders: Iterable[Sequence[int]], labels: Iterable[Sequence[int]], r
     return QualityReport(values, len(rows), skipped, ci)
 
 
+MIN_PAIRED = 10  # fewer slates: no paired interval (a bootstrap of 1-9 slates is degenerate or too coarse)
+
+
 @dataclass
 class PairedDifference:
     """Per-metric mean of ``metric(B) − metric(A)`` over the slates both rankers can be scored on, with a
-    95% paired bootstrap interval (``ci95``; None without slates). ``slates`` = slates compared."""
+    95% paired bootstrap interval (``ci95``; None below ``MIN_PAIRED`` slates). ``slates`` = slates compared."""
 
     delta: dict[str, float]
     slates: int
@@ -134,7 +137,8 @@ def paired_difference(orders_a: Sequence[Sequence[int]], orders_b: Sequence[Sequ
     Args:
         orders_a, orders_b: per slate, a permutation of its candidates (best first), same slate order.
         labels: per slate, 0/1 labels. Slates without a positive or without a negative are left out.
-        resamples: bootstrap resamples of the slates (0 skips the interval); seed fixes them.
+        resamples: bootstrap resamples of the slates (0 skips the interval); seed fixes them. With fewer
+            than ``MIN_PAIRED`` (10) comparable slates there is no interval.
     Returns: :class:`PairedDifference`; B is better on a metric when its whole ``ci95`` is above 0.
     Raises: SlateError when the three lists differ in length or an order is not a permutation.
     """
@@ -149,7 +153,7 @@ def paired_difference(orders_a: Sequence[Sequence[int]], orders_b: Sequence[Sequ
     if not rows:
         return PairedDifference({k: float("nan") for k in METRIC_KEYS}, 0, None)
     d = np.array(rows)
-    ci = dict(zip(METRIC_KEYS, bootstrap_ci(d, resamples, seed))) if resamples else None
+    ci = dict(zip(METRIC_KEYS, bootstrap_ci(d, resamples, seed))) if resamples and len(rows) >= MIN_PAIRED else None
     return PairedDifference(dict(zip(METRIC_KEYS, d.mean(axis=0).tolist())), len(rows), ci)
 
 

@@ -462,3 +462,26 @@ def test_fp16_export_keeps_the_metadata(merged_checkpoint, tmp_path):
         props = {p.key: p.value for p in onnx.load(str(tmp_path / "e16" / name), load_external_data=False).metadata_props}
         assert props["hllm.num_positions"] == "8" and props["hllm.flavour"] == "standard" and "hllm.prompt" in props
         assert props.get("hllm.precision") in ("fp16", "fp16-emulated") or "hllm.fp32_islands" in props
+
+
+def test_eval_names_inputs_and_pairs(tmp_path, capsys):
+    """eval: a name given twice is refused (it would replace a row), -o never replaces a NAME=PATH ranker's
+    JSONL, Rich markup in a name is printed literally, and the paired line under the table names both rows."""
+    slates = tiny_slates(12, 5, seed=8)
+    src = tmp_path / "s.jsonl"
+    src.write_text("".join(json.dumps(s) + "\n" for s in slates))
+    best = tmp_path / "best.jsonl"
+    text = "".join(json.dumps({"slate_id": s["slate_id"], "order": sorted(range(5), key=lambda i: -s["labels"][i])}) + "\n"
+                   for s in slates)
+    best.write_text(text)
+    code, out, err = run(["eval", "a=random", f"a={best}", "-s", str(src)], capsys)
+    assert code == 2 and "'a' is given more than once" in err
+    code, out, err = run(["eval", "random", f"b={best}", "-s", str(src), "-o", str(best)], capsys)
+    assert code == 2 and "refusing to replace an input" in err and best.read_text() == text
+    code, out, err = run(["eval", "random", f"[/x]={best}", "-s", str(src), "-o", "-"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["rankers"]["[/x]"]["auc"] == 1.0 and doc["rankers"]["[/x]"]["paired_vs_first"]["baseline"] == "random"
+    assert "[/x] − random, paired over 12 slates (95% interval): ΔAUC +" in err
+    code, out, err = run(["eval", "random", f"b={best}", "-s", str(src), "--limit", "3"], capsys)
+    assert code == 0 and "paired over 3 slates: ΔAUC +" in out and "no interval below 10 slates" in out

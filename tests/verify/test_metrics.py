@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hllm.errors import SlateError
+from hllm.errors import HllmError, SlateError
 from hllm.verify.metrics import evaluate, order_from_scores, slate_metrics
 
 
@@ -68,14 +68,16 @@ def test_paired_difference_by_hand_and_its_interval():
     labels = [[0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]  # the last slate has no positive
     a = [[0, 1, 3, 2], [1, 0, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]]       # AUC 0, 1, 1
     b = [[2, 0, 1, 3], [0, 1, 2, 3], [0, 1, 2, 3], [3, 2, 1, 0]]       # AUC 1, 2/3, 1
-    d = paired_difference(a, b, labels, resamples=500)
-    assert d.slates == 3
+    d = paired_difference(a * 4, b * 4, labels * 4, resamples=500)  # 12 comparable slates
+    assert d.slates == 12
     assert d.delta["auc"] == pytest.approx((1 + (2 / 3 - 1) + 0) / 3)
     assert d.delta["recall@1"] == pytest.approx((1 - 1 + 0) / 3)
     lo, hi = d.ci95["auc"]
     assert -1 / 3 <= lo <= d.delta["auc"] <= hi <= 1.0
-    same = paired_difference(a, a, labels)  # a ranker against itself: exactly 0, interval [0, 0]
+    same = paired_difference(a * 4, a * 4, labels * 4)  # a ranker against itself: exactly 0, interval [0, 0]
     assert same.delta["auc"] == 0.0 and same.ci95["auc"] == (0.0, 0.0)
+    few = paired_difference(a, b, labels)  # 3 slates: the mean, but no interval to over-read
+    assert few.slates == 3 and few.delta["auc"] == pytest.approx(d.delta["auc"]) and few.ci95 is None
     with pytest.raises(SlateError, match="same slates"):
         paired_difference(a, b[:2], labels)
     none = paired_difference(a[3:], b[3:], labels[3:]).to_dict()  # no slate with a positive and a negative
@@ -93,6 +95,8 @@ def test_eval_pairs_every_ranker_with_the_first(tmp_path):
     best.write_text("".join(json.dumps({"slate_id": s["slate_id"], "order": sorted(range(6), key=lambda i: -s["labels"][i])})
                             + "\n" for s in slates))
     res = evaluate_rankers(["r0=random", "same=random", f"best={best}"], slates, seed=1)
+    with pytest.raises(HllmError, match="'r0' is given more than once"):
+        evaluate_rankers(["r0=random", f"r0={best}"], slates)
     assert "paired_vs_first" not in res["rankers"]["r0"]
     same = res["rankers"]["same"]["paired_vs_first"]  # same seed → same orders → exactly zero
     assert same["baseline"] == "r0" and same["slates"] == 30 and same["delta"]["auc"] == 0.0
