@@ -306,7 +306,7 @@ def features_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    rankers: List[str] = typer.Argument(..., help="Rankers: 'random', checkpoint dir, export dir / .onnx, or teacher JSONL; NAME=SPEC names a row."),
+    rankers: List[str] = typer.Argument(..., help="Rankers: 'random', checkpoint dir, export dir / .onnx / .plan, or a JSONL of orders (hllm teacher / hllm rank output); NAME=SPEC names a row. Every ranker after the first is also compared with the first, slate by slate."),
     slates: Optional[Path] = slates_opt(help="Labelled slates (JSONL[.gz], '-' = stdin)."),
     limit: Optional[int] = limit_opt(None, "Evaluate the first LIMIT slates (the same for every ranker)."),
     seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of the random ranker."),
@@ -315,7 +315,8 @@ def eval_cmd(
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): checkpoint rankers run only the layers above it."),
     json_out: bool = json_opt(),
 ) -> None:
-    """AUC, Recall@1/10 and NDCG@1/10 (with 95% bootstrap intervals) of several rankers on the same labelled slates."""
+    """AUC, Recall@1/10 and NDCG@1/10 (with 95% bootstrap intervals) of several rankers on the same labelled
+    slates; every ranker after the first also gets its paired difference to the first (95% paired interval)."""
     from rich.markup import escape
     from rich.table import Table
 
