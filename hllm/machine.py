@@ -1,5 +1,8 @@
 """Machine description, library versions and the measured matrix-multiply peak (torch optional).
 
+:func:`describe_machine` and :func:`cpu_flags` need the standard library only (no numpy), so a script
+can describe the machine before the project's environment exists.
+
 A latency figure means little without the hardware it came from and the physical limit it is
 judged against; every benchmark JSON embeds :func:`describe_machine` and :func:`hllm.formats.provenance.library_versions`,
 and the stage benchmark the fp32 GEMM peak measured in the same run (:func:`matmul_peak`).
@@ -10,8 +13,6 @@ from __future__ import annotations
 import os
 import platform
 import time
-
-import numpy as np
 
 
 
@@ -144,6 +145,8 @@ def matmul_peak(n: int = 2048, runs: int = 3, warmup: int = 1) -> dict:
     Returns: ``{n, runs, numpy_gflops, torch_gflops (or None), peak_gflops}`` (best of ``runs``, 4 significant
     digits).
     """
+    import numpy as np  # here, so the machine description needs the standard library only (scripts/demo_timings.py)
+
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)

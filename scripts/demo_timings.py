@@ -8,12 +8,12 @@ Usage (in a checkout, ideally a fresh ``git clone``)::
 The Makefile's demo prints ``== k/5 …`` before each step; this script stamps every output line with
 the wall clock, so a step's seconds are the time from its marker to the next one (setup is the time
 before the first marker). It records the exit status, the total wall time, the children's peak RSS
-(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the CPU model, its SIMD flags, the core count,
+(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the machine (:func:`hllm.machine.describe_machine`),
 the 1-minute load average at the start and end (other jobs inflate the times), the commit and whether
 the tree was clean (None outside git), then the proofs the demo wrote during this run: the merge's max
 |ΔM| (from its output line), the export's validation and the parity report (files older than the run
 are left out). Paths are checked before make starts and nothing existing is replaced; Ctrl-C stops the
-demo and still writes the record (rc 130). Standard library only; it needs ``make`` and the Makefile.
+demo and still writes the record (rc 130). Standard library + ``hllm.machine`` (standard library only); it needs ``make`` and the Makefile.
 """
 from __future__ import annotations
 
@@ -29,22 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-SIMD = re.compile(r"^(avx.*|amx.*|fma|f16c|sse4_2)$")
-
-
-def cpu_facts() -> dict:
-    """CPU model, SIMD flags and core count from /proc/cpuinfo (Linux); empty fields elsewhere."""
-    model, flags = "", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, val = line.partition(":")
-            if key.strip() == "model name" and not model:
-                model = val.strip()
-            if key.strip() == "flags" and not flags:
-                flags = sorted(f for f in val.split() if SIMD.match(f))
-    except OSError:
-        pass
-    return {"cpu": model, "flags": flags, "cores": os.cpu_count()}
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # hllm.machine is standard-library only: usable before `make setup`
+from hllm.machine import describe_machine  # noqa: E402
 
 
 def git(*args: str) -> str | None:
@@ -148,7 +135,7 @@ def main() -> int:
         "total_wall_s": round(ended - started, 1),
         "steps_wall_s": steps,
         "peak_child_rss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-        "machine": {**cpu_facts(), "loadavg_1min_start": round(load_start, 2),
+        "machine": {**describe_machine(shared=None), "loadavg_1min_start": round(load_start, 2),
                     "loadavg_1min_end": round(os.getloadavg()[0], 2)},
         "commit": git("rev-parse", "HEAD"),
         "tree_clean": None if (st := git("status", "--porcelain")) is None else st == "",

@@ -9,7 +9,7 @@ layers run twice from the same cached hidden state: with the adapter, and inside
   ``‖H_lora − H_base‖_F / ‖H_base‖_F``, and the mean cosine between matching rows;
 * the head's rankings (LAPJV) on both: Kendall tau, top-1 agreement, and AUC / Recall@10 against the
   slate's labels (the head is the checkpoint's, trained together with the adapter), and the paired
-  difference on − off with a bootstrap interval over slates.
+  difference on − off (:func:`hllm.verify.metrics.evaluate` and :func:`~hllm.verify.metrics.paired_difference`).
 
 It also lists, per adapted weight, ``‖scale·B·A‖_F / ‖W‖_F`` (peft LoRA: ``W + scale·B·A``).
 
@@ -35,8 +35,8 @@ from hllm.machine import describe_machine
 from hllm.model.hllm import gather_context, gather_readout, load_model
 from hllm.runtime.decode import decode
 from hllm.runtime.slates import read_slates
-from hllm.training.features import FeatureCache, _adapted_layers, backbone_hidden_size, context_positions
-from hllm.verify.metrics import MIN_PAIRED, bootstrap_ci, slate_metrics
+from hllm.training.features import FeatureCache, backbone_hidden_size, check_adapter_above, context_positions
+from hllm.verify.metrics import evaluate, paired_difference
 from hllm.verify.parity import kendall_tau
 
 
@@ -92,13 +92,10 @@ def run(a: argparse.Namespace) -> None:
     cache = FeatureCache.open(a.cache)
     index = cache.check(manifest.backbone_path, manifest.prompt.to_dict(), [s["slate_id"] for s in slates])
     model = load_model(manifest)
-    below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
-    if below:  # those layers ran without the adapter when the cache was made: both passes would be frozen there
-        raise CheckpointError(f"{a.checkpoint}: the adapter changes layers {below[:5]}, below the cached layer "
-                              f"{cache.layer}; cache a layer ≤ {below[0]}")
+    check_adapter_above(model, cache, a.checkpoint)
     d = backbone_hidden_size(manifest.backbone_path)
     rel, cos, taus, top1 = [], [], [], 0
-    metrics = {"lora": [], "adapter_off": []}
+    orders_on, orders_off = [], []
     for s, i in zip(slates, index):
         c = cache.get(i, d)
         if len(c.readout) != len(s["candidates"]):
@@ -119,35 +116,17 @@ def run(a: argparse.Namespace) -> None:
             rel.append(float((rows_l - rows_b).norm() / rows_b.norm()))
             cos.append(float(torch.nn.functional.cosine_similarity(rows_l, rows_b, dim=-1).mean()))
             n = len(s["candidates"])
-            orders = {}
-            for key, hid in (("lora", hl), ("adapter_off", hb)):
-                m = model.score_hidden(hid, pos, mask, ctx)[0].numpy()
-                orders[key] = decode(m, n)
-                r = slate_metrics(orders[key].tolist(), s["labels"])
-                if r is not None:
-                    metrics[key].append(r)
-        taus.append(kendall_tau(orders["lora"], orders["adapter_off"]))
-        top1 += int(orders["lora"][0] == orders["adapter_off"][0])
+            on = decode(model.score_hidden(hl, pos, mask, ctx)[0].numpy(), n)
+            off = decode(model.score_hidden(hb, pos, mask, ctx)[0].numpy(), n)
+        taus.append(kendall_tau(on, off))
+        top1 += int(on[0] == off[0])
+        orders_on.append(on.tolist())
+        orders_off.append(off.tolist())
 
-    if not metrics["lora"]:
+    labels = [s["labels"] for s in slates]
+    paired = paired_difference(orders_off, orders_on, labels)
+    if not paired.slates:
         raise SlateError("no slate has both a positive and a negative label: no AUC to compare")
-
-    def mean_ci(v: np.ndarray) -> dict:  # no interval below MIN_PAIRED slates (degenerate bootstrap)
-        ci = None
-        if len(v) >= MIN_PAIRED:
-            lo, hi = bootstrap_ci(v[:, None])[0]
-            ci = [round(lo, 4), round(hi, 4)]
-        return {"mean": round(float(v.mean()), 4), "ci95": ci}
-
-    def summary(rows: list[dict]) -> dict:
-        out = {k: mean_ci(np.array([r[k] for r in rows])) for k in ("auc", "recall@10")}
-        out["slates"] = len(rows)
-        return out
-
-    def paired(key: str) -> dict:
-        on = np.array([r[key] for r in metrics["lora"]])
-        off = np.array([r[key] for r in metrics["adapter_off"]])
-        return mean_ci(on - off)
 
     ratios = adapter_weight_ratios(model.backbone)
     result = {
@@ -158,8 +137,8 @@ def run(a: argparse.Namespace) -> None:
         "readout_rel_change": {"mean": float(np.mean(rel)), "median": float(np.median(rel)), "max": float(np.max(rel))},
         "readout_row_cosine_mean": float(np.mean(cos)),
         "ranking_adapter_off_vs_on": {"kendall_tau_mean": float(np.mean(taus)), "top1_agreement": top1 / len(slates)},
-        "metrics": {k: summary(v) for k, v in metrics.items()},
-        "paired_delta_on_minus_off": {k: paired(k) for k in ("auc", "recall@10")},
+        "metrics": {"lora": evaluate(orders_on, labels).to_dict(), "adapter_off": evaluate(orders_off, labels).to_dict()},
+        "paired_delta_on_minus_off": paired.to_dict(),
         "adapter_delta_over_weight": {"mean": float(np.mean(list(ratios.values()))),
                                       "max": float(max(ratios.values())), "per_module": ratios},
         "machine": describe_machine(note=f"torch {torch.__version__}, {a.threads} thread(s)"),

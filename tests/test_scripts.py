@@ -42,7 +42,7 @@ def test_demo_timings_records_steps_proofs_and_exit_status(tmp_path):
     assert all(v >= 0 for v in rec["steps_wall_s"].values())
     assert rec["merge_max_abs_dM_vs_adapter"] == pytest.approx(2.3e-5)
     assert rec["parity"]["passed"] is True and rec["parity"]["slates"] == 8
-    assert rec["machine"]["cores"] >= 1 and rec["export_validation"] is None
+    assert rec["machine"]["logical_cpus"] >= 1 and rec["export_validation"] is None
     # an existing output is never replaced; a failing demo is recorded with its exit status
     before = (tmp_path / "t.json").read_bytes()
     r = subprocess.run([*script, "--out", "t.json"], cwd=tmp_path, capture_output=True, text=True)
@@ -86,6 +86,8 @@ def test_lora_readout_shift_measures_the_adapter(backbones, tmp_path):
     assert set(moved["adapter_delta_over_weight"]["per_module"]) >= {"layers.1.self_attn.q_proj", "layers.1.mlp.down_proj"}
     assert -1.0 <= moved["ranking_adapter_off_vs_on"]["kendall_tau_mean"] <= 1.0
     assert moved["metrics"]["lora"]["slates"] == moved["metrics"]["adapter_off"]["slates"] == 5
+    assert moved["paired_delta_on_minus_off"]["delta"]["auc"] == pytest.approx(
+        moved["metrics"]["lora"]["auc"] - moved["metrics"]["adapter_off"]["auc"], abs=1e-5)
 
     adapter = ck / "adapter" / "adapter_model.safetensors"
     tensors = load_file(str(adapter))
@@ -93,7 +95,8 @@ def test_lora_readout_shift_measures_the_adapter(backbones, tmp_path):
     still = _shift(ck, tmp_path / "cache", slates, tmp_path / "still.json")
     assert still["readout_rel_change"]["max"] == 0.0 and still["adapter_delta_over_weight"]["max"] == 0.0
     assert still["ranking_adapter_off_vs_on"] == {"kendall_tau_mean": 1.0, "top1_agreement": 1.0}
-    assert still["paired_delta_on_minus_off"]["auc"] == {"mean": 0.0, "ci95": None}  # 5 slates: no interval
+    pair = still["paired_delta_on_minus_off"]
+    assert pair["slates"] == 5 and pair["delta"]["auc"] == 0.0 and pair["ci95"] is None  # 5 slates: no interval
 
     # bad input: exit 2 with one line, nothing written, inputs untouched
     script = [sys.executable, str(ROOT / "scripts" / "lora_readout_shift.py")]

@@ -276,6 +276,19 @@ def _adapted_layers(backbone) -> set[int]:
     return out
 
 
+def check_adapter_above(model, cache: FeatureCache, ckpt: str | os.PathLike) -> None:
+    """Refuse a cache taken above a layer the checkpoint's adapter changes: those layers ran without the
+    adapter when the cache was made, so a forward from it would silently drop part of the adapter.
+
+    Args: model: :class:`hllm.model.hllm.HllmModel` (peft-wrapped backbone or plain). cache: the open cache.
+    Raises: CheckpointError naming the adapted layers below ``cache.layer``.
+    """
+    below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
+    if below:
+        raise CheckpointError(f"{ckpt}: the adapter changes layers {below[:5]}…, below the cached layer {cache.layer}; "
+                              f"cache a layer ≤ {below[0]}")
+
+
 def context_positions(cache: FeatureCache, cached: Sequence[CachedSlate], slates: Sequence[dict] | None) -> list[int]:
     """The user-context row of each cached slate: stored (version 2) or recomputed from the slate's
     prompt (version 1). Raises CheckpointError when a version-1 entry has no slate to recompute from."""
@@ -319,9 +332,7 @@ def scores_from_cache(ckpt: str | os.PathLike, cache: FeatureCache, slate_ids: S
     manifest = load_manifest(ckpt)
     index = cache.check(manifest.backbone_path, manifest.prompt.to_dict(), slate_ids)
     model = load_model(manifest)
-    below = sorted(i for i in _adapted_layers(model.backbone) if i < cache.layer)
-    if below:
-        raise CheckpointError(f"{ckpt}: the adapter changes layers {below[:5]}…, below the cached layer {cache.layer}")
+    check_adapter_above(model, cache, ckpt)
     d = backbone_hidden_size(manifest.backbone_path)
     for done, i in enumerate(index, 1):
         c = cache.get(i, d)
