@@ -444,24 +444,21 @@ def refuse_overlap(output: str | os.PathLike, inputs: Iterable[str | os.PathLike
                               "replacing it would destroy the input")
 
 
-def link_files(src: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> list[str]:
-    """Give the existing directory ``dst`` every regular file of the directory ``src`` (not its
-    sub-directories) whose name is not in ``skip``: hard links, copies where the file system refuses
-    one (another device, no link support). Returns the names, sorted.
+def copy_files(src: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> list[str]:
+    """Give the existing directory ``dst`` a copy of every regular file of the directory ``src`` (not its
+    sub-directories, not symbolic links) whose name is not in ``skip``. Returns the names, sorted.
 
-    A hard link shares the input's bytes: whatever then writes into ``dst`` must replace a file
-    (:func:`atomic_write_text` and the other writers here rename a new file in), never open one of
-    these for writing, or it would change ``src`` too. Raises: OSError from the copy.
+    Copies, never hard links: an output shares no inode with an input, so whatever later writes into a
+    file of ``dst`` in place (an editor, ``onnx.save`` over it, ``open(..., "r+b")``) cannot change ``src``
+    (docs/hardening.md, "Outputs against inputs"). ``shutil.copy2`` (the kernel's in-kernel copy where
+    Linux offers it) keeps the modification times. Raises: OSError from the copy.
     """
     src, dst, skip = Path(src), Path(dst), set(skip)
     names = []
     for f in sorted(src.iterdir()):
         if f.name in skip or not f.is_file() or f.is_symlink():
             continue
-        try:
-            os.link(f, dst / f.name)
-        except OSError:
-            shutil.copy2(f, dst / f.name)
+        shutil.copy2(f, dst / f.name)
         names.append(f.name)
     return names
 

@@ -344,10 +344,10 @@ def test_atomic_path_without_overwrite_never_replaces_a_file_written_meanwhile(t
     assert (tmp_path / "y.plan").read_bytes() == b"ok"
 
 
-def test_link_files_hard_links_or_copies_regular_files_only(tmp_path, monkeypatch):
-    """``link_files``: the regular files of a directory (not sub-directories, links or skipped names) appear
-    in another one, as hard links — or copies where ``os.link`` is refused (another file system)."""
-    from hllm.files import link_files
+def test_copy_files_copies_regular_files_only_and_never_shares_an_inode(tmp_path):
+    """``copy_files``: the regular files of a directory (not sub-directories, links or skipped names) appear
+    in another one as copies, so writing an output's file in place leaves the input's bytes as they were."""
+    from hllm.files import copy_files
 
     src, a, b = tmp_path / "src", tmp_path / "a", tmp_path / "b"
     for d in (src / "sub", a, b):
@@ -355,12 +355,10 @@ def test_link_files_hard_links_or_copies_regular_files_only(tmp_path, monkeypatc
     (src / "model.onnx").write_bytes(b"graph")
     (src / "export.json").write_text("{}")
     (src / "link").symlink_to(src / "model.onnx")
-    assert link_files(src, a, skip=("export.json",)) == ["model.onnx"]
-    assert os.path.samefile(a / "model.onnx", src / "model.onnx") and sorted(os.listdir(a)) == ["model.onnx"]
-
-    def refuse(*_):
-        raise OSError(errno.EXDEV, "cross-device link")
-
-    monkeypatch.setattr(files.os, "link", refuse)
-    assert link_files(src, b) == ["export.json", "model.onnx"]
+    assert copy_files(src, a, skip=("export.json",)) == ["model.onnx"]
+    assert sorted(os.listdir(a)) == ["model.onnx"]
+    assert copy_files(src, b) == ["export.json", "model.onnx"]
     assert not os.path.samefile(b / "model.onnx", src / "model.onnx") and (b / "model.onnx").read_bytes() == b"graph"
+    with open(b / "model.onnx", "r+b") as f:  # an in-place write into the output
+        f.write(b"GRAPH")
+    assert (src / "model.onnx").read_bytes() == b"graph" and os.stat(src / "model.onnx").st_nlink == 1

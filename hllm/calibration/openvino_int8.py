@@ -82,7 +82,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     import nncf
     import openvino as ov
 
-    from hllm.files import link_files
+    from hllm.files import copy_files
     from hllm.formats.export import read_export, write_export
 
     meta = read_export(export_dir)
@@ -120,7 +120,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     ov.save_model(q, str(staging / IR_NAME), compress_to_fp16=False)
-    link_files(meta.root, staging, skip=("export.json",))
+    copy_files(meta.root, staging, skip=("export.json",))
     n_fq = sum(op.get_type_name() == "FakeQuantize" for op in q.get_ops())
     record = {"backend": "nncf", "precision": "int8", "nncf": nncf.__version__, "openvino": ov.__version__,
               "model_type": "transformer", "smooth_quant_alpha": smooth_quant_alpha,

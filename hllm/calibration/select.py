@@ -126,12 +126,13 @@ class SelectionResult:
                 "eval_slates": self.eval_slates, "timing": self.timing, "machine": self.machine}
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """New directory ``dst`` with every file of ``src`` (:func:`hllm.files.link_files`: hard links)."""
-    from hllm.files import link_files
+def _copy_tree(src: Path, dst: Path) -> None:
+    """New directory ``dst`` with a copy of every file of ``src`` (:func:`hllm.files.copy_files`: never hard
+    links, so writing the selected export in place cannot change the input export)."""
+    from hllm.files import copy_files
 
     dst.mkdir(parents=True)
-    link_files(src, dst)
+    copy_files(src, dst)
 
 
 def check_start(meta, only: Sequence[str] = ()) -> None:
@@ -166,13 +167,13 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
     from hllm.formats.export import read_export, write_export
 
     if c.name == BASELINE:
-        _link_tree(export_dir, dst)
+        _copy_tree(export_dir, dst)
     elif c.name == "onnxruntime-fused-fp32":
         from hllm.exporter.fusion import fuse_export
 
         fuse_export(export_dir, dst)
     elif c.engine == "openvino" and c.precision in ("fp32", "bf16"):
-        _link_tree(export_dir, dst)
+        _copy_tree(export_dir, dst)
         raw = read_export(export_dir).raw
         write_export(dst, {**raw, "engine": "openvino",
                            "openvino": {"inference_precision": "f32" if c.precision == "fp32" else "bf16"}})

@@ -385,8 +385,9 @@ def command_inputs() -> list[Path]:
     return found
 
 
-def _refuse_overlap(path: os.PathLike | str, kind: str) -> None:
-    """Refuse an output equal to, inside, or (a directory) containing another path the command was given
+def _refuse_overlap(path: os.PathLike | str, kind: str, inputs: Iterable[os.PathLike | str] = ()) -> None:
+    """Refuse an output equal to, inside, or (a directory) containing another path the command was given,
+    or one of ``inputs`` (paths a command finds inside a value, e.g. ``--contender NAME|PATH|…``)
     (:func:`hllm.files.refuse_overlap`). The output's own argument is the one given path equal to it; a
     second one equal to it is an input named as the output (``rank -s t.jsonl -o t.jsonl``)."""
     from hllm.files import refuse_overlap
@@ -394,40 +395,43 @@ def _refuse_overlap(path: os.PathLike | str, kind: str) -> None:
     here = os.path.realpath(path)
     given = command_inputs()
     same = [p for p in given if os.path.realpath(p) == here]
-    others = [p for p in given if os.path.realpath(p) != here] + same[1:]
+    others = [p for p in given if os.path.realpath(p) != here] + same[1:] + list(inputs)
     refuse_overlap(path, others, kind)
 
 
-def check_output_file(path: Optional[os.PathLike | str], what: str = "--out") -> None:
-    """Refuse, before any work, an output file that cannot be written: a directory, a device / pipe /
-    socket (the atomic rename would replace it), or a location without a writable directory or free
-    space (:func:`hllm.files.check_writable`); or one that is, or lies inside, an input of the command
-    (:func:`hllm.files.refuse_overlap`). ``-`` (stdout) and None pass. A symbolic link is judged
-    by its target. Raises HllmError (OutputError) naming ``what``."""
+def check_output_file(path: Optional[os.PathLike | str], what: str = "--out",
+                      inputs: Iterable[os.PathLike | str] = ()) -> None:
+    """The one check of an output file, made before any work: refuses one that is, or lies inside, an
+    input of the command or one of ``inputs`` (:func:`hllm.files.refuse_overlap`) — checked FIRST, so
+    nothing is ever created inside an input, not even a probe file —, then a directory, a device / pipe /
+    socket or a link to one (``/dev/null``: the atomic rename would replace it), or a location without a
+    writable directory or free space (:func:`hllm.files.check_writable`). ``-`` (stdout) and None pass.
+    A symbolic link is judged by its target. Raises HllmError (OutputError) naming ``what``."""
     from hllm.files import check_writable
 
     if path is None or is_std(path):
         return
     try:
+        _refuse_overlap(path, "file", inputs)
         check_writable(path, "file")
-        _refuse_overlap(path, "file")
     except HllmError as e:
         raise type(e)(f"{what}: {e}") from None
 
 
 def check_output_dir(path: os.PathLike | str, overwrite: bool = False, what: str = "output directory",
-                     resumable: bool = False) -> None:
-    """Refuse, before any work, an output directory that would fail at the end: an existing one without
-    ``--overwrite`` (unless ``resumable``), a file in its place, a location without a writable directory
-    (:func:`hllm.files.check_writable`), or one that is, lies inside or contains an input of the command
-    (:func:`hllm.files.refuse_overlap`). Raises FileExistsError (exists) or HllmError."""
+                     resumable: bool = False, inputs: Iterable[os.PathLike | str] = ()) -> None:
+    """The one check of an output directory, made before any work: refuses one that is, lies inside or
+    contains an input of the command or one of ``inputs`` (:func:`hllm.files.refuse_overlap`; checked
+    first, before any probe file is created), an existing one without ``--overwrite`` (unless
+    ``resumable``), a file in its place, or a location without a writable directory
+    (:func:`hllm.files.check_writable`). Raises FileExistsError (exists) or HllmError."""
     from hllm.files import check_writable
 
     if is_std(path):
         raise HllmError(f"{what} cannot be stdout ('-'); give a directory")
     try:
+        _refuse_overlap(path, "dir", inputs)
         check_writable(path, "dir", overwrite=overwrite or resumable)
-        _refuse_overlap(path, "dir")
     except HllmError as e:
         raise type(e)(f"{what}: {e}") from None
 

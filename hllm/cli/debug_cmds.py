@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import (app, check_output_file, choice_opt, finish_report, json_opt, limit_opt, load_slates, out,
-                          quiet_libraries, slates_opt, threads_opt)
+from hllm.cli.app import (app, check_output_file, choice_opt, data_to_stdout, finish_report, json_opt, limit_opt, load_slates, out,
+                          quiet_libraries, slates_opt, threads_opt, write_json_out)
 
 debug_app = typer.Typer(help="Debugging tools judged by rankings (like `polygraphy debug`).", no_args_is_help=True)
 app.add_typer(debug_app, name="debug")
@@ -48,12 +48,13 @@ def precision_cmd(
     the most sensitive modules until the rankings match; write the islands file."""
     from hllm.calibration.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
                                                   islands_file)
-    from hllm.files import atomic_write_json
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     quiet_libraries()
     check_output_file(islands_out, "--out")
+    check_output_file(report, "--report")
+    data_to_stdout(json_out, islands_out, report)
     art = resolve(export_dir)
     data = load_slates(slates, limit=limit)
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
@@ -75,7 +76,7 @@ def precision_cmd(
     finally:
         runner.close()
     doc = islands_file(target, res, str(export_dir))
-    atomic_write_json(islands_out, doc)
+    write_json_out(islands_out, doc)
     out.print(f"islands → {islands_out}: {', '.join(res['islands']) or 'none'} "
               f"({'passes' if res['passed'] else 'does NOT pass'} top-1 ≥ {min_top1}, tau ≥ {min_tau})")
     finish_report(report, {**res, "target": target, "slates": len(data), "export": str(export_dir)}, json_out)

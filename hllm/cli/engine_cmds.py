@@ -42,6 +42,8 @@ def build_cmd(
     if not 1 <= batch_size <= MAX_BATCH:
         raise typer.BadParameter(f"--batch-size must be within 1..{MAX_BATCH}, got {batch_size}")
     data_to_stdout(json_out)
+    check_output_file(plan, "PLAN")  # before any work, dry runs included: never inside or equal to an input
+    check_output_file(timing_cache, "--timing-cache")  # read if present, but rewritten after the build
     art = resolve(model)
     check_standard_graph(art)
     k = art.num_positions
@@ -53,7 +55,6 @@ def build_cmd(
         return
     if plan.exists() and not overwrite:
         raise FileExistsError(f"{plan} already exists (pass --overwrite to replace it)")
-    check_output_file(plan, "PLAN")
     from hllm.engines.tensorrt.builder import build_plan
 
     with step(f"building TensorRT plan ({precision}, {len(profiles)} profile(s))"):

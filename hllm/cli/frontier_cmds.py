@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import finish_report, json_opt, limit_opt, load_slates, out, quiet_libraries, slates_opt, threads_opt
+from hllm.cli.app import check_output_file, data_to_stdout, finish_report, json_opt, limit_opt, load_slates, out, quiet_libraries, slates_opt, threads_opt
 from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
 
 
@@ -50,6 +50,8 @@ def frontier_cmd(
 
     quiet_libraries()
     cs = [parse_contender(c) for c in contender]
+    check_output_file(out_path, "--out", inputs=[c.path for c in cs])  # a contender's export is an input too
+    data_to_stdout(json_out, out_path)
     if gates is not None:
         g = json.loads(Path(gates).read_text(encoding="utf-8"))
         for c in cs:

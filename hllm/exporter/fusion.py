@@ -312,7 +312,7 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     """Write the ``ort-cpu`` flavour of the fp32 ``standard`` export ``src`` into the new directory ``dst``
     without re-tracing: the saved graph is loaded with onnx_ir and rewritten by :func:`fuse_for_ort`
     (the standard graph is what the fused one starts from, less the NaN guards it already dropped).
-    The other files are hard-linked (copied across file systems); the sidecar records the new graph's
+    The other files are copied (never hard-linked: writing the output cannot change the input); the sidecar records the new graph's
     sha256, its fusion counts and ``fused_from`` (the source graph's sha256).
 
     Returns the fusion record. Raises: ExportError if ``src`` is not an fp32 standard export, ``dst``
@@ -321,7 +321,7 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     from pathlib import Path
 
     from hllm.errors import ExportError
-    from hllm.files import link_files, sha256_file
+    from hllm.files import copy_files, sha256_file
     from hllm.formats.export import read_export, write_export
 
     meta = read_export(src)
@@ -338,7 +338,7 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     if layers is not None and gqa != layers:
         raise ExportError(f"attention fusion matched {gqa} of {layers} decoder layers ({counts})")
     dst.mkdir(parents=True)
-    link_files(meta.root, dst, skip=("export.json", meta.onnx_path.name))
+    copy_files(meta.root, dst, skip=("export.json", meta.onnx_path.name))
     out = dst / meta.onnx_path.name
     ir.save(model, str(out))
     fusion = {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": meta.raw.get("opset")}
