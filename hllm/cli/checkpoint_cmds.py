@@ -111,8 +111,8 @@ def merge_cmd(
         raise typer.BadParameter("--limit must be ≥ 1 and --atol within [0, 1e6]")
     quiet_libraries()
     data_to_stdout(json_out)
-    load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
-    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    check_output_dir(out_dir, overwrite, "OUT_DIR")  # first: nothing is read or written before the output is safe
+    load_manifest(checkpoint)  # a bad checkpoint fails before the slates are looked at
     sample = load_slates(slates, limit=limit)
     with step("merging LoRA into the backbone and re-scoring"):
         rep = merge_checkpoint(checkpoint, out_dir, sample, tol=atol, overwrite=overwrite)
@@ -148,8 +148,8 @@ def export_cmd(
     data_to_stdout(json_out)
     islands = (read_islands_file(fp32_islands) if fp32_islands and fp32_islands.endswith(".json")
                else parse_islands(fp32_islands))
-    manifest = load_manifest(checkpoint)  # a bad checkpoint fails before the output and slates are looked at
-    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    check_output_dir(out_dir, overwrite, "OUT_DIR")  # first: nothing is read or written before the output is safe
+    manifest = load_manifest(checkpoint)  # a bad checkpoint fails before the slates are looked at
     sample = [] if slates is not None and str(slates) in ("", ".") else load_slates(slates, limit=2)
     with step("exporting to ONNX and validating"):
         rep = export_onnx(manifest, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
