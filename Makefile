@@ -20,7 +20,7 @@ LONG_N  ?= 200
 TRAIN   ?= ../shared/data/amazon-beauty/train.jsonl.gz
 CKPT    ?= checkpoints/smollm2-beauty-lora
 
-.PHONY: setup demo test parity-long bench train-beauty train-beauty-lora train-beauty-lora-cache train-beauty-equal-budget clean
+.PHONY: docs setup demo test parity-long bench train-beauty train-beauty-lora train-beauty-lora-cache train-beauty-equal-budget clean
 
 $(BIN)/hllm: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -110,3 +110,7 @@ bench: setup
 
 clean:
 	rm -rf $(WORK) .pytest_cache
+
+# docs/cli.md is generated from the Typer app (a test checks it is current).
+docs: setup
+	$(BIN)/python scripts/cli_docs.py

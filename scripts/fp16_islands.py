@@ -8,7 +8,7 @@ run in ONNX Runtime CPU, and compared slate by slate with the PyTorch FP32 refer
 (:func:`hllm.verify.parity.compare_slate`; reference scores computed once). Writes one JSON.
 
     python scripts/fp16_islands.py --checkpoint work/demo/merged --fp32-onnx work/demo/export/model.onnx \\
-        --slates /work/shared/data/amazon-beauty/eval.jsonl.gz --limit 10 -o results/fp16/islands_smollm2.json
+        --slates data/amazon-beauty/eval.jsonl.gz --limit 10 -o results/fp16/islands_smollm2.json
 """
 
 from __future__ import annotations

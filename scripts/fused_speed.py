@@ -15,7 +15,7 @@ additive causal bias, and the standard-graph decomposition (MatMul, mask Add, So
 GQA does only the causal (lower) half, it takes about half the time of ``causal=0``.
 
     PYTHONPATH=$PWD python scripts/fused_speed.py --torch CKPT --onnx today=DIR --onnx standard=DIR \\
-        --onnx fused=DIR --slates examples/beauty-eval-sample.jsonl.gz --out /tmp/fused_speed.json
+        --onnx fused=DIR --slates examples/beauty-eval-sample.jsonl.gz --out results/bench/attention_causal.json
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ def _contenders(args) -> dict[str, str]:
 
 
 def _slate(path: str, index: int, items: int) -> dict:
-    from hllm.bench.slates import subslate
-    from hllm.runtime.slates import read_slates
+    from hllm.runtime.slates import read_slates, subslate
 
     slates = [s for s in read_slates(path) if len(s["candidates"]) >= items]
     return subslate(slates[index], items)
@@ -53,10 +52,10 @@ def engines_side_by_side(args) -> dict:
     from hllm.bench.stages import model_dims
     from hllm.timing import summarize, time_interleaved
     from hllm.runtime.decode import decode
-    from hllm.verify.gate import open_ranker
+    from hllm.verify.gate import cpu_ranker
 
     paths = _contenders(args)
-    rankers = {k: open_ranker(p, threads=args.threads) for k, p in paths.items()}
+    rankers = {k: cpu_ranker(p, threads=args.threads) for k, p in paths.items()}
     batch = rankers["pytorch_eager"].builder.encode([_slate(args.slates, args.slate, args.items)])
     n, seq = int(batch.n_items[0]), int(batch.lengths[0])
     for r in rankers.values():

@@ -1,6 +1,6 @@
 """Driver peak memory of `hllm rank --ray` (hllm.runtime.ray_data.rank_file): this tree vs an earlier revision.
 
-    python scripts/ray_data_memory.py --slates ../shared/data/amazon-beauty/train.jsonl.gz \
+    python scripts/ray_data_memory.py --slates data/amazon-beauty/train.jsonl.gz \
         --counts 3000,12000 --before-rev 083686c --shared --out results/ray/data-driver-memory.json
 
 Each (implementation, slate count) runs in its own driver process (a fresh local Ray on 127.0.0.1,

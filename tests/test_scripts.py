@@ -1,7 +1,10 @@
 """The measurement scripts behind committed results: ``scripts/demo_timings.py`` (``make demo`` by step)
 and ``scripts/lora_readout_shift.py`` (what a checkpoint's adapter changes)."""
 
+import ast
+import importlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -111,3 +114,68 @@ def test_lora_readout_shift_measures_the_adapter(backbones, tmp_path):
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert slates.read_bytes() == before and not (tmp_path / "x.json").exists()
     assert not (ck / "adapter" / "new.json").exists()
+
+
+SCRIPTS = sorted((ROOT / "scripts").rglob("*.py"))
+ABSOLUTE_PATH = re.compile(r"""["'\s](/work|/root|/home|/tmp|/Users)/|\.\./shared""")
+
+
+def _hllm_names(path: Path) -> list[tuple[str, str | None]]:
+    """Every ``from hllm.X import Y`` / ``import hllm.X`` of a script, at any depth (function-level too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "hllm":
+            found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] == "hllm"]
+    return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_script_imports_and_names_only_what_hllm_has(script):
+    """A script kept under scripts/ must not rot: it imports (module level, as ``import`` does, not run as
+    ``__main__``), every hllm module and name it imports inside its functions exists, and it carries no
+    absolute or workplace-specific data path (research one-offs live in experiments/ instead)."""
+    r = subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({str(script)!r}, run_name='_smoke')"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    missing = []
+    for module, name in _hllm_names(script):
+        try:
+            m = importlib.import_module(module)
+        except ModuleNotFoundError:
+            missing.append(module)
+            continue
+        if name is not None and not hasattr(m, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ModuleNotFoundError:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"{script.name} imports what hllm no longer has: {missing}"
+    assert not ABSOLUTE_PATH.search(script.read_text(encoding="utf-8")), f"{script.name} names an absolute data path"
+
+
+def test_the_smoke_check_catches_a_rotted_script(tmp_path):
+    """The check above fails on a script importing a module that does not exist (inside a function)."""
+    rotted = tmp_path / "rotted.py"
+    rotted.write_text("def main():\n    from hllm.bench.slates import subslate\n")
+    assert _hllm_names(rotted) == [("hllm.bench.slates", "subslate")]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("hllm.bench.slates")
+
+
+def test_experiments_name_their_commit_and_output():
+    """Research one-offs in experiments/ each name the commit they last ran at and the committed JSON they wrote."""
+    for p in sorted((ROOT / "experiments").rglob("*.py")):
+        head = p.read_text(encoding="utf-8").split("\n", 1)[0]
+        m = re.search(r"last run at commit ([0-9a-f]{7,40}); output: (\S+?)\.? ", head)
+        assert m, f"{p.name}: first line lacks the provenance header"
+        assert (ROOT / m.group(2).rstrip(".;")).is_file(), f"{p.name}: {m.group(2)} is not committed"
+
+
+def test_docs_cli_md_is_generated_from_the_app():
+    """docs/cli.md is Typer's own Markdown of the app (scripts/cli_docs.py); run `make docs` after changing a command."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_docs.py"), "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert "## `hllm rank`" in text and "## `hllm serve`" in text

@@ -1,4 +1,5 @@
-"""How much INT8 rounding moves an hLLM checkpoint's score matrix, part by part (CPU, PyTorch).
+"""[experiment] last run at commit dc247ae; output: results/calibration/smollm2-int8-sensitivity.json. Kept for provenance, not maintained (experiments/README.md).
+How much INT8 rounding moves an hLLM checkpoint's score matrix, part by part (CPU, PyTorch).
 
 Emulates the two ONNX Runtime CPU schemes with fake quantization of the backbone's ``nn.Linear``
 layers (the scoring head stays float, as in ``hllm calibrate -x head``):
@@ -13,7 +14,7 @@ top-1 agreement, mean Kendall tau and max/mean |ΔM| against the unquantized mod
 (``hllm.verify.parity.compare_slate``), plus the spread of the reference scores across items (the top-1 margins of
 the gate slates: scripts/score_margins.py). Figures of docs/calibration.md come from its JSON.
 
-usage: python scripts/int8_sensitivity.py CHECKPOINT SLATES --skip 34 --count 2 --out results/calibration/x.json
+usage: python experiments/int8_sensitivity.py CHECKPOINT SLATES --skip 34 --count 2 --out results/calibration/x.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Lever experiment: frozen final-layer features, self-attention head d=256 trained with Sinkhorn on
+"""[experiment] last run at commit 9e61c82; output: results/quality/levers-heldout-train.json. Kept for provenance, not maintained (experiments/README.md).
+Lever experiment: frozen final-layer features, self-attention head d=256 trained with Sinkhorn on
 the first n-n_val cached train slates, evaluated on the first n_val (held out). Variants: none (items only, the
 paper head), token (the user-context vector as one extra token), xattn (items cross-attend to all context rows).
 Ad hoc research script kept for provenance of results/quality/levers-heldout-train.json.
@@ -17,7 +18,7 @@ n_max = int(os.environ.get("NMAX", "100000")); target_kind = os.environ.get("TAR
 lr = float(os.environ.get("LR", "1e-3"))
 files = sorted(glob.glob(f"{feat_dir}/*.npz"))[:n_max]
 n = len(files)
-slates = read_slates("../shared/data/amazon-beauty/train.jsonl.gz", limit=n)
+slates = read_slates(os.environ.get("HLLM_TRAIN_SLATES", "data/amazon-beauty/train.jsonl.gz"), limit=n)
 teacher = read_teacher("work/teacher/emb-train2400.jsonl")
 X, U, C, T = [], [], [], []
 for i in range(n):

@@ -1,5 +1,6 @@
-"""Lever experiment: extract final-layer readout rows + the user-context vector from a layer-24 feature cache
-(hllm features --layer 24), for scripts/levers/heads.py. Ad hoc research script kept for provenance of
+"""[experiment] last run at commit 9e61c82; output: results/quality/levers-heldout-train.json. Kept for provenance, not maintained (experiments/README.md).
+Lever experiment: extract final-layer readout rows + the user-context vector from a layer-24 feature cache
+(hllm features --layer 24), for experiments/levers/heads.py. Ad hoc research script kept for provenance of
 results/quality/levers-heldout-train.json; the product path is `hllm features --from` + `hllm train --features`.
 usage: python extract_features.py CACHE_L24 SLATES OUT_DIR N  (env T = torch threads). Resumable."""
 import sys, os, json, time

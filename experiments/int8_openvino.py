@@ -1,7 +1,8 @@
-"""Which INT8 keeps the ranking on the committed checkpoint: NNCF INT8 (SmoothQuant) on OpenVINO, with and
+"""[experiment] last run at commit 94a096a; output: results/precision/int8-openvino-smollm2-beauty-eval20.json. Kept for provenance, not maintained (experiments/README.md).
+Which INT8 keeps the ranking on the committed checkpoint: NNCF INT8 (SmoothQuant) on OpenVINO, with and
 without the outlier layers' down_proj kept in fp32, judged against PyTorch fp32 eager on real eval slates.
 
-Usage: python scripts/int8_openvino.py STD_EXPORT ORT_EXPORT OUT_JSON [--slates N] [--calib N] [--variants a,b]
+Usage: python experiments/int8_openvino.py STD_EXPORT ORT_EXPORT OUT_JSON [--slates N] [--calib N] [--variants a,b]
 Writes OUT_JSON after every variant (figures per variant: s/slate median, top-1, Kendall tau, max|ΔM|,
 ΔRecall@10, gate verdict) with the machine description (CPU flags).
 """
@@ -17,8 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-EVAL = "/work/shared/data/amazon-beauty/eval.jsonl.gz"
-TRAIN = "/work/shared/data/amazon-beauty/train.jsonl.gz"
+import os
+
+# The Amazon Beauty split files (examples/README.md says where they come from); override with the environment.
+EVAL = os.environ.get("HLLM_EVAL_SLATES", "data/amazon-beauty/eval.jsonl.gz")
+TRAIN = os.environ.get("HLLM_TRAIN_SLATES", "data/amazon-beauty/train.jsonl.gz")
 OUTLIERS = ["backbone.layers.11.mlp.down_proj", "backbone.layers.28.mlp.down_proj", "backbone.layers.29.mlp.down_proj"]
 VARIANTS = {
     "nncf_sq": dict(keep_float=()),

@@ -1,6 +1,7 @@
-"""Cost and fidelity of the CPU-emulated FP16 graph (default op-class islands) on the first real eval slates,
-against the cached OpenVINO fp32 scores of scripts/int8_openvino.py. Usage: python scripts/fp16_emulation_cost.py STD OUT [N]"""
-import json, sys, time
+"""[experiment] last run at commit c768568; output: results/precision/fp16-emulation-smollm2-beauty-eval20.json. Kept for provenance, not maintained (experiments/README.md).
+Cost and fidelity of the CPU-emulated FP16 graph (default op-class islands) on the first real eval slates,
+against the cached OpenVINO fp32 scores of experiments/int8_openvino.py. Usage: python experiments/fp16_emulation_cost.py STD OUT [N]"""
+import json, os, sys, time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from hllm.runtime.slates import read_slates
 std, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 2
 art = resolve(std)
 builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
-slates = read_slates("/work/shared/data/amazon-beauty/eval.jsonl.gz")[:n]
+slates = read_slates(os.environ.get("HLLM_EVAL_SLATES", "data/amazon-beauty/eval.jsonl.gz"))[:n]
 z = np.load("work/precision-int8/openvino_fp32-ref-20.npz")
 ref = [z[f"s{i}"] for i in range(n)]
 t0 = time.perf_counter()
