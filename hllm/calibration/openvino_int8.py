@@ -21,15 +21,39 @@ Sources: NNCF post-training quantization, https://docs.openvino.ai/2026/openvino
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from hllm.errors import EngineError
 
 IR_NAME = "model_int8.xml"
+
+
+@contextlib.contextmanager
+def nncf_output_to_stderr() -> Iterator[None]:
+    """Within the block, NNCF's output goes to stderr, not stdout: its progress bars (``rich`` consoles that
+    write to whatever ``sys.stdout`` is when they print, ``nncf.common.logging.track_progress``) and its log
+    records (the ``nncf`` logger's console handler holds the ``sys.stdout`` of import time,
+    ``nncf.common.logging.logger``). stdout stays free for the data a command prints (``--json``, ``-o -``).
+    Restores both on exit; a file handler added to the ``nncf`` logger is left alone.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        import nncf  # noqa: F401 - what it prints while importing goes to stderr too; its logger exists from here on
+
+        moved = [h for h in logging.getLogger("nncf").handlers  # console handlers, not a user's log file
+                 if type(h) is logging.StreamHandler and h.stream not in (sys.stderr, sys.__stderr__)]
+        old = [h.setStream(sys.stderr) for h in moved]
+        try:
+            yield
+        finally:
+            for h, stream in zip(moved, old):
+                h.setStream(stream)
 
 
 def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
@@ -79,7 +103,8 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     Raises: EngineError (wrong flavour / precision, out_dir exists, a part that matches nothing,
         NNCF failure).
     """
-    import nncf
+    with nncf_output_to_stderr():
+        import nncf
     import openvino as ov
 
     from hllm.files import copy_files
@@ -109,10 +134,11 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     t0 = time.perf_counter()
     model = ov.Core().read_model(str(meta.onnx_path))
     try:
-        q = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                          subset_size=subset_size or len(feeds),
-                          ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
-                          advanced_parameters=advanced)
+        with nncf_output_to_stderr():
+            q = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=subset_size or len(feeds),
+                              ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+                              advanced_parameters=advanced)
     except Exception as e:
         raise EngineError(f"NNCF quantization failed: {e}") from None
     seconds = time.perf_counter() - t0
