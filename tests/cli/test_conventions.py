@@ -106,15 +106,15 @@ def test_one_name_per_concept_and_short_flags():
     assert "-s" in seen and all(cmd in seen["--slates"] for cmd in seen["-s"])
 
 
-def test_deprecated_spellings_are_hidden_aliases_listed_in_the_readme():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## CLI conventions"):]
+def test_deprecated_spellings_are_hidden_aliases_listed_in_the_conventions_page():
+    page = (REPO / "docs" / "cli-conventions.md").read_text()
+    section = page[page.index("## Names"):]
     section = section[: section.index("\n## ", 5)]
     by_path = dict(commands())
     for (path, old), new in ALIASES.items():
         p = next(q for q in options(by_path[path]) if old in q.opts)
         assert p.hidden, (path, old)
-        assert f"{path} {old}" in section, f"README's naming table does not list {path} {old}"
+        assert f"{path} {old}" in section, f"docs/cli-conventions.md's naming table does not list {path} {old}"
 
 
 def test_every_count_option_is_bounded():
