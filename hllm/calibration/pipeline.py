@@ -134,23 +134,35 @@ def check_calibration_tokenizer(meta: dict, tokenizer_path: Path, pad_id: int, w
         raise SlateError(f"calibration set {where} pads with id {meta.get('pad_id')!r}, the export with {pad_id}")
 
 
-def fp32_reference(req: CalibrateRequest, sha: str | None, progress: Progress = _no_bar, say: Say = _quiet):
+def fp32_reference(req: CalibrateRequest, progress: Progress = _no_bar, say: Say = _quiet):
     """FP32 score matrices on the evaluation slates (from ``req.reference_cache`` when it exists).
 
-    Returns ``(scores, seconds)``. Raises: ParityError for a cache of another graph or other slates.
+    A cache is keyed by content (:func:`hllm.verify.gate.reference_key`: the graph file's sha256, K, and
+    the hash of each slate's encoded inputs) and used only when it proves it holds those; a fresh
+    reference is written to it only when every score is finite.
+    Returns ``(scores, seconds)``. Raises: ParityError naming the cache file for a cache of another graph,
+        another K, other slates or inputs, a short or non-finite one.
     """
-    from hllm.verify.gate import cpu_ranker, load_reference, reference_scores, save_reference
+    import numpy as np
+
+    from hllm.runtime.artefact import resolve
+    from hllm.verify.gate import cpu_ranker, load_reference, reference_key, reference_scores, save_reference
 
     t0 = time.perf_counter()
     cache = req.reference_cache
+    art = req.artefact or resolve(req.export_dir)
+    key = reference_key(art, req.eval_slates) if cache is not None else None
     if cache is not None and cache.is_file():
-        ref = load_reference(cache, req.eval_slates, sha)  # before any message: a bad file is the one error line
+        ref = load_reference(cache, key)  # before any message: a bad file is the one error line
         say(f"FP32 reference scores from {cache}")
         return ref, time.perf_counter() - t0
     advance = progress("FP32 reference on eval slates", len(req.eval_slates))
-    ref = reference_scores(cpu_ranker(req.artefact or req.export_dir, req.threads), req.eval_slates, on_progress=advance)
+    ref = reference_scores(cpu_ranker(art, req.threads), req.eval_slates, on_progress=advance)
     if cache is not None:
-        save_reference(cache, ref, req.eval_slates, sha)
+        if all(np.isfinite(m).all() for m in ref):
+            save_reference(cache, ref, key)
+        else:
+            say(f"the FP32 reference has non-finite scores: not cached in {cache}")
     return ref, time.perf_counter() - t0
 
 
@@ -236,11 +248,8 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     import tempfile
 
     from hllm.files import _staging_prefix, atomic_write_json, promote_dir
-    from hllm.runtime.artefact import resolve
 
-    art = req.artefact if req.artefact is not None else resolve(req.export_dir)
-    sha = art.meta.get("onnx_sha256")
-    ref, ref_s = fp32_reference(req, sha, progress, say)
+    ref, ref_s = fp32_reference(req, progress, say)
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # this run's own names (pid, start time, random part): parallel runs of one OUT_DIR never collide

@@ -151,7 +151,7 @@ def check_start(meta, only: Sequence[str] = ()) -> None:
         raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
     if meta.precision.value != "fp32":
         raise EngineError(f"{meta.root} is a {meta.precision.value} export: --backend auto starts from the FP32 export")
-    engine = meta.raw.get("engine") or "onnxruntime"
+    engine = meta.engine
     if engine != "onnxruntime":
         raise EngineError(f"{meta.root}: its sidecar selects the {engine} engine (a `calibrate --backend auto` result?); "
                           "--backend auto starts from the ONNX Runtime FP32 export it was made from")
@@ -210,7 +210,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
         have_ov = False
     ref, _ = fp32_reference(CalibrateRequest(req.export_dir, req.out_dir, None, req.thresholds, req.eval_slates, "",
                                              threads=req.threads, reference_cache=req.reference_cache),
-                            meta.raw.get("onnx_sha256"), progress or (lambda d, n: (lambda k: None)), say)
+                            progress or (lambda d, n: (lambda k: None)), say)
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))

@@ -238,20 +238,6 @@ def test_label_metrics_by_hand():
     json.dumps(d, allow_nan=False)
 
 
-def test_reference_score_cache_by_slate_id(tmp_path):
-    from hllm.verify.gate import load_reference, save_reference
-    from hllm.errors import ParityError
-
-    slates = [{"slate_id": f"s{i}"} for i in range(4)]
-    save_reference(tmp_path / "r.npz", [np.full((2, 3), i, np.float32) for i in range(4)], slates, "abc")
-    got = load_reference(tmp_path / "r.npz", [slates[3], slates[1]], "abc")
-    assert [float(a[0, 0]) for a in got] == [3.0, 1.0] and got[0].shape == (2, 3)
-    with pytest.raises(ParityError, match="no reference scores"):
-        load_reference(tmp_path / "r.npz", [{"slate_id": "other"}], "abc")
-    with pytest.raises(ParityError, match="another graph"):
-        load_reference(tmp_path / "r.npz", slates, "def")
-
-
 def test_gate_fails_broken_quantization_and_passes_good_one(export_dir, train_slates, builder, calib, eval_slates,
                                                             ref_scores, tmp_path):
     # broken: everything quantized (the head too) with ranges from ONE calibration slate

@@ -156,7 +156,7 @@ CASES = [
     ("build-plan-exists", ["build", "{std_export}", "{prev}"], "already exists"),
     ("train-out-exists-without-resume", ["train", "{backbone}", "{exists}", "-s", "{good}"], "already exists"),
     ("features-out-is-a-file", ["features", "{backbone}", "{afile}", "-s", "{good}", "--layer", "1"], "not a directory"),
-    ("convert-gguf-out-is-a-file", ["convert-gguf", "{afile}", "--gguf", "{afile}"], "not a directory"),
+    ("convert-gguf-out-is-a-file", ["convert-gguf", "{afile}", "--gguf", "{good}"], "not a directory"),
     # -- round 2: hostile files never exit 70; outputs never over inputs; caches checked -------------------
     ("head-safetensors-empty", ["export", "{r2}/ck-head-empty", "{tmp}/e", "--slates", ""], "cannot read head weights"),
     ("head-safetensors-random-bytes", ["export", "{r2}/ck-head-junk", "{tmp}/e", "--slates", ""], "cannot read head weights"),
@@ -273,14 +273,18 @@ def round2(tmp_path_factory, export_dir, merged_checkpoint):
     (r2 / "teacher-latin1.jsonl").write_bytes(b'{"slate_id": "caf\xe9", "order": [0]}\n')
     _write_jsonl(r2 / "teacher-strings.jsonl", [{"slate_id": s["slate_id"], "order": ["0123"]} for s in good])
     _write_jsonl(r2 / "teacher-floats.jsonl", [{"slate_id": s["slate_id"], "order": [0.7]} for s in good])
-    # reference scores whose member's header disagrees with the slates
+    # reference scores keyed to these slates and this export, whose members' headers declare 2 GiB each
+    from hllm.runtime.artefact import resolve
+    from hllm.verify.gate import REFERENCE_FORMAT, reference_key
+
+    key = reference_key(resolve(export_dir), good)
     with zipfile.ZipFile(r2 / "ref-wrong.npz", "w") as zf:
-        buf = __import__("io").BytesIO()
-        np.save(buf, np.array([s["slate_id"] for s in good]))
-        zf.writestr("slate_ids.npy", buf.getvalue())
-        buf = __import__("io").BytesIO()
-        np.save(buf, np.array(""))
-        zf.writestr("source_sha256.npy", buf.getvalue())
+        for name, value in (("format", np.array(REFERENCE_FORMAT)), ("graph_sha256", np.array(key.graph_sha256)),
+                            ("num_positions", np.array(key.num_positions)), ("slate_keys", np.array(key.slate_keys)),
+                            ("slate_ids", np.array(key.slate_ids))):
+            buf = __import__("io").BytesIO()
+            np.save(buf, value)
+            zf.writestr(f"{name}.npy", buf.getvalue())
         for i in range(len(good)):
             _npy_member(zf, f"scores/{i}", (1, 2**29), "<f4")
     # calibration sets: a real one, one with an edited tokenizer fingerprint, one declaring a huge array
