@@ -163,7 +163,10 @@ def parse_rank_body(body: bytes, content_type: str, max_slates: int) -> tuple[li
     deadline = None
     try:
         if ctype in JSONL_TYPES:
-            items = [loads_json(line, f"line {n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+            # Lines end at "\n" only (JSON Lines; `hllm rank` reads the same way): str.splitlines() would also
+            # split at U+2028, U+0085 and other characters that a JSON string may hold unescaped.
+            lines = (line.removesuffix("\r") for line in text.split("\n"))
+            items = [loads_json(line, f"line {n}") for n, line in enumerate(lines, 1) if line.strip()]
             where = "JSONL slate {}"
         else:
             items, deadline = _json_items(loads_json(text, "body"))

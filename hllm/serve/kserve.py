@@ -20,6 +20,12 @@ elements as a 4-byte little-endian length then the bytes), which ``tritonclient.
 Errors have the protocol's body ``{"error": "message"}`` (400 bad request, 404 unknown model, 503 not
 ready). The request's ``id`` is echoed in the response.
 
+The request envelope is checked against the protocol's schema before anything else (:func:`check_envelope`):
+``id`` a string; ``parameters`` (request, input, output) objects whose values are strings, numbers or
+booleans; ``inputs`` a list of objects with a string ``name``, a list of integers ``shape`` and a string
+``datatype``; ``outputs`` a list of objects with a string ``name``; ``data`` a list, nested at most as deep
+as the shape has dimensions. Anything else is a 400 naming the field, never a server error.
+
 Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md;
 binary extension: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md
 """
@@ -28,9 +34,10 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Sequence
+from typing import Annotated, Any, Optional, Sequence
 
 import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from hllm.errors import SlateError
 from hllm.runtime.slates import loads_json, validate_slate
@@ -51,6 +58,87 @@ class KServeError(Exception):
     def __init__(self, status: int, message: str, kind: str = "bad_request"):
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
+
+
+def _unicode(v: str) -> str:
+    """A string that is Unicode text: a JSON escape of a lone surrogate (``"\\ud800"``) parses, but is not."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"holds a lone surrogate {v[e.start]!r} at character {e.start} (not Unicode text)") from None
+    return v
+
+
+def _parameter(v: Any) -> Any:
+    """``$parameter``'s value: ``$string | $number | $boolean`` (protocol, "Parameters")."""
+    if v is None or isinstance(v, (dict, list)):
+        raise ValueError(f"a parameter must be a string, number or boolean, got {_kind(v)}")
+    return v
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
+_Text = Annotated[StrictStr, AfterValidator(_unicode)]
+_Parameters = Optional[dict[_Text, Annotated[Any, AfterValidator(_parameter)]]]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the protocol lets servers and clients add fields
+
+
+class RequestInput(_Schema):
+    """``$request_input``: name, shape, datatype, optional parameters, data (absent with binary data)."""
+
+    name: _Text
+    shape: list[StrictInt]
+    datatype: _Text
+    parameters: _Parameters = None
+    data: Any = None
+
+
+class RequestOutput(_Schema):
+    """``$request_output``: name and optional parameters."""
+
+    name: _Text
+    parameters: _Parameters = None
+
+
+class InferenceRequest(_Schema):
+    """``$inference_request``: optional id and parameters, inputs, optional outputs."""
+
+    id: Optional[_Text] = None
+    parameters: _Parameters = None
+    inputs: list[RequestInput]
+    outputs: Optional[list[RequestOutput]] = None
+
+
+def check_envelope(doc: Any) -> None:
+    """Check an inference request's JSON against the protocol's ``$inference_request`` schema (Open Inference
+    Protocol, REST, "Inference Request JSON Object", "Parameters") and the binary extension's flags
+    (``binary_data_output`` on the request and ``binary_data`` on an output are booleans).
+
+    ``doc``: the parsed JSON header. Raises: KServeError 400 naming the first wrong field, e.g.
+    ``inputs[0].parameters: must be an object, got a number``.
+    """
+    try:
+        InferenceRequest.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        path = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"]).lstrip(".")
+        what = {"dict_type": "must be an object", "list_type": "must be a list", "string_type": "must be a string",
+                "int_type": "must be an integer", "missing": "is required", "model_type": "must be an object"}
+        msg = what.get(err["type"], err["msg"].removeprefix("Value error, "))
+        got = "" if err["type"] in ("missing", "value_error") else f", got {_kind(err.get('input'))}"
+        raise KServeError(400, f"inference request: {path or 'body'}: {msg}{got}") from None
+    flags = [("parameters.binary_data_output", (doc.get("parameters") or {}).get("binary_data_output"))]
+    flags += [(f"outputs[{i}].parameters.binary_data", (o.get("parameters") or {}).get("binary_data"))
+              for i, o in enumerate(doc.get("outputs") or [])]
+    for where, flag in flags:
+        if flag is not None and not isinstance(flag, bool):
+            raise KServeError(400, f"inference request: {where} must be a boolean, got {_kind(flag)}")
 
 
 def model_metadata(num_positions: int, engine: str) -> dict:
@@ -99,17 +187,34 @@ def _bytes_elements(raw: bytes) -> list[bytes]:
     return items
 
 
-def _flatten(data: Any) -> list:
-    """Row-major flattening of a JSON ``data`` value (flat or nested lists)."""
-    if isinstance(data, list):
-        return [x for d in data for x in _flatten(d)]
-    return [data]
+def _flatten(data: Any, rank: int, where: str) -> list:
+    """Row-major flattening of a JSON ``data`` value: a list, flat or nested at most ``rank`` deep (the
+    shape's dimensions; protocol, "Tensor Data"). Iterative: no depth reaches the interpreter's stack.
+
+    Raises: KServeError 400 for data that is not a list or is nested deeper than ``rank``.
+    """
+    if not isinstance(data, list):
+        raise KServeError(400, f"{where}: data must be a list (flat or nested row-major), got {_kind(data)}")
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        x = next(stack[-1], stack)  # the stack itself marks an exhausted level
+        if x is stack:
+            stack.pop()
+        elif isinstance(x, list):
+            if len(stack) >= rank:
+                raise KServeError(400, f"{where}: data is nested deeper than the shape's {rank} dimensions")
+            stack.append(iter(x))
+        else:
+            out.append(x)
+    return out
 
 
 def split_request(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     """The JSON inference header and the binary tail of a request body.
 
-    Raises: KServeError 400 (bad header length, JSON that is not an object, NaN, nesting too deep).
+    Raises: KServeError 400 (bad header length, JSON that is not an object, NaN, nesting too deep, an
+    envelope against the protocol's schema: :func:`check_envelope`).
     """
     if header_length is not None:
         try:
@@ -127,6 +232,7 @@ def split_request(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
         raise KServeError(400, f"inference request header: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise KServeError(400, "inference request must be a JSON object with an 'inputs' list")
+    check_envelope(doc)
     return doc, blob
 
 
@@ -153,7 +259,13 @@ def request_slates(doc: dict, blob: bytes, max_slates: int) -> list[dict]:
             raise KServeError(400, f"input {INPUT!r}: binary_data_size {size!r} is outside the {len(blob)} bytes sent")
         elements = _bytes_elements(blob[:size])
     else:
-        elements = [x.encode("utf-8") if isinstance(x, str) else x for x in _flatten(t.get("data"))]
+        elements = []
+        for i, x in enumerate(_flatten(t.get("data"), len(shape), f"input {INPUT!r}")):
+            try:
+                elements.append(x.encode("utf-8") if isinstance(x, str) else x)
+            except UnicodeEncodeError as e:
+                raise KServeError(400, f"slates[{i}]: holds a lone surrogate {x[e.start]!r} at character {e.start} "
+                                  "(valid JSON escape, but not Unicode text)") from None
     if len(elements) != shape[0]:
         raise KServeError(400, f"input {INPUT!r}: {len(elements)} elements for shape {shape}")
     slates = []
@@ -200,7 +312,7 @@ def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str) ->
     Raises: KServeError 400 for an unknown requested output.
     """
     wanted = doc.get("outputs") or [{"name": n} for n in OUTPUTS]
-    default_binary = bool((doc.get("parameters") or {}).get("binary_data_output", False))
+    default_binary = (doc.get("parameters") or {}).get("binary_data_output", False)  # a bool: check_envelope
     meta, blobs = [], []
     for w in wanted:
         name = w.get("name") if isinstance(w, dict) else None
