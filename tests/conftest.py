@@ -89,6 +89,17 @@ def context_export_dir(tiny_dir, context_checkpoint) -> Path:
     return tiny_dir / "export-context"
 
 
+@pytest.fixture(scope="session")
+def export_k50(tiny_dir, qwen3_backbone) -> Path:
+    """A tiny export with K = 50, so the packaged 100-slate sample (50 candidates each) ranks as it is."""
+    from hllm.checkpoint.init import init_checkpoint
+    from hllm.exporter.onnx import export_onnx
+
+    ck = init_checkpoint(qwen3_backbone, tiny_dir / "ckpt-k50", "self_attention", 50, seed=0, head_kwargs=TINY_HEAD)
+    export_onnx(ck, tiny_dir / "export-k50")
+    return tiny_dir / "export-k50"
+
+
 @pytest.fixture
 def slates():
     from hllm.testing import tiny_slates

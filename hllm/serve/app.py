@@ -280,7 +280,7 @@ def request_id(header: str | None) -> str:
 
 
 #: Paths counted and timed under their own label (others: ``/v2/...`` routes by kind, the rest ``other``).
-METRIC_PATHS = ("/v1/rank", "/healthz", "/readyz", "/metrics")
+METRIC_PATHS = ("/v1/rank", "/v1/rerank", "/v2/rerank", "/rerank", "/healthz", "/readyz", "/metrics")
 
 
 def metric_path(path: str) -> str:
@@ -394,6 +394,9 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)(service.prometheus_metrics)
     app.post("/v1/rank", summary="Rank one or more slates", response_model=RankResponse, responses=_ERRORS)(service.rank)
     add_kserve_routes(app, service)
+    from hllm.serve.rerank import add_rerank_routes  # imports this module
+
+    add_rerank_routes(app, service)
     app.openapi = functools.partial(rank_openapi, app)
     return app
 
@@ -507,13 +510,15 @@ class RankService(KServeEndpoints):
         return JSONResponse({"request_id": request.state.request_id, "rankings": [r.to_dict() for r in res.rankings],
                              "timing": timing})
 
-    async def submit(self, slates: list[dict], deadline: float | None, t0: float):
-        """Encode validated slates at admission and rank them in the batcher → (JobResult, timing in ms).
+    async def submit(self, slates: list[dict], deadline: float | None, t0: float, encoded: list | None = None):
+        """Encode validated slates at admission (unless ``encoded`` holds their rows already) and rank them in
+        the batcher → (JobResult, timing in ms).
 
         Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
         504 (deadline), 500 (the engine batch failed).
         """
-        encoded = await run_in_threadpool(_encode, self.ranker.builder, slates)
+        if encoded is None:
+            encoded = await run_in_threadpool(_encode, self.ranker.builder, slates)
         t1 = time.perf_counter()
         self.metrics.stage.labels("validate").observe(t1 - t0)
         try:

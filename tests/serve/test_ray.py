@@ -171,19 +171,6 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
     assert (tmp_path / "cli.jsonl").read_text().splitlines() == (tmp_path / "one.jsonl").read_text().splitlines()[:10]
 
 
-@pytest.fixture(scope="module")
-def export_k50(qwen3_backbone, tmp_path_factory):
-    """A tiny export with K = 50, so the packaged 100-slate sample (50 candidates each) ranks as it is."""
-    from hllm.checkpoint.init import init_checkpoint
-    from hllm.exporter.onnx import export_onnx
-    from tests.conftest import TINY_HEAD
-
-    root = tmp_path_factory.mktemp("k50")
-    ck = init_checkpoint(qwen3_backbone, root / "ckpt", "self_attention", 50, seed=0, head_kwargs=TINY_HEAD)
-    export_onnx(ck, root / "export")
-    return root / "export"
-
-
 def test_ray_rank_of_the_sample_is_byte_identical_to_hllm_rank(local_ray, export_k50, tmp_path):
     """`hllm rank --ray` (read → map_batches over 2 actors → streamed write) on the packaged 100-slate sample."""
     from hllm.cli import main
