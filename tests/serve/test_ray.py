@@ -101,6 +101,7 @@ def test_ray_serve_config_serves_the_hllm_serve_app_and_scales_1_to_2(local_ray,
     assert 'hllm_requests_total{code="200",path="/v1/rank"}' in metrics.text and "hllm_request_duration_seconds_bucket" in metrics.text
     assert docs.status_code == 200 and "swagger" in docs.text.lower() and "/v2/models/{model_name}/infer" in openapi["paths"]
     assert ready.status_code == 200 and ready.json()["runtime"] == "ray_serve" and ready.json()["num_positions"] == 8
+    _rerank_clients_on_the_sample(url, export_dir)
 
     _deploy_config(export_dir, port, num_replicas=2, batch_wait_timeout_s=0.2)  # scale 1 → 2 in place
     try:
@@ -118,6 +119,25 @@ def test_ray_serve_config_serves_the_hllm_serve_app_and_scales_1_to_2(local_ray,
     timings = [r.json()["timing"] for r in bodies]
     assert set(timings[0]) == set(RankResponse.model_fields["timing"].annotation.model_fields)
     assert max(t["batch_requests"] for t in timings) > 1  # @serve.batch merged concurrent requests
+
+
+def _rerank_clients_on_the_sample(url: str, export_dir) -> None:
+    """/v1/rerank and /v2/rerank on the replica: the cohere SDK (v2 and v1), LangChain's and LlamaIndex's CohereRerank
+    rank every slate of the packaged sample (cut to K = 8 candidates) in the order of `hllm rank` (the Ranker)."""
+    from hllm.runtime.slates import read_slates, subslate
+    from tests.conftest import SAMPLE_SLATES
+    from tests.serve.rerank_clients import CLIENT_MODULES, query_slates, rank_all
+
+    for mod in CLIENT_MODULES:
+        pytest.importorskip(mod, reason="the rerank-clients extra is not installed (pip install -e .[rerank-clients])")
+    sample = read_slates(SAMPLE_SLATES)
+    with Ranker.from_path(export_dir) as ranker:
+        want = [r.order for r in ranker.rank(query_slates(sample, 8))]
+    got = rank_all(url, [subslate(s, 8) for s in sample])
+    for name, results in got.items():
+        assert [order for order, _ in results] == want, name
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'hllm_requests_total{code="200",path="/v2/rerank"}' in metrics and 'path="/v1/rerank"' in metrics
 
 
 def serve_status() -> dict:
