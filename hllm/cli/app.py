@@ -276,6 +276,45 @@ def load_slates(path: Optional[Path], limit: Optional[int] = None) -> list[dict]
     return _read_slates(None, limit, "<stdin>", lambda: list(iter_slate_stream(src, "<stdin>", limit)))
 
 
+def iter_input_slates(path: Optional[Path], limit: Optional[int] = None) -> Iterator[dict]:
+    """``--slates`` read lazily (a file, ``-`` = stdin, None = the packaged sample), for commands that
+    stream: memory holds one slate at a time, and a slate can be ranked before the next one is read
+    (:func:`hllm.runtime.slates.iter_slates` / :func:`~hllm.runtime.slates.iter_slate_stream`).
+
+    A missing file is refused now (SlateError); reading errors are raised, as by :func:`load_slates`,
+    when the bad line is reached (SlateError naming ``FILE:LINE`` or ``<stdin>:LINE``), an empty input
+    after the last line."""
+    from hllm.errors import SlateError
+    from hllm.runtime.slates import iter_slate_stream, iter_slates
+
+    if is_std(path):
+        src = getattr(sys.stdin, "buffer", None)
+        if src is None:
+            raise SlateError("stdin is not readable")
+        import io
+
+        if not hasattr(src, "peek"):
+            src = io.BufferedReader(src)  # type: ignore[arg-type]
+        rows, name = iter_slate_stream(src, "<stdin>", limit), "<stdin>"
+    else:
+        rows, name = iter_slates(slates_file(path), limit), str(path or "the packaged sample")
+    return _mapped_read_errors(rows, name)
+
+
+def _mapped_read_errors(rows: Iterator[dict], name: str) -> Iterator[dict]:
+    import gzip
+    import zlib
+
+    from hllm.errors import SlateError
+
+    try:
+        yield from rows
+    except (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile, RecursionError) as e:
+        what = {UnicodeDecodeError: "not UTF-8 text", EOFError: "a truncated gzip file",
+                RecursionError: "JSON nested too deeply"}.get(type(e), "not a readable gzip file")
+        raise SlateError(f"{name}: cannot read slates: {what} ({type(e).__name__})") from None
+
+
 def _read_slates(path: Optional[Path], limit: Optional[int], name: str,
                  read: Optional[Callable[[], list[dict]]] = None) -> list[dict]:
     """:func:`hllm.runtime.slates.read_slates` of ``path`` (or ``read()``), with undecodable files and an empty
@@ -354,11 +393,12 @@ def finish_report(path: Optional[os.PathLike | str], doc: Any, json_out: bool,
 
 
 def write_records(path: os.PathLike | str, records: Iterable[dict]) -> None:
-    """Write JSONL records to ``path`` atomically (gzip for .gz), or to stdout for ``-``."""
+    """Write JSONL records to ``path`` atomically (gzip for .gz), or to stdout for ``-`` (each line flushed
+    as it is made: a reader of a pipe gets a record as soon as it exists)."""
     if is_std(path):
         for r in records:
             sys.stdout.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
+            sys.stdout.flush()
         return
     from hllm.runtime.slates import write_jsonl
 

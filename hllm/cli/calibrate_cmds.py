@@ -76,6 +76,7 @@ def calibrate_cmd(
     if (limit is not None and limit < 1) or not 0 <= bench_runs <= 10_000:
         raise typer.BadParameter("--limit must be ≥ 1 and --bench-runs within 0..10000")
     if backend == "auto":
+        _refuse_ignored_by_auto()
         return _select(export_dir, out_dir, th_kw=dict(min_top1=min_top1, max_recall10_delta=max_recall10_delta,
                                                         min_tau=min_tau, max_auc_delta=max_auc_delta),
                        slates=slates, limit=limit, calib=(calibration, calib_slates, calib_count, calib_seed, calib_batch_size),
@@ -94,6 +95,7 @@ def calibrate_cmd(
                                   reference_scores_path, calib_slates)
     art, builder = _onnx_export(export_dir, backend)
     evals = load_slates(slates, limit=limit)
+    warn_unlabelled(evals)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
     with console.status("[bold]preparing calibration data…"):
         calib = prepare_calibration(art, builder, backend, calibration, calib_slates, calib_count, calib_seed,
@@ -105,6 +107,38 @@ def calibrate_cmd(
                            reference_cache=reference_scores_path, artefact=art, overwrite=overwrite)
     result, dest = _calibrate_with_progress(req)
     _report(result, dest, report, json_out)
+
+
+#: Options of one quantization recipe, which ``--backend auto`` does not use (it builds every engine ×
+#: precision candidate itself): given with it, they are refused instead of being silently ignored.
+IGNORED_BY_AUTO = ("precision", "target", "exclude", "exclude_node", "auto", "max_tries", "per_channel", "reduce_range",
+                   "activation_type", "calibrate_method", "weight_matmuls_only", "op_type", "block_size",
+                   "accuracy_level")
+
+
+def _refuse_ignored_by_auto() -> None:
+    """Refuse (typer.BadParameter: exit 2) any of :data:`IGNORED_BY_AUTO` given on the command line or in
+    the environment together with ``--backend auto``, naming the options (click's ``ParameterSource``)."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context()
+    given = [p for p in ctx.command.params if p.name in IGNORED_BY_AUTO
+             and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if given:
+        names = ", ".join(p.opts[0] for p in given)
+        raise typer.BadParameter(f"--backend auto builds and gates every engine × precision candidate itself and "
+                                 f"does not use {names}; drop {'it' if len(given) == 1 else 'them'}, or pick one "
+                                 "backend (e.g. --backend ort-static) to quantize with these settings")
+
+
+def warn_unlabelled(slates: list[dict]) -> None:
+    """Warn on stderr when no gate slate has a positive label: the gate's quality criteria (ΔRecall@10,
+    ΔAUC against the labels, :mod:`hllm.verify.gate`) cannot be checked, only the agreement with FP32."""
+    if not any(s.get("labels") and any(s["labels"]) for s in slates):
+        console.print(f"[yellow]warning:[/] none of the {len(slates)} gate slates has a positive label: the quality "
+                      "criteria (ΔRecall@10, ΔAUC) cannot be checked; the gate judges agreement with FP32 only "
+                      "(give labelled --slates to check them)", highlight=False)
 
 
 def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: tuple, candidates: tuple, rounds: int,
@@ -120,6 +154,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     art, builder = _onnx_export(export_dir, "auto")
     check_start(read_export(art.path.parent), candidates)
     evals = load_slates(slates, limit=limit)
+    warn_unlabelled(evals)
     cal = None
     if calibration is not None or calib_slates is not None:
         with console.status("[bold]preparing calibration data…"):

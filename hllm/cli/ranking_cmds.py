@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
+from itertools import islice
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import typer
 from rich.table import Table
 
 from hllm.cli.app import (MAX_WORKERS, app, batch_opt, check_output_file, console, data_to_stdout, emit_json,
-                          finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, out_opt, pick, progress,
+                          finish_report, hidden_alias, iter_input_slates, json_opt, limit_opt, load_slates, out, out_opt, pick, progress,
                           quiet_libraries, slates_file, slates_opt, slates_source, threads_opt, write_records)
 from hllm.errors import HllmError
 
@@ -44,15 +45,40 @@ def rank_cmd(
         _rank_on_ray(model, slates, out_path, batch_size, limit, threads, workers, json_out, cpus_per_worker, gpus_per_worker)
         return
     art = resolve(model)  # a bad path fails before reading slates
-    data = load_slates(slates, limit=limit)
+    rows = iter_input_slates(slates, limit)  # streamed: one batch in memory, rankings out as they are made
     ranker = Ranker.from_path(art, batch_size=batch_size, threads=threads, engine=engine)
     t0 = time.perf_counter()
+    done = [0]
     with ranker, progress() as bar:
-        task = bar.add_task(f"ranking with {ranker.engine.name}", total=len(data))
-        res = ranker.rank(data, on_progress=lambda n: bar.advance(task, n))
-    write_records(out_path, (r.to_dict() for r in res))
+        task = bar.add_task(f"ranking with {ranker.engine.name}", total=limit)
+
+        def advance(n: int) -> None:
+            done[0] += n
+            bar.advance(task, n)
+
+        write_records(out_path, stream_rankings(ranker, rows, advance))
     seconds = time.perf_counter() - t0
-    _rank_summary(json_out, len(res), ranker.engine.name, seconds, out_path, model, batch_size)
+    _rank_summary(json_out, done[0], ranker.engine.name, seconds, out_path, model, batch_size)
+
+
+def stream_rankings(ranker, rows: Iterable[dict], on_progress: Optional[Callable[[int], None]] = None) -> Iterator[dict]:
+    """Rankings (``Ranking.to_dict()`` records) of the slates ``rows``, ``ranker.batch_size`` per engine call,
+    each batch's yielded before the next batch is read (:meth:`hllm.runtime.Ranker.rank_batch`): memory
+    holds one batch, whatever the input's length; a slate without ``slate_id`` is named by its index in the
+    whole input. ``on_progress(n)`` after each call. Raises: as ``rank_batch``; EngineError if the engine
+    returns another number of rankings than slates."""
+    it = iter(rows)
+    first = 0
+    while chunk := list(islice(it, ranker.batch_size)):
+        res = ranker.rank_batch(chunk, first_index=first)
+        if len(res) != len(chunk):
+            from hllm.errors import EngineError
+
+            raise EngineError(f"ranker returned {len(res)} rankings for {len(chunk)} slates")
+        first += len(chunk)
+        if on_progress:
+            on_progress(len(chunk))
+        yield from (r.to_dict() for r in res)
 
 
 def _rank_summary(json_out: bool, n: int, engine: str, seconds: float, out_path: Path, model: Path, batch_size: int,

@@ -240,6 +240,12 @@ def read_slates(path: str | os.PathLike, limit: int | None = None) -> list[dict]
 MAX_LINE_BYTES = 128 * 1024 * 1024
 
 
+#: The most blank lines in a row a slates stream may hold: they are skipped, but an endless run of them
+#: (``yes '' | hllm rank -s - --limit 1``) would be read forever without yielding a slate, so a longer
+#: run is refused (SlateError). 10 000 is far above any hand-edited file's spacing and reads in a few ms.
+MAX_BLANK_RUN = 10_000
+
+
 def iter_slates(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict]:
     """Like :func:`read_slates` but lazily."""
     path = Path(path)
@@ -261,13 +267,14 @@ def iter_slate_stream(f: IO[bytes], name: str, limit: int | None = None, gzipped
         f: a binary stream of JSONL (or gzip of it, for ``gzipped``; None = detect the gzip magic
             ``1f 8b`` when ``f`` can ``peek``). name: how messages name it (``FILE``, ``<stdin>``).
         limit: stop after this many slates (None = all).
-    Raises: SlateError (:func:`read_slates`; also a line over :data:`MAX_LINE_BYTES`, naming the limit).
+    Raises: SlateError (:func:`read_slates`; also a line over :data:`MAX_LINE_BYTES`, naming the limit,
+        and more than :data:`MAX_BLANK_RUN` blank lines in a row).
     """
     if gzipped is None and hasattr(f, "peek"):
         gzipped = f.peek(2)[:2] == b"\x1f\x8b"
     if gzipped:
         f = gzip.GzipFile(fileobj=f, mode="rb")
-    n = lineno = 0
+    n = lineno = blank = 0
     try:
         while limit is None or n < limit:
             raw = f.readline(MAX_LINE_BYTES + 1)
@@ -286,7 +293,13 @@ def iter_slate_stream(f: IO[bytes], name: str, limit: int | None = None, gzipped
                 raise SlateError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)") from None
             del raw
             if not line.strip():
+                blank += 1
+                if blank > MAX_BLANK_RUN:
+                    raise SlateError(f"{where}: more than {MAX_BLANK_RUN} blank lines in a row: not JSONL slates "
+                                     "(blank lines are skipped, a run this long is refused; "
+                                     "hllm.runtime.slates.MAX_BLANK_RUN)")
                 continue
+            blank = 0
             yield validate_slate(loads_json(line, where), where)
             n += 1
     except (gzip.BadGzipFile, zlib.error) as e:
