@@ -142,6 +142,23 @@ def paired_difference(orders_a: Sequence[Sequence[int]], orders_b: Sequence[Sequ
     Returns: :class:`PairedDifference`; B is better on a metric when its whole ``ci95`` is above 0.
     Raises: SlateError when the three lists differ in length or an order is not a permutation.
     """
+    d = paired_rows(orders_a, orders_b, labels)
+    rows = d.tolist()
+    if not rows:
+        return PairedDifference({k: float("nan") for k in METRIC_KEYS}, 0, None)
+    ci = dict(zip(METRIC_KEYS, bootstrap_ci(d, resamples, seed))) if resamples and len(rows) >= MIN_PAIRED else None
+    return PairedDifference(dict(zip(METRIC_KEYS, d.mean(axis=0).tolist())), len(rows), ci)
+
+
+def paired_rows(orders_a: Sequence[Sequence[int]], orders_b: Sequence[Sequence[int]],
+                labels: Sequence[Sequence[int]]) -> np.ndarray:
+    """Per-slate differences ``metric(B) − metric(A)`` of two rankers on the same labelled slates.
+
+    Args: as :func:`paired_difference`. Slates without a positive or without a negative are left out.
+    Returns: float64 ``[n_slates_compared, len(METRIC_KEYS)]``, columns in :data:`METRIC_KEYS` order
+        (``[0, 5]`` when no slate can be compared).
+    Raises: SlateError when the three lists differ in length or an order is not a permutation.
+    """
     if not len(orders_a) == len(orders_b) == len(labels):
         raise SlateError(f"paired comparison needs the same slates: {len(orders_a)}, {len(orders_b)} orders, "
                          f"{len(labels)} label lists")
@@ -150,11 +167,7 @@ def paired_difference(orders_a: Sequence[Sequence[int]], orders_b: Sequence[Sequ
         ma, mb = slate_metrics(a, y), slate_metrics(b, y)
         if ma is not None and mb is not None:
             rows.append([mb[k] - ma[k] for k in METRIC_KEYS])
-    if not rows:
-        return PairedDifference({k: float("nan") for k in METRIC_KEYS}, 0, None)
-    d = np.array(rows)
-    ci = dict(zip(METRIC_KEYS, bootstrap_ci(d, resamples, seed))) if resamples and len(rows) >= MIN_PAIRED else None
-    return PairedDifference(dict(zip(METRIC_KEYS, d.mean(axis=0).tolist())), len(rows), ci)
+    return np.array(rows, dtype=np.float64).reshape(len(rows), len(METRIC_KEYS))
 
 
 def order_from_scores(scores: Sequence[float]) -> list[int]:
