@@ -320,17 +320,12 @@ def eval_cmd(
     from rich.markup import escape
     from rich.table import Table
 
-    from hllm.files import atomic_write_json, refuse_overlap
+    from hllm.files import atomic_write_json
     from hllm.verify.eval import evaluate_rankers, parse_spec
     from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED
 
     quiet_libraries()
-    check_output_file(out_json)
-    if out_json is not None and str(out_json) != "-":  # NAME=PATH rankers are inputs too
-        try:
-            refuse_overlap(out_json, [parse_spec(r)[1] for r in rankers])
-        except HllmError as e:
-            raise type(e)(f"--out: {e}") from None
+    check_output_file(out_json, inputs=[parse_spec(r)[1] for r in rankers])  # NAME=PATH rankers are inputs too
     data_to_stdout(json_out, out_json)
     if features is not None and not features.is_dir():
         raise HllmError(f"--features {features}: not a complete feature cache (no such directory; run `hllm features`)")

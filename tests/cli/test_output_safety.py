@@ -222,3 +222,13 @@ def test_a_read_only_input_used_as_output_parent_is_inside_the_input_and_gets_no
         assert not any(n.startswith(".hllm-probe") for n in os.listdir(exp))
     finally:
         exp.chmod(0o755)
+
+
+@pytest.mark.parametrize("argv", [["eval", "mine={EXP}", "-s", "{S}", "-o", "{EXP}/metrics.json"],
+                                  ["bench", "frontier", "{CKPT}", "-c", "a|{EXP}|onnxruntime|fp32", "-o", "{EXP}/f.json"]])
+def test_a_path_named_inside_a_value_is_an_input_too(argv, inputs, capsys, temp_files_made):
+    """``eval NAME=PATH`` and ``bench frontier -c NAME|PATH|…`` name an input inside a value: an output
+    inside it is refused, and no probe file is created there first."""
+    before = snapshot(inputs["ROOT"])
+    line = assert_refused([a.format(**inputs) for a in argv], capsys, inputs, before, temp_files_made)
+    assert "inside the input" in line and inputs["EXP"] in line, line
