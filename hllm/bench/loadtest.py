@@ -3,9 +3,14 @@
 :func:`run_load` drives one server URL with ``clients`` concurrent HTTP clients (``httpx.AsyncClient``),
 one slate per request, at most ``requests`` requests and ``max_seconds`` seconds (no request starts
 after that), and reports throughput, median/p90/p99 latency and errors. :func:`compare_batching`
-starts two in-process servers on ``127.0.0.1`` (micro-batching on and off) over ONE
-:class:`hllm.runtime.Ranker` and alternates bursts between them, so both modes are measured in one
-run on the same engine and slates; it also reports whether the two modes gave identical rankings.
+starts in-process servers on ``127.0.0.1`` (micro-batching on and off, for each route) over ONE
+:class:`hllm.runtime.Ranker` and alternates bursts between them, so every mode is measured in one
+run on the same engine and slates; it also reports whether the modes gave identical rankings.
+
+Routes (:data:`ROUTES`): ``rank`` sends ``POST /v1/rank {"slates": [slate]}``; ``rerank`` sends the same
+slate as ``POST /v1/rerank`` (:mod:`hllm.serve.rerank`): ``documents`` = the candidate titles, the hllm
+``history`` extension = the slate's history (so the prompt, and the ranking, are those of ``/v1/rank``),
+``query`` = its most recent history item, ``return_documents`` false.
 """
 
 from __future__ import annotations
@@ -22,6 +27,27 @@ import numpy as np
 from hllm.timing import summarize
 from hllm.errors import HllmError
 
+#: The routes the load test can drive.
+ROUTES = ("rank", "rerank")
+
+
+def request_for(route: str, slate: dict) -> tuple[str, dict]:
+    """The path and JSON body of one request carrying ``slate`` on ``route`` (module doc)."""
+    if route == "rank":
+        return "/v1/rank", {"slates": [slate]}
+    if route == "rerank":
+        history = list(slate.get("history") or [])
+        return "/v1/rerank", {"query": history[-1] if history else "", "history": history, "return_documents": False,
+                              "documents": [c["title"] for c in slate["candidates"]]}
+    raise HllmError(f"unknown route {route!r} (choose from {', '.join(ROUTES)})")
+
+
+def _order_and_timing(route: str, body: dict) -> tuple[list, dict]:
+    """The ranking order and the server timing of a 200 response on ``route``."""
+    if route == "rank":
+        return body["rankings"][0]["order"], body["timing"]
+    return [r["index"] for r in body["results"]], body["timing"]
+
 
 def check_loopback_url(url: str) -> None:
     """Raise HllmError unless ``url`` points at a loopback host (127.0.0.0/8, ::1, localhost)."""
@@ -32,7 +58,8 @@ def check_loopback_url(url: str) -> None:
         raise HllmError(f"the load test targets loopback only (127.0.0.1, ::1, localhost), not {host!r}")
 
 
-def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float, offset: int = 0) -> dict:
+def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float, offset: int = 0,
+              route: str = "rank") -> dict:
     """Raw samples of one bounded burst: latencies (ms), errors, orders, server timings, wall time."""
     import httpx
 
@@ -44,10 +71,10 @@ def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max
         while sent < requests and time.perf_counter() < t_end:
             i = offset + sent
             sent += 1
-            slate = slates[i % len(slates)]
+            path, body = request_for(route, slates[i % len(slates)])
             t0 = time.perf_counter()
             try:
-                r = await http.post(f"{url}/v1/rank", json={"slates": [slate]})
+                r = await http.post(f"{url}{path}", json=body)
             except httpx.HTTPError as e:
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
                 continue
@@ -56,12 +83,9 @@ def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max
                 errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
                 continue
             try:
-                body = r.json()
-                order, timing = body["rankings"][0]["order"], body["timing"]
+                order, timing = _order_and_timing(route, r.json())
             except (ValueError, KeyError, IndexError, TypeError):
-                from hllm.errors import HllmError
-
-                raise HllmError(f"{url}/v1/rank answered {r.status_code} with a body that is not an hllm ranking "
+                raise HllmError(f"{url}{path} answered {r.status_code} with a body that is not an hllm ranking "
                                 f"response ({r.headers.get('content-type', 'no content type')}): is it an hllm server?") from None
             lat.append(dt)
             orders[i] = order
@@ -107,8 +131,10 @@ def _summary(samples: Sequence[dict]) -> dict:
     }
 
 
-def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float = 600.0) -> dict:
-    """Send ``requests`` single-slate requests from ``clients`` concurrent clients to ``{url}/v1/rank``.
+def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float = 600.0,
+             route: str = "rank") -> dict:
+    """Send ``requests`` single-slate requests from ``clients`` concurrent clients to ``{url}/v1/rank`` (or, with
+    ``route="rerank"``, ``{url}/v1/rerank``; module doc).
 
     Request i carries ``slates[i % len(slates)]``; no request starts after ``max_seconds``. Latency is
     client-side wall time per request (ms). Returns: requests, ok, errors (by HTTP status or transport
@@ -122,7 +148,8 @@ def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_
         raise HllmError("clients and requests must be ≥ 1 and max_seconds > 0")
     if not slates:
         raise HllmError("no slates to send")
-    return _summary([_send_all(url, slates, clients, requests, max_seconds, timeout_s)])
+    request_for(route, {"candidates": []})  # an unknown route fails before any request
+    return _summary([_send_all(url, slates, clients, requests, max_seconds, timeout_s, route=route)])
 
 
 def compare_batching(
@@ -137,13 +164,15 @@ def compare_batching(
     rounds: int = 2,
     ranker=None,
     log=print,
+    routes: Sequence[str] = ("rank",),
 ) -> dict:
-    """Measure the same load with micro-batching on and off in one run, interleaved.
+    """Measure the same load with micro-batching on and off (for each of ``routes``) in one run, interleaved.
 
-    Two in-process servers on ``127.0.0.1`` share ONE :class:`hllm.runtime.Ranker` (one engine);
+    One in-process server per mode on ``127.0.0.1``, all over ONE :class:`hllm.runtime.Ranker` (one engine);
     the ``requests`` of each mode are sent in ``rounds`` bursts that alternate between the modes
-    (on, off, off, on, …) so that a change of machine load during the run hits both modes alike.
-    Only one mode has traffic at a time.
+    (on, off, off, on, …) so that a change of machine load during the run hits every mode alike.
+    Only one mode has traffic at a time. Modes: ``batching_on`` / ``batching_off`` for route ``rank``,
+    ``rerank_batching_on`` / ``rerank_batching_off`` for ``rerank`` (module doc).
 
     Args:
         model: export dir / ``.onnx`` / ``.plan`` / checkpoint, opened once with :meth:`Ranker.from_path`.
@@ -154,7 +183,10 @@ def compare_batching(
         threads: engine intra-op threads.
         rounds: bursts per mode.
         ranker: an existing Ranker (tests); overrides ``model``.
-    Returns: a JSON-ready dict with one entry per mode and the agreement of their rankings.
+        routes: the routes to drive (:data:`ROUTES`), each in both batching modes.
+    Returns: a JSON-ready dict with one entry per mode and the agreement of their rankings (every mode's
+    against the first mode's, request by request).
+    Raises: HllmError for bad rounds or an unknown route.
     """
     import contextlib
 
@@ -165,14 +197,18 @@ def compare_batching(
 
     if rounds < 1 or requests < rounds:
         raise HllmError(f"need 1 ≤ rounds ≤ requests, got rounds={rounds}, requests={requests}")
+    if not routes or any(r not in ROUTES for r in routes):
+        raise HllmError(f"routes must be some of {', '.join(ROUTES)}, got {list(routes)}")
     ranker = ranker or Ranker.from_path(model, threads=threads)
     max_batch = max_batch or clients
     q = max(64, clients * 2)
     dl = max_seconds * 1e3
-    modes = {
+    batching = {
         "batching_on": BatchOptions(max_batch_slates=max_batch, max_wait_ms=max_wait_ms, max_queue=q, deadline_ms=dl),
         "batching_off": BatchOptions(max_batch_slates=1, max_wait_ms=0.0, max_queue=q, deadline_ms=dl),
     }
+    modes = {("" if route == "rank" else f"{route}_") + name: o for route in routes for name, o in batching.items()}
+    route_of = {name: ("rank" if name in batching else name.split("_", 1)[0]) for name in modes}
     apps = {name: create_app(ranker, ServeOptions(batch=o)) for name, o in modes.items()}
     samples: dict = {name: [] for name in modes}
     load_s: dict = {}
@@ -190,19 +226,20 @@ def compare_batching(
         for r in range(rounds):
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
-                s = _send_all(servers[name].url, slates, clients, per[r], max_seconds / rounds, 600.0, offset)
+                s = _send_all(servers[name].url, slates, clients, per[r], max_seconds / rounds, 600.0, offset, route_of[name])
                 samples[name].append(s)
                 log(f"round {r + 1}/{rounds} {name}: {len(s['lat'])}/{s['sent']} ok in {s['wall']:.1f} s")
             offset += per[r]
-    return _mode_results(modes, samples, apps, load_s, ranker, rounds, log)
+    return _mode_results(modes, samples, apps, load_s, ranker, rounds, log, route_of)
 
 
-def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, rounds: int, log) -> dict:
-    """Per mode: the load summary, its options and engine batches; plus whether both modes ranked alike."""
+def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, rounds: int, log, route_of: dict) -> dict:
+    """Per mode: the load summary, its route, options and engine batches; plus whether the modes ranked alike."""
     out: dict = {}
     for name in modes:
         res = _summary(samples[name])
         o = modes[name]
+        res["route"] = {"rank": "/v1/rank", "rerank": "/v1/rerank"}[route_of[name]]
         res["options"] = {"max_batch_slates": o.max_batch_slates, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue}
         res["load_and_warmup_s"] = load_s[name]
         res["engine_batches"] = apps[name].state.hllm.batcher.stats.batches  # the warm-up is not counted
@@ -210,28 +247,38 @@ def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, 
         res["rounds"] = rounds
         out[name] = res
         log(f"{name}: {res['ok']}/{res['requests']} ok, {res['throughput_rps']} req/s, median {(res['latency_ms'] or {}).get('median')} ms")
-    a, b = out["batching_on"].pop("orders"), out["batching_off"].pop("orders")
-    common = sorted(set(a) & set(b))
-    out["rankings_identical_across_modes"] = {"compared": len(common), "identical": sum(a[i] == b[i] for i in common)}
+    names = list(modes)
+    orders = {name: out[name].pop("orders") for name in names}
+    first = orders[names[0]]
+    compared = identical = 0
+    for name in names[1:]:
+        common = sorted(set(first) & set(orders[name]))
+        compared += len(common)
+        identical += sum(first[i] == orders[name][i] for i in common)
+    out["rankings_identical_across_modes"] = {"compared": compared, "identical": identical}
     return out
 
 
 def environment() -> dict:
-    """Hardware and library versions for the result JSON."""
+    """Hardware (CPU model and flags, cores, memory, load: :func:`hllm.machine.describe_machine`) and library
+    versions for the result JSON."""
     from hllm.formats.provenance import library_versions
+    from hllm.machine import describe_machine
 
-    return {"cpu_count": os.cpu_count(), "machine": platform.machine(), "versions": library_versions()}
+    host = {k: v for k, v in describe_machine().items() if k not in ("shared", "note")}
+    return {**host, "cpu_count": os.cpu_count(), "machine": platform.machine(), "versions": library_versions()}
 
 
 def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int, requests: int, max_seconds: float,
                     candidates: int | None = None, max_batch: int | None = None, max_wait_ms: float = 20.0,
                     threads: int | None = None, rounds: int = 2, note: str | None = None, slates_file: str = "",
-                    log=print) -> dict:
+                    log=print, routes: Sequence[str] = ("rank",)) -> dict:
     """The ``hllm loadtest`` report: ``model`` served in-process in both modes (:func:`compare_batching`),
     or one running server at ``url`` (:func:`run_load`). ``candidates`` cuts every slate to a sub-slate
-    (:func:`hllm.runtime.slates.subslate`, labels dropped).
+    (:func:`hllm.runtime.slates.subslate`, labels dropped). ``routes``: :data:`ROUTES` to drive (module doc);
+    against ``url`` each route is one mode (``as_running``, ``rerank_as_running``).
 
-    Raises: HllmError (both or neither of model/url, candidates < 1, a non-loopback url).
+    Raises: HllmError (both or neither of model/url, candidates < 1, a non-loopback url, an unknown route).
     """
     from datetime import datetime, timezone
 
@@ -253,12 +300,15 @@ def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int
     }
     t0 = time.perf_counter()
     if url is not None:
-        res = run_load(url.rstrip("/"), slates, clients, requests, max_seconds)
-        res.pop("orders")
-        report.update(url=url, modes={"as_running": res})
+        modes = {}
+        for route in routes:
+            res = run_load(url.rstrip("/"), slates, clients, requests, max_seconds, route=route)
+            res.pop("orders")
+            modes[("" if route == "rank" else f"{route}_") + "as_running"] = res
+        report.update(url=url, modes=modes)
     else:
         report["model"] = str(model)
         report["modes"] = compare_batching(model, slates, clients, requests, max_seconds, max_batch, max_wait_ms,
-                                           threads, rounds=rounds, log=log)
+                                           threads, rounds=rounds, log=log, routes=routes)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report

@@ -85,12 +85,14 @@ def loadtest_cmd(
     rounds: int = typer.Option(2, min=1, max=1_000, help="Bursts per mode, alternating on/off/off/on… (fair under changing machine load)."),
     threads: Optional[int] = threads_opt(),
     note: Optional[str] = typer.Option(None, help="Free text stored in the JSON (e.g. that the cores were shared)."),
+    route: str = choice_opt("rank", ("rank", "rerank", "both"), "--route",
+                            help="Drive POST /v1/rank, /v1/rerank (same slates: documents = titles, history extension), or both in one run."),
     out_path: Optional[Path] = out_opt(help="JSON report to write (atomic; '-' = stdout)."),
     json_out: bool = json_opt(),
     candidates: Optional[int] = hidden_alias("--candidates", "--n-items"),
     max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
-    """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off in one run."""
+    """Load-test the server on loopback: throughput, p50/p90/p99, errors — micro-batching on vs off (and /v1/rank vs /v1/rerank) in one run."""
     from hllm.bench.loadtest import loadtest_report
     from hllm.runtime.artefact import resolve
 
@@ -106,7 +108,8 @@ def loadtest_cmd(
         resolve(model)
     data = load_slates(slates, limit=limit)
     report = loadtest_report(model, url, data, clients, requests, max_seconds, n_items, batch_size, max_wait_ms,
-                             threads, rounds, note, slates_source(slates), log=lambda m: console.print(m))
+                             threads, rounds, note, slates_source(slates), log=lambda m: console.print(m),
+                             routes=("rank", "rerank") if route == "both" else (route,))
     finish_report(out_path, report, json_out, show=_print_table)
 
 

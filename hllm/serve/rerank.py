@@ -355,15 +355,22 @@ def add_rerank_routes(app, service) -> None:
     (``service``: its :class:`hllm.serve.app.RankService`)."""
     from hllm.serve.app import _ERRORS, read_body
 
-    builders = BuilderCache(service.ranker.builder)
-    k = service.ranker.engine.num_positions
+    cache: list[BuilderCache] = []
+
+    def builder_cache() -> BuilderCache:
+        """Made on the first request (the ranker is read then, as by /v1/rank)."""
+        if not cache:
+            cache.append(BuilderCache(service.ranker.builder))
+        return cache[0]
 
     def endpoint(route: str):
         async def rerank(request: Request):
             t0 = time.perf_counter()
             service._check_ready()
             body = await read_body(request, service.options.max_body_bytes, service.options.body_timeout_s)
-            q = parse_rerank_body(body, request.headers.get("content-type", ""), route, k, builders.base.spec)
+            builders = builder_cache()
+            q = parse_rerank_body(body, request.headers.get("content-type", ""), route,
+                                  service.ranker.engine.num_positions, builders.base.spec)
             row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q)
             res, timing = await service.submit([q.slate], q.deadline_ms, t0, encoded=[row])
             return JSONResponse(response(q, res.rankings[0], res.scores[0], row, warnings, request.state.request_id,

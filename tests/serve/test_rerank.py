@@ -240,3 +240,25 @@ def test_relevance_scores_by_construction():
         relevance_scores(np.zeros((3, 3)), [0, 0, 1])
     with pytest.raises(ValueError, match="finite"):
         relevance_scores(np.full((2, 2), np.nan), [0, 1])
+
+
+def test_loadtest_drives_rank_and_rerank_in_one_run(export_dir, tmp_path):
+    """`hllm loadtest --route both`: /v1/rank and /v1/rerank on the same slates and batching; the same rankings."""
+    from hllm.cli import main
+    from hllm.testing import tiny_slates
+
+    write_jsonl(tmp_path / "s.jsonl", tiny_slates(6, (2, 8), seed=62))
+    with pytest.raises(SystemExit) as e:
+        main(["loadtest", str(export_dir), "--slates", str(tmp_path / "s.jsonl"), "--route", "both", "--clients", "2",
+              "--requests", "8", "--rounds", "2", "--out", str(tmp_path / "lt.json")])
+    assert e.value.code == 0
+    rep = json.loads((tmp_path / "lt.json").read_text())
+    modes = rep["modes"]
+    assert {"batching_on", "batching_off", "rerank_batching_on", "rerank_batching_off"} <= set(modes)
+    for name in ("batching_on", "batching_off", "rerank_batching_on", "rerank_batching_off"):
+        m = modes[name]
+        assert (m["requests"], m["ok"], m["errors"]) == (8, 8, 0), (name, m)
+        assert m["route"] == ("/v1/rerank" if name.startswith("rerank") else "/v1/rank")
+    assert modes["rerank_batching_off"]["engine_batches"] == 8 and set(modes["rerank_batching_off"]["batch_slates_seen"]) == {"1"}
+    assert modes["rankings_identical_across_modes"] == {"compared": 24, "identical": 24}
+    assert rep["environment"]["cpu"] and isinstance(rep["environment"]["cpu_flags"], list)
