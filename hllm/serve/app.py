@@ -5,6 +5,8 @@ Endpoints:
 * ``POST /v1/rank`` — one or more slates (JSON ``{"slates": [...]}``, one slate object, a JSON list,
   or an ``application/x-ndjson`` body of JSONL slates) → ``{"request_id", "rankings": [...],
   "timing": {...}}`` (see :mod:`hllm.serve.schemas`);
+* ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` — the Cohere / Jina reranking API, one slate per request
+  (:mod:`hllm.serve.rerank`);
 * ``GET /healthz`` — the process answers (200);
 * ``GET /readyz`` — 200 once the engine is loaded and warmed up, 503 while loading, after a load
   failure and while draining;

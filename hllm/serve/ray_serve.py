@@ -14,7 +14,8 @@ so every way Ray starts an application works::
 :func:`app_builder` takes ONE argument, a dict or :class:`RayServeArgs` (Ray validates the dict against
 that pydantic model). Each replica (:class:`HllmRanker`) loads ONE engine (:class:`hllm.runtime.Ranker`,
 activated and warmed up in its constructor) and serves, through ``@serve.ingress``, the SAME FastAPI app
-``hllm serve`` runs (:func:`hllm.serve.app.create_app`): ``POST /v1/rank``, the Open Inference Protocol
+``hllm serve`` runs (:func:`hllm.serve.app.create_app`): ``POST /v1/rank``, the Cohere / Jina rerank API
+``POST /v1/rerank`` / ``/v2/rerank`` (:mod:`hllm.serve.rerank`), the Open Inference Protocol
 ``/v2/...`` (:mod:`hllm.serve.kserve`), ``/healthz``, ``/readyz``, ``/metrics`` (this replica's
 counters), ``/docs``, the same ``{"error": {...}}`` envelope and ``X-Request-ID``. The only difference:
 requests are merged into engine batches by Ray's ``@serve.batch`` (:class:`ServeBatcher`, at most
