@@ -34,6 +34,48 @@ class Contender:
     gate: dict = field(default_factory=dict)
 
 
+#: Gate figures a ``--gates`` entry may hold that the table prints (each a number in [-1, 1] when present).
+GATE_FIGURES = ("top1_agreement", "kendall_tau_mean")
+
+
+def read_gates(path) -> dict[str, dict]:
+    """The ``--gates`` file of ``hllm bench frontier``: a JSON object ``{contender name: {figure: value}}``
+    (e.g. the ``gate`` record of ``hllm calibrate``: ``top1_agreement``, ``kendall_tau_mean``,
+    ``recall@10_delta`` …), read strictly (:func:`hllm.runtime.slates.loads_json`: duplicate keys and
+    NaN / Infinity refused).
+
+    Returns: ``{name: figures}``; a null entry is ``{}``.
+    Raises: HllmError naming the file and the entry: unreadable, not JSON, not an object of objects, a
+        figure of :data:`GATE_FIGURES` that is not a number in [-1, 1].
+    """
+    from hllm.errors import HllmError
+    from hllm.runtime.slates import loads_json
+
+    try:
+        text = open(path, "rb").read()
+    except OSError as e:
+        raise HllmError(f"--gates: cannot read {path}: {e.strerror or e}") from None
+    try:
+        doc = loads_json(text, f"--gates {path}")
+    except HllmError as e:
+        raise HllmError(str(e)) from None
+    if not isinstance(doc, dict):
+        raise HllmError(f"--gates {path}: expected a JSON object {{contender name: gate figures}}, got "
+                        f"{type(doc).__name__ if doc is not None else 'null'}")
+    out = {}
+    for name, g in doc.items():
+        if g is None:
+            g = {}
+        if not isinstance(g, dict):
+            raise HllmError(f"--gates {path}: entry {name!r} must be an object of gate figures, got {type(g).__name__}")
+        for k in GATE_FIGURES:
+            v = g.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not -1.0 <= v <= 1.0):
+                raise HllmError(f"--gates {path}: {name}.{k} must be a number in [-1, 1], got {v!r}")
+        out[name] = g
+    return out
+
+
 def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
     """GEMM peaks of this CPU in G(FL)OP/s per dtype, measured now: ``{fp32, int8, bf16 (None without bf16
     instructions), n}``."""

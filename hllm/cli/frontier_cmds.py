@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -53,7 +52,9 @@ def frontier_cmd(
     check_output_file(out_path, "--out", inputs=[c.path for c in cs])  # a contender's export is an input too
     data_to_stdout(json_out, out_path)
     if gates is not None:
-        g = json.loads(Path(gates).read_text(encoding="utf-8"))
+        from hllm.bench.frontier import read_gates
+
+        g = read_gates(gates)
         for c in cs:
             c.gate = g.get(c.name) or {}
     data = load_slates(slates, limit=limit)

@@ -96,16 +96,21 @@ def is_module_island(name: str) -> bool:
 
 def read_islands_file(path: str | os.PathLike) -> tuple[str, ...]:
     """The ``islands`` list of an islands file written by ``hllm debug precision`` (JSON object with an
-    ``islands`` list of island names / module paths), validated by :func:`parse_islands`.
+    ``islands`` list of island names / module paths), validated by :func:`parse_islands`. The JSON is read
+    strictly (:func:`hllm.runtime.slates.loads_json`: a duplicate key, ``NaN`` / ``Infinity``, deep nesting
+    are refused — which of two ``islands`` lists was meant is unknowable).
 
-    Raises: ExportError (unreadable file, no ``islands`` list, an unknown island).
+    Raises: ExportError (unreadable file, not strict JSON, no ``islands`` list, an unknown island).
     """
-    import json
+    from hllm.errors import HllmError
+    from hllm.runtime.slates import loads_json
 
     try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ExportError(f"cannot read islands file {path}: {e}") from None
+        d = loads_json(Path(path).read_bytes(), f"islands file {path}")
+    except OSError as e:
+        raise ExportError(f"cannot read islands file {path}: {e.strerror or e}") from None
+    except HllmError as e:
+        raise ExportError(str(e)) from None
     isl = d.get("islands") if isinstance(d, dict) else None
     if not isinstance(isl, list) or not all(isinstance(x, str) for x in isl):
         raise ExportError(f"islands file {path}: expected a JSON object with an 'islands' list of strings")

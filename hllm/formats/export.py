@@ -41,6 +41,7 @@ from pathlib import Path
 
 from hllm.errors import EngineError, HllmError
 from hllm.files import atomic_write_json, contained_path, read_json, sha256_file
+from hllm.formats.graph import check_tensor_specs, describe_value
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
@@ -70,6 +71,28 @@ class ExportMeta:
     precision: Precision
     flavour: str
     raw: dict = field(default_factory=dict)
+    engine: str = "onnxruntime"
+    openvino: "OpenVinoSettings | None" = None
+
+
+@dataclass(frozen=True)
+class OpenVinoSettings:
+    """The sidecar's ``openvino`` object (written by ``hllm calibrate``: an NNCF INT8 IR, or the OpenVINO
+    candidates of ``--backend auto``).
+
+    Attributes: ir: file name of the OpenVINO IR (``.xml``) inside the export, or None (run ``model.onnx``);
+        inference_precision: the CPU plugin's ``INFERENCE_PRECISION_HINT`` (``f32`` / ``bf16``;
+        :func:`hllm.engines.openvino.check_inference_precision` normalises aliases), or None (f32).
+    """
+
+    ir: str | None = None
+    inference_precision: str | None = None
+
+
+#: Engines a sidecar's ``engine`` key may name (``hllm rank --engine auto`` opens it; absent = onnxruntime).
+SIDECAR_ENGINES = ("onnxruntime", "openvino")
+#: OpenVINO inference precisions (and the aliases the engine accepts) a sidecar may record.
+OPENVINO_PRECISIONS = ("f32", "bf16", "fp32", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -136,28 +159,81 @@ def parse_export(d: object, root: str | os.PathLike, where: str = SIDECAR) -> Ex
     if not isinstance(flavour, str) or flavour not in FLAVOURS:
         raise EngineError(f"{where}: flavour {flavour!r} is not one of {FLAVOURS}")
     _check_types(d, where)
-    return ExportMeta(root, onnx, tok, k, prompt, precision, flavour, d)
+    engine = d.get("engine")
+    if engine is not None and (not isinstance(engine, str) or engine not in SIDECAR_ENGINES):
+        raise EngineError(f"{where}: engine must be one of {SIDECAR_ENGINES} (absent = onnxruntime), got {describe_value(engine)}")
+    ov = d.get("openvino")
+    settings = None if ov is None else OpenVinoSettings(ov.get("ir"), ov.get("inference_precision"))
+    return ExportMeta(root, onnx, tok, k, prompt, precision, flavour, d, engine or "onnxruntime", settings)
 
 
-#: Optional keys the runtime reads, and their JSON type (checked when present).
-_TYPES = {"tokenizer_sha256": str, "onnx_sha256": str, "onnx_bytes": int, "backbone": dict, "inputs": list,
-          "outputs": list}
+def _positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _text(v: object) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _strings(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+#: Every optional key something reads (the runtime, ``info``, ``calibrate``, ``bench``, ``debug``, the
+#: TensorRT builder): ``key → (test, what it must be)``, checked when present and not null. Nested keys
+#: are ``a.b``; a nested key is checked only when its parent is an object.
+_FIELDS = {
+    "tokenizer_sha256": (_text, "a non-empty string"),
+    "onnx_sha256": (_text, "a non-empty string"),
+    "onnx_bytes": (_positive_int, "a positive integer"),
+    "opset": (_positive_int, "a positive integer"),
+    "pad_id": (_count, "a non-negative integer"),
+    "head": (_text, "a non-empty string"),
+    "backbone": (lambda v: isinstance(v, dict), "an object"),
+    "backbone.model_type": (_text, "a non-empty string"),
+    "backbone.hidden_size": (_positive_int, "a positive integer"),
+    "backbone.num_layers": (_positive_int, "a positive integer"),
+    "backbone.vocab_size": (_positive_int, "a positive integer"),
+    "source_checkpoint": (lambda v: isinstance(v, dict), "an object"),
+    "source_checkpoint.path": (lambda v: isinstance(v, str), "a string"),
+    "source_checkpoint.sha256": (lambda v: isinstance(v, str), "a string"),
+    "validation": (lambda v: isinstance(v, dict), "an object"),
+    "validation.shapes": (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list of objects"),
+    "quantization": (lambda v: isinstance(v, dict), "an object"),
+    "fusion": (lambda v: isinstance(v, dict), "an object"),
+    "versions": (lambda v: isinstance(v, dict), "an object"),
+    "fp32_islands": (_strings, "a list of strings"),
+    "fp16": (lambda v: isinstance(v, dict), "an object"),
+    "fp16.islands": (_strings, "a list of strings"),
+    "fp16.cpu_emulation": (lambda v: isinstance(v, dict), "an object"),
+    "fp16.cpu_emulation.onnx": (_text, "a file name (a non-empty string)"),
+    "openvino": (lambda v: isinstance(v, dict), "an object"),
+    "openvino.ir": (_text, "a file name (a non-empty string)"),
+    "openvino.inference_precision": (lambda v: isinstance(v, str) and v.lower() in OPENVINO_PRECISIONS,
+                                     f"one of {OPENVINO_PRECISIONS[:2]}"),
+}
 
 
 def _check_types(d: dict, where: str) -> None:
-    for key, kind in _TYPES.items():
-        v = d.get(key)
-        if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
-            raise EngineError(f"{where}: {key} must be {_JSON_NAMES[kind]}, got {type(v).__name__}")
-    vocab = (d.get("backbone") or {}).get("vocab_size")
-    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
-        raise EngineError(f"{where}: backbone.vocab_size must be a positive integer, got {vocab!r}")
-    n = d.get("onnx_bytes")
-    if n is not None and n < 1:
-        raise EngineError(f"{where}: onnx_bytes must be positive, got {n}")
-
-
-_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list"}
+    """Check every key of :data:`_FIELDS` present in ``d`` and the ``inputs`` / ``outputs`` lists
+    (:func:`hllm.formats.graph.check_tensor_specs`). Raises: EngineError naming the key and what it held."""
+    for key, (ok, what) in _FIELDS.items():
+        *parents, leaf = key.split(".")
+        node: object = d
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or node.get(leaf) is None:
+            continue
+        v = node[leaf]
+        if not ok(v):
+            raise EngineError(f"{where}: {key} must be {what}, got {describe_value(v)}")
+    for key in ("inputs", "outputs"):
+        if d.get(key) is not None:
+            check_tensor_specs(d[key], where, key, EngineError)
 
 
 def graph_bytes(onnx_path: str | os.PathLike) -> int:

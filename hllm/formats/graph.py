@@ -14,6 +14,7 @@ paper, see docs/training.md); :func:`input_names` says which inputs a graph has.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -67,6 +68,77 @@ def sidecar_reads_context(meta: dict) -> bool:
 #: numpy dtype and rank of every input a graph may declare (the module docstring's table).
 INPUT_DTYPES = {"input_ids": "int64", "readout_positions": "int64", "item_mask": "bool", CONTEXT_INPUT: "int64"}
 INPUT_RANKS = {"input_ids": 2, "readout_positions": 2, "item_mask": 2, CONTEXT_INPUT: 1}
+
+
+#: dtypes a sidecar may declare for the graph's output (FP16 graphs may return float16 scores).
+OUTPUT_DTYPES = ("float32", "float16")
+
+
+def check_tensor_specs(value: object, where: str, field: str, error: type[Exception] = ShapeError) -> list[TensorSpec]:
+    """Validate a sidecar's ``inputs`` or ``outputs`` list (``export.json``, a plan's sidecar) — the one
+    reader of those fields.
+
+    Args:
+        value: the field as stored: a list of ``{"name", "dtype", "shape"[, "max_shape"]}`` objects.
+        where: the sidecar, for the message. field: ``inputs`` or ``outputs``. error: the class raised.
+    Returns: the entries as :class:`TensorSpec` (``shape``: ints for fixed dims, strings for dynamic ones).
+    Rules: ``inputs`` names are hLLM graph inputs (:data:`INPUT_DTYPES`), each with its dtype and rank
+        (the module docstring's table), no name twice; ``outputs`` is one ``scores`` tensor of rank 3,
+        dtype in :data:`OUTPUT_DTYPES`; a dim is a positive integer or a non-empty string;
+        ``max_shape`` (optional) has one positive integer per dim.
+    Raises: ``error`` naming ``where``, the field, the entry and what is wrong.
+    """
+    if not isinstance(value, list) or not value:
+        raise error(f"{where}: {field} must be a non-empty list of {{name, dtype, shape}} objects, got {describe_value(value)}")
+    specs, seen = [], set()
+    for i, t in enumerate(value):
+        at = f"{where}: {field}[{i}]"
+        if not isinstance(t, dict):
+            raise error(f"{at} must be an object with name, dtype and shape, got {describe_value(t)}")
+        name, dtype, shape = t.get("name"), t.get("dtype"), t.get("shape")
+        if not isinstance(name, str) or not name:
+            raise error(f"{at}.name must be a non-empty string, got {describe_value(name)}")
+        if field == "inputs" and name not in INPUT_DTYPES:
+            raise error(f"{at}.name {name!r} is not an hLLM graph input (known: {', '.join(INPUT_DTYPES)})")
+        if field != "inputs" and name != OUTPUT_NAME:
+            raise error(f"{at}.name {name!r}: the graph's one output is {OUTPUT_NAME!r}")
+        if name in seen:
+            raise error(f"{at}.name {name!r} is listed twice")
+        seen.add(name)
+        want = (INPUT_DTYPES[name],) if field == "inputs" else OUTPUT_DTYPES
+        if not isinstance(dtype, str) or dtype not in want:
+            raise error(f"{at}.dtype must be {' or '.join(map(repr, want))}, got {describe_value(dtype)}")
+        rank = INPUT_RANKS[name] if field == "inputs" else 3
+        if not isinstance(shape, list) or len(shape) != rank or not all(_is_dim(d) for d in shape):
+            raise error(f"{at}.shape must be a list of {rank} dims (positive integers or names), got {describe_value(shape)}")
+        mx = t.get("max_shape")
+        if mx is not None and not (isinstance(mx, list) and len(mx) == rank
+                                   and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in mx)):
+            raise error(f"{at}.max_shape must be a list of {rank} positive integers, got {describe_value(mx)}")
+        specs.append(TensorSpec(name, dtype, tuple(shape), None if mx is None else tuple(mx)))
+    if field != "inputs" and len(specs) != 1:
+        raise error(f"{where}: {field} must list the one output {OUTPUT_NAME!r}, got {len(specs)} entries")
+    return specs
+
+
+def _is_dim(d: object) -> bool:
+    return (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (isinstance(d, str) and bool(d))
+
+
+def describe_value(v: object) -> str:
+    """What a field held, for a message: its JSON type and (shortened) value."""
+    if v is None:
+        return "null"
+    try:
+        text = json.dumps(v, default=str)
+    except (ValueError, RecursionError):  # nested too deeply to print
+        text = "…"
+    return f"{_json_type(v)} {text[:80]}"
+
+
+def _json_type(v: object) -> str:
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
 
 
 def declared_inputs(inputs: bool | Iterable[Any] | Mapping) -> tuple[str, ...]:

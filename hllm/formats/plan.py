@@ -231,6 +231,11 @@ def _check_keys(meta: dict, where) -> None:
         raise EngineError(f"{where}: hardware_compatibility {hc!r} not one of {HARDWARE_COMPAT}")
     parse_cc(meta["compute_capability"])
     profiles(meta)
+    from hllm.formats.graph import check_tensor_specs
+
+    for key in ("inputs", "outputs"):  # copied from the export's sidecar; the runtime and Triton read them
+        if meta.get(key) is not None:
+            check_tensor_specs(meta[key], str(where), key, EngineError)
 
 
 def profiles(meta: dict) -> list[Profile]:

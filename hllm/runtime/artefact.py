@@ -44,6 +44,9 @@ class Artefact:
         flavour: ``standard`` / ``ort-cpu`` for exports, None otherwise.
         meta: the sidecar dict as stored (``{}`` for a checkpoint).
         context: the head reads the user context (the graph has ``context_positions``).
+        engine: what the sidecar's ``engine`` key names (``onnxruntime`` / ``openvino``; validated by
+            :func:`hllm.formats.export.parse_export`); ``onnxruntime`` when absent or not an export.
+        openvino: the sidecar's typed ``openvino`` object (:class:`hllm.formats.export.OpenVinoSettings`), or None.
     """
 
     kind: str
@@ -55,6 +58,8 @@ class Artefact:
     flavour: str | None = None
     meta: dict = field(default_factory=dict)
     context: bool = False
+    engine: str = "onnxruntime"
+    openvino: object | None = None
 
     @property
     def graph_inputs(self) -> tuple[str, ...]:
@@ -87,7 +92,7 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
 
         e = read_export(p, verify_hash=verify_hash)
         return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
-                        e.flavour, e.raw, sidecar_reads_context(e.raw))
+                        e.flavour, e.raw, sidecar_reads_context(e.raw), e.engine, e.openvino)
     if kind == "tensorrt":
         return _resolve_plan(p, verify_hash)
     raise EngineError(f"{p}: not a checkpoint directory, export directory, .onnx or .plan file")
@@ -144,8 +149,8 @@ def _wants_openvino(artefact: Artefact, engine: str | None) -> bool:
     if engine not in EXPORT_ENGINES:
         raise EngineError(f"unknown engine {engine!r}; one of {EXPORT_ENGINES}")
     if engine == "auto":
-        return artefact.meta.get("engine") == "openvino"
-    if engine == "onnxruntime" and artefact.meta.get("engine") == "openvino" and (artefact.meta.get("openvino") or {}).get("ir"):
+        return artefact.engine == "openvino"
+    if engine == "onnxruntime" and artefact.engine == "openvino" and artefact.openvino is not None and artefact.openvino.ir:
         raise EngineError(f"{artefact.path.parent} is an OpenVINO IR export (its sidecar says engine: openvino); "
                           "run it with --engine openvino or auto")
     return engine == "openvino"
@@ -155,12 +160,14 @@ def _openvino_engine(artefact: Artefact, options: dict):
     from hllm.engines.openvino import OpenVinoEngine
     from hllm.files import contained_path
 
-    ov_meta = artefact.meta.get("openvino") or {}
+    from hllm.formats.export import OpenVinoSettings
+
+    ov = artefact.openvino if isinstance(artefact.openvino, OpenVinoSettings) else OpenVinoSettings()
     path = artefact.path
-    if ov_meta.get("ir"):
-        path = contained_path(artefact.path.parent, ov_meta["ir"], "export.json: openvino.ir", EngineError)
+    if ov.ir:
+        path = contained_path(artefact.path.parent, ov.ir, "export.json: openvino.ir", EngineError)
         if not path.is_file():
             raise EngineError(f"export.json: openvino.ir file {path.name} is missing")
-    prec = options.get("inference_precision") or ov_meta.get("inference_precision") or "f32"
+    prec = options.get("inference_precision") or ov.inference_precision or "f32"
     return OpenVinoEngine(path, artefact.num_positions, threads=options.get("threads"), inference_precision=prec,
                           precision=artefact.precision, context=artefact.context, flavour=artefact.flavour)

@@ -89,7 +89,7 @@ def test_open_engine_selects_openvino_by_option_and_sidecar(exports):
     assert open_engine(art).name == "onnxruntime"
     eng = open_engine(art, engine="openvino", threads=1)
     assert eng.name == "openvino" and eng.context
-    art.meta["engine"] = "openvino"
+    art.engine = "openvino"  # what resolve reads from a sidecar saying engine: openvino
     assert open_engine(art).name == "openvino"
     with pytest.raises(EngineError, match="unknown engine"):
         open_engine(art, engine="tvm")
