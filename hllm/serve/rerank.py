@@ -187,6 +187,8 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
     if unknown:
         _fail(f"unknown fields {sorted(unknown)} (allowed: {', '.join(FIELDS + IGNORED_FIELDS)})")
     model = doc.get("model")
+    if model is not None and not isinstance(model, str):
+        _fail(f"'model' must be a string, got {type(model).__name__}")
     if model is not None and model != SERVED_MODEL:
         _fail(f"model {str(model)[:200]!r} is not served here; this server serves {SERVED_MODEL!r}", "not_found", 404)
     rank_fields = doc.get("rank_fields")
@@ -377,7 +379,7 @@ def add_rerank_routes(app, service) -> None:
                                          route, timing))
         return rerank
 
-    errors = {**_ERRORS, 400: {**_ERRORS[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "
+    errors = {**{c: v for c, v in _ERRORS.items() if c != 422}, 400: {**_ERRORS[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "
                                                              "missing or of the wrong type, no documents, more than K."},
               404: {**_ERRORS[400], "description": "Another model than the one served."}}
     for route, default in ROUTES.items():

@@ -173,6 +173,7 @@ def test_mapping_top_n_documents_usage_and_budget(server, sample, ranker):
     ({"query": "q", "documents": ["a"], "rank_fields": ["title"]}, 400, "bad_request", ("'rank_fields'",)),
     ({"query": "q", "documents": ["a"], "temperature": 1}, 400, "bad_request", ("unknown fields ['temperature']",)),
     ({"model": "rerank-v3.5", "query": "q", "documents": ["a"]}, 404, "not_found", ("'rerank-v3.5' is not served", SERVED_MODEL)),
+    ({"model": 5, "query": "q", "documents": ["a"]}, 400, "bad_request", ("'model' must be a string, got int",)),
     (["q", "a"], 400, "bad_request", ("must be a JSON object",)),
 ])
 def test_bad_requests_get_the_error_envelope(server, body, status, kind, words):
