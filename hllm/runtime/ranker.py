@@ -17,6 +17,7 @@ import numpy as np
 from hllm.engines.base import Engine
 from hllm.runtime.decode import assignment_scores, decode_batch
 from hllm.runtime.prompt import Batch, EncodedSlate, PromptBuilder, load_tokenizer
+from hllm.runtime.slates import slate_ids
 
 
 @dataclass
@@ -166,7 +167,7 @@ class Ranker:
         t1 = time.perf_counter()
         scores = self.scores(batch)
         t2 = time.perf_counter()
-        ids = [str(s.get("slate_id", first_index + i)) for i, s in enumerate(slates)]
+        ids = slate_ids(slates, first_index)
         orders = decode_batch(scores, batch.n_items, ids)
         res = RankResult(calls=1)
         for b, (slate, order) in enumerate(zip(slates, orders)):

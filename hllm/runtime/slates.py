@@ -16,7 +16,7 @@ message names where (``FILE:LINE`` or ``slates[i]``), the ``slate_id`` when ther
 slate                       a JSON object; other top-level keys are kept and ignored
 ``slate_id``                optional; a non-empty string, or an integer (converted to its string);
                             null, a float, a boolean, a list or an object is refused. Absent: the
-                            ranking names the slate by its index
+                            slate's index in the whole input, as a string (:func:`slate_id`)
 ``history``                 optional (absent = []); a list of strings (null refused)
 ``candidates``              a non-empty list of objects; other candidate keys are kept and ignored
 ``candidates[i].title``     a string (may be empty); null or any other type refused
@@ -154,6 +154,19 @@ def _candidates(cands: list, where: str) -> list[dict]:
             seen[item] = i
         out.append(c)
     return out
+
+
+def slate_id(slate: dict, index: int) -> str:
+    """The one id rule: a validated slate's ``slate_id`` (a string), or, when it has none, its 0-based
+    ``index`` in the whole input as a string — what ``hllm rank`` writes and what ``hllm eval`` looks a
+    slate's ranking up by (docs/hardening.md, ``slate_id`` policy)."""
+    sid = slate.get("slate_id")
+    return str(index) if sid is None else str(sid)
+
+
+def slate_ids(slates: Sequence[dict], first_index: int = 0) -> list[str]:
+    """:func:`slate_id` of each of ``slates``, ``slates[0]`` being number ``first_index`` of the input."""
+    return [slate_id(s, first_index + i) for i, s in enumerate(slates)]
 
 
 def take(slate: dict, keep: Sequence[int], id_suffix: str | None = None) -> dict:

@@ -3,7 +3,9 @@
 A ranker is named by a spec: ``random`` (seeded permutations), a checkpoint directory (PyTorch
 reference; with a feature cache only the layers above it run), an export directory / ``.onnx`` /
 ``.plan`` (:meth:`hllm.runtime.Ranker.from_path`), or a JSONL with ``slate_id`` + ``order`` per slate
-(``hllm teacher`` or ``hllm rank`` output). ``NAME=SPEC`` names the row. Metrics come from
+(``hllm teacher`` or ``hllm rank`` output). ``NAME=SPEC`` names the row. A slate is looked up in a JSONL by
+:func:`hllm.runtime.slates.slate_id` (its ``slate_id``, else its index in the slates file: the name
+``hllm rank`` gives it), and every JSONL is checked to cover every slate before any ranker runs. Metrics come from
 :mod:`hllm.verify.metrics`, each with a 95% bootstrap interval over slates; every ranker after the first
 also gets its paired difference to the first (:func:`hllm.verify.metrics.paired_difference`).
 """
@@ -31,37 +33,64 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return name, src
 
 
-def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: int = 1,
-                  features: Path | None = None, progress: Progress = _no_bar) -> tuple[str, str, list[list[int]]]:
-    """(name, kind, orders) of one ranker spec on ``slates`` (orders: best-first candidate indices).
+def is_orders_file(src: str) -> bool:
+    """Whether a ranker spec's source is a JSONL of orders (``.jsonl`` / ``.jsonl.gz`` file)."""
+    p = Path(src)
+    return p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz"))
 
-    Raises: SlateError (a JSONL lacking some slate), EngineError / CheckpointError (a model path).
+
+def jsonl_orders(path: str | Path, slates: Sequence[dict]) -> list[list[int]]:
+    """Each slate's order from a JSONL of ``{slate_id, order}`` records (``hllm rank`` / ``hllm teacher``
+    output), looked up by :func:`hllm.runtime.slates.slate_id` (an id-less slate by its index).
+
+    Raises: SlateError naming the file and how many slates (and the first) it has no ranking for, or two
+        slates with the same id (which ranking is whose is unknowable).
     """
+    from hllm.runtime.slates import slate_ids
     from hllm.training.targets import read_teacher
 
+    ids = slate_ids(slates)
+    seen: set[str] = set()
+    twice = next((i for i in ids if i in seen or seen.add(i)), None)
+    if twice is not None:
+        raise SlateError(f"two slates are named {twice!r} (a slate_id, or the index of a slate without one): a ranking "
+                         f"in {path} cannot be matched to one of them; give the slates distinct slate_ids")
+    teacher = read_teacher(path)
+    missing = [i for i in ids if i not in teacher]
+    if missing:
+        raise SlateError(f"{path} has no ranking for {len(missing)} of the {len(slates)} slates (first: {missing[0]}); "
+                         "rank the same slates or lower --limit")
+    return [teacher[i] for i in ids]
+
+
+def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: int = 1,
+                  features: Path | None = None, progress: Progress = _no_bar,
+                  orders: list[list[int]] | None = None, artefact=None) -> tuple[str, str, list[list[int]]]:
+    """(name, kind, orders) of one ranker spec on ``slates`` (orders: best-first candidate indices).
+
+    ``orders``: a JSONL ranker's orders already read (:func:`jsonl_orders`), not read again; ``artefact``:
+    a model ranker's :class:`hllm.runtime.artefact.Artefact` already resolved.
+    Raises: SlateError (a JSONL lacking some slate), EngineError / CheckpointError (a model path).
+    """
     name, src = parse_spec(spec)
     if src == "random":
         rng = np.random.default_rng(seed)
         return name, "random", [rng.permutation(len(s["candidates"])).tolist() for s in slates]
     p = Path(src)
-    if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz")):
-        teacher = read_teacher(p)
-        missing = [str(s.get("slate_id")) for s in slates if str(s.get("slate_id")) not in teacher]
-        if missing:
-            raise SlateError(f"{p} has no ranking for {len(missing)} of the {len(slates)} slates (first: {missing[0]}); "
-                             "rank the same slates or lower --limit")
-        return name, "jsonl", [teacher[str(s.get("slate_id"))] for s in slates]
+    if is_orders_file(src):
+        return name, "jsonl", orders if orders is not None else jsonl_orders(p, slates)
     from hllm.runtime.artefact import resolve
     from hllm.runtime.ranker import Ranker
 
-    art = resolve(p)
+    art = artefact if artefact is not None else resolve(p)
     kind = art.kind
     advance = progress(f"ranking with {name}", len(slates))
     if features is not None and kind == "checkpoint":
         from hllm.runtime.decode import decode
+        from hllm.runtime.slates import slate_ids
         from hllm.training.features import FeatureCache, scores_from_cache
 
-        ids = [str(s.get("slate_id")) for s in slates]
+        ids = slate_ids(slates)
         scores = scores_from_cache(p, FeatureCache.open(features), ids, on_progress=lambda done, total: advance(1),
                                    slates=slates)
         return name, "checkpoint+features", [decode(m, len(s["candidates"])).tolist() for s, m in zip(slates, scores)]
@@ -71,7 +100,9 @@ def ranker_orders(spec: str, slates: Sequence[dict], seed: int = 0, batch_size: 
 
 def subset_record(slates: Sequence[dict], slates_file: str) -> dict:
     """Which slates were evaluated: count, first and last id, sha256 of the ids (one per line)."""
-    ids = [str(s.get("slate_id")) for s in slates]
+    from hllm.runtime.slates import slate_ids
+
+    ids = slate_ids(slates)
     return {"first": len(ids), "slate_ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
             "first_id": ids[0] if ids else None, "last_id": ids[-1] if ids else None}
 
@@ -101,9 +132,20 @@ def evaluate_rankers(specs: Sequence[str], slates: Sequence[dict], slates_file: 
     result = {"slates_file": slates_file, "subset": subset_record(slates, slates_file), "random_seed": seed,
               "features": str(features) if features else None, "rankers": {}}
     labels = [s["labels"] for s in slates]
+    # before any ranker runs: every JSONL covers every slate, every model path is an artefact
+    from hllm.runtime.artefact import resolve
+
+    read, arts = {}, {}
+    for spec in specs:
+        src = parse_spec(spec)[1]
+        if is_orders_file(src):
+            read[spec] = jsonl_orders(src, slates)
+        elif src != "random":
+            arts[spec] = resolve(src)
     first: tuple[str, list[list[int]]] | None = None
     for spec in specs:
-        name, kind, orders = ranker_orders(spec, slates, seed, batch_size, features, progress)
+        name, kind, orders = ranker_orders(spec, slates, seed, batch_size, features, progress, read.get(spec),
+                                           arts.get(spec))
         row = evaluate(orders, labels).to_dict()
         row.update(kind=kind, source=parse_spec(spec)[1])
         if first is None:
