@@ -7,7 +7,9 @@ such as ``com.microsoft.GroupQueryAttention``): such a graph is refused with the
 Precision: ``f32`` runs every op in float32 (``INFERENCE_PRECISION_HINT=f32``); ``bf16`` lets the CPU
 plugin run matrix multiplications in bfloat16 — only on a CPU with AVX512_BF16 or AMX-BF16
 (:func:`hllm.machine.bf16_support`), refused elsewhere because the plugin would otherwise fall back
-or emulate silently. An INT8 IR (``model.xml`` written by :func:`hllm.calibration.openvino_int8.quantize_openvino`)
+or emulate silently. The ``bf16`` hint runs nearly every op in bfloat16 and ignores per-node runtime info;
+fp32 islands are honoured through an explicitly typed graph instead (:mod:`hllm.exporter.bf16`: bfloat16
+``MatMul`` nodes only where wanted, compiled with ``f32``). An INT8 IR (``model.xml`` written by :func:`hllm.calibration.openvino_int8.quantize_openvino`)
 carries its own FakeQuantize nodes and runs with the f32 hint for the parts kept in float.
 
 Sources: OpenVINO Python API (``openvino.Core.read_model`` / ``compile_model``, properties
@@ -60,7 +62,9 @@ class OpenVinoEngine(Engine):
         threads: ``INFERENCE_NUM_THREADS`` (0 / None = OpenVINO's default, all cores).
         inference_precision: ``f32`` or ``bf16`` (:func:`check_inference_precision`; checked at construction).
         precision: the graph's :class:`Precision` recorded in reports (INT8 for an NNCF IR; BF16 is set
-            automatically when ``inference_precision`` is bf16).
+            automatically when ``inference_precision`` is bf16, and is the precision of a typed bf16-GEMM
+            graph from :func:`hllm.exporter.bf16.convert_to_bf16`, which runs under ``f32`` and is refused on
+            a CPU without bf16 instructions like the ``bf16`` hint).
         context: the graph has the ``context_positions`` input (checked on activate).
         flavour: the export's flavour when known; ``ort-cpu`` is refused (contrib ops OpenVINO cannot read).
     Raises: EngineError (at construction for a refused flavour or precision; on activate for a graph
@@ -78,6 +82,8 @@ class OpenVinoEngine(Engine):
         self.inference_precision = check_inference_precision(inference_precision)
         if self.inference_precision == "bf16" and Precision.parse(precision) is Precision.FP32:
             precision = Precision.BF16
+        if Precision.parse(precision) is Precision.BF16:  # a typed bf16 graph (hllm.exporter.bf16) under f32
+            check_inference_precision("bf16")  # refused on a CPU that would silently run it in f32
         super().__init__(num_positions, precision, context)
         self.model_path = Path(model_path)
         self.threads = threads

@@ -137,7 +137,7 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
     info = json.loads(capsys.readouterr().out)
     assert info["engine"] == "onnxruntime" and info["engines"] == ["onnxruntime", "openvino"]
     monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
-    assert run(["debug", "precision", str(export), "--precision", "bf16", "-o", str(tmp_path / "i.json"),
+    assert run(["debug", "precision", str(export), "--precision", "bf16", "--bf16-runner", "openvino", "-o", str(tmp_path / "i.json"),
                 "-s", str(src)]) == 2
     assert "AVX512_BF16 or AMX-BF16" in capsys.readouterr().err and not (tmp_path / "i.json").exists()
 
