@@ -134,36 +134,109 @@ def check_calibration_tokenizer(meta: dict, tokenizer_path: Path, pad_id: int, w
         raise SlateError(f"calibration set {where} pads with id {meta.get('pad_id')!r}, the export with {pad_id}")
 
 
-def fp32_reference(req: CalibrateRequest, progress: Progress = _no_bar, say: Say = _quiet):
-    """FP32 score matrices on the evaluation slates (from ``req.reference_cache`` when it exists).
+def fp32_engines(art, threads: int | None = None) -> dict:
+    """The fp32 engines that can compute the FP32 reference of the export ``art``
+    (:class:`hllm.runtime.artefact.Artefact`): ONNX Runtime on its graph, and OpenVINO at inference
+    precision f32 when the export is of flavour ``standard`` and OpenVINO is installed.
+
+    Returns: ``{name: Ranker}`` (engines constructed, not activated).
+    """
+    from hllm.runtime.ranker import Ranker
+    from hllm.verify.gate import cpu_ranker
+
+    out = {"onnxruntime-fp32": cpu_ranker(art, threads)}
+    if art.flavour == "standard":
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return out
+        out["openvino-fp32"] = Ranker.from_path(art, engine="openvino", inference_precision="f32", threads=threads)
+    return out
+
+
+def fastest_fp32(art, slates: Sequence[dict], threads: int | None = None, say: Say = _quiet):
+    """The fastest of :func:`fp32_engines` on this machine: each engine runs the first slate twice (a
+    warm-up: compilation, allocation; then one timed call) and the lowest time wins.
+
+    Returns: ``(name, Ranker, {name: seconds of the timed call})``; with one engine it is not timed.
+    Raises: EngineError from an engine that cannot run (ONNX Runtime's is never skipped; an OpenVINO one
+        that fails is left out with a message).
+    """
+    from hllm.verify.scoring import score_slates
+
+    engines = fp32_engines(art, threads)
+    if len(engines) == 1 or not slates:
+        name = next(iter(engines))
+        return name, engines[name], {}
+    probe, times = list(slates[:1]), {}
+    for name, r in list(engines.items()):
+        try:
+            with r:
+                score_slates([r.engine], r.builder, probe)
+                t0 = time.perf_counter()
+                score_slates([r.engine], r.builder, probe)
+                times[name] = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 — an optional engine that cannot run is not the reference
+            if name == "onnxruntime-fp32":
+                raise
+            say(f"{name} cannot compute the FP32 reference here ({type(e).__name__}: {e}); not used")
+            engines.pop(name)
+    best = min(times, key=times.get)
+    say("FP32 reference engine: " + ", ".join(f"{n} {t * 1e3:.0f} ms" for n, t in times.items()) + f" → {best}")
+    return best, engines[best], times
+
+
+def fp32_reference(req: CalibrateRequest, progress: Progress = _no_bar, say: Say = _quiet, info: dict | None = None):
+    """FP32 score matrices on the evaluation slates (from ``req.reference_cache`` when it exists), computed
+    by the fastest fp32 engine of the export (:func:`fastest_fp32`).
 
     A cache is keyed by content (:func:`hllm.verify.gate.reference_key`: the graph file's sha256, K, and
     the hash of each slate's encoded inputs) and used only when it proves it holds those; a fresh
     reference is written to it only when every score is finite.
+    ``info``, when given, receives ``engine`` (the engine that computed the scores; None from a cache),
+    ``probe_s`` (the engines' probe times), ``cached`` and ``seconds``.
     Returns ``(scores, seconds)``. Raises: ParityError naming the cache file for a cache of another graph,
         another K, other slates or inputs, a short or non-finite one.
     """
     import numpy as np
 
     from hllm.runtime.artefact import resolve
-    from hllm.verify.gate import cpu_ranker, load_reference, reference_key, reference_scores, save_reference
+    from hllm.verify.gate import load_reference, reference_key, reference_scores, save_reference
 
     t0 = time.perf_counter()
+    info = {} if info is None else info
     cache = req.reference_cache
     art = req.artefact or resolve(req.export_dir)
     key = reference_key(art, req.eval_slates) if cache is not None else None
     if cache is not None and cache.is_file():
         ref = load_reference(cache, key)  # before any message: a bad file is the one error line
         say(f"FP32 reference scores from {cache}")
+        info.update(engine=None, cached=True, seconds=round(time.perf_counter() - t0, 1))
         return ref, time.perf_counter() - t0
-    advance = progress("FP32 reference on eval slates", len(req.eval_slates))
-    ref = reference_scores(cpu_ranker(art, req.threads), req.eval_slates, on_progress=advance)
+    name, ranker, probe = fastest_fp32(art, req.eval_slates, req.threads, say)
+    advance = progress(f"FP32 reference ({name}) on eval slates", len(req.eval_slates))
+    ref = reference_scores(ranker, req.eval_slates, on_progress=advance)
     if cache is not None:
         if all(np.isfinite(m).all() for m in ref):
             save_reference(cache, ref, key)
         else:
             say(f"the FP32 reference has non-finite scores: not cached in {cache}")
+    info.update(engine=name, probe_s={k: round(v, 3) for k, v in probe.items()}, cached=False,
+                seconds=round(time.perf_counter() - t0, 1))
     return ref, time.perf_counter() - t0
+
+
+def gate_line(d: dict) -> str:
+    """One line of a gate report dict (:meth:`hllm.verify.gate.GateReport.to_dict`): the figures of the
+    three criteria groups and the verdict (with the failed criteria and, after fail-fast, the stop)."""
+    q = d.get("quality") or {}
+    lb = lambda m: f"{q[m]['lower_bound']:+.4f}" if m in q else "n/a"  # noqa: E731
+    reg = (d.get("fidelity") or {}).get("regret_p95")
+    verdict = "pass" if d["passed"] else "FAIL (" + ", ".join(f["criterion"] for f in d["failures"]) + ")"
+    stop = f"; stopped after {d['stopped_after']} slates: {d['stop_reason']}" if d.get("stopped_after") is not None else ""
+    return (f"[{d['gate']} gate] ΔAUC lb {lb('auc')}  ΔNDCG@10 lb {lb('ndcg@10')}  ΔR@10 lb {lb('recall@10')}  "
+            f"tau {d['kendall_tau_mean']:.3f}  regret p95 {'n/a' if reg is None else f'{reg:.2g}'}  "
+            f"top-1 {d['top1_agreement']:.3f}  → {verdict}{stop}")
 
 
 @dataclass
@@ -202,13 +275,11 @@ class Attempts:
         advance = self.progress(f"gate ({o.precision}) on eval slates", len(req.eval_slates))
         rep = run_gate(self.ref_scores, self.staging, req.eval_slates, req.thresholds,
                        req.calibration.slate_ids if req.calibration is not None else (),
-                       on_progress=advance, threads=req.threads)
+                       on_progress=advance, threads=req.threads, fail_fast=True)
         d = {**rep.to_dict(), "quantized_nodes": res.summary["quantized_nodes"],
              "kept_float_nodes": len(res.excluded_nodes)}
         self.reports[tuple(parts)] = d
-        delta = d["recall@10_delta"]
-        self.say(f"top-1 {d['top1_agreement']:.3f}  tau {d['kendall_tau_mean']:.3f}  ΔR@10 "
-                 f"{'n/a' if delta is None else f'{delta:+.4f}'}  → {'pass' if rep else 'FAIL'}")
+        self.say(gate_line(d))
         return rep.passed, {k: d[k] for k in ("top1_agreement", "kendall_tau_mean", "recall@10_delta",
                                               "quantized_nodes", "kept_float_nodes", "failures")}
 

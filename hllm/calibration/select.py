@@ -16,14 +16,18 @@ name                          engine      precision  needs
 ============================  ==========  =========  ===========================================
 
 A candidate the CPU or the export cannot run is listed with the reason (``refused``) and never built.
-Every built candidate is gated against the FP32 export's rankings (:func:`hllm.verify.gate.gate_scores`:
-top-1 agreement, |ΔRecall@10|, |ΔAUC|, non-finite scores) on the same slates, and dropped as soon as it
-can no longer pass (:func:`gate_fail_fast`: an INT8 graph that disagrees on the top item of one slate in
-two is known to fail after a few dozen slates, not 200); those that pass are timed
-interleaved (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the
-fastest is promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
-``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline always passes its own gate, so a
-run always writes a directory (possibly the FP32 graph itself when nothing faster keeps the ranking).
+The FP32 reference scores on the evaluation slates come from the fastest fp32 engine of the export
+(:func:`hllm.calibration.pipeline.fastest_fp32`), or from the ``--reference-scores`` cache. An fp32
+candidate computes the same function in another order of summation, so it is checked by tensor parity
+on the first :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| ≤ :data:`FP32_PARITY_ATOL`, all
+finite) instead of a ranking gate over every slate. A reduced-precision candidate is judged by the gate
+(:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor by default, ``strict`` on request)
+on all the slates, scored in chunks and stopped as soon as it can no longer pass
+(:func:`hllm.verify.gate.hopeless`). Those that pass are timed interleaved
+(:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the fastest is
+promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
+``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline passes its parity check unless an
+engine is broken, so a run writes a directory (possibly the FP32 graph itself when nothing faster passes).
 
 Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF post-training quantization
 (``nncf.quantize``); ONNX Runtime quantization (``onnxruntime.quantization``).
@@ -44,6 +48,11 @@ Say = Callable[[str], None]
 
 #: The report written beside the selected export.
 SELECTION_NAME = "selection_report.json"
+#: fp32 candidates: slates of the tensor-parity check, and its max |ΔM| against the FP32 reference. fp32
+#: engines differ only in the order of summation: ONNX Runtime vs PyTorch eager on the real export differ
+#: by < 5e-5 on scores of magnitude ~10, so 1e-3 leaves room for other kernels and catches a wrong graph.
+FP32_PARITY_SLATES = 8
+FP32_PARITY_ATOL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -120,10 +129,13 @@ class SelectionResult:
     eval_slates: dict
     thresholds: dict
     timing: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)
+    wall_s: float | None = None
 
     def to_dict(self) -> dict:
         return {"selected": self.selected, "candidates": self.candidates, "thresholds": self.thresholds,
-                "eval_slates": self.eval_slates, "timing": self.timing, "machine": self.machine}
+                "eval_slates": self.eval_slates, "reference": self.reference, "timing": self.timing,
+                "wall_s": self.wall_s, "machine": self.machine}
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -190,16 +202,20 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
 
 
 def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tuple[SelectionResult, Path]:
-    """Run the selection (module doc); returns ``(result, out_dir)``.
+    """Run the selection (module doc); returns ``(result, out_dir)``. ``progress(description, total)`` →
+    ``advance(n)`` shows the reference pass and each candidate's gate (:data:`hllm.calibration.pipeline.Progress`).
 
     Raises: EngineError from :func:`check_start` (unknown candidate, not an ONNX Runtime fp32 export) or when
         the FP32 export itself cannot be gated; FileExistsError if ``out_dir`` exists and
         ``overwrite`` is False; the quantizers' errors are recorded per candidate, not raised.
     """
-    from hllm.calibration.pipeline import CalibrateRequest, fp32_reference
+    from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_line
     from hllm.files import _staging_prefix, atomic_write_json, promote_dir
     from hllm.formats.export import read_export
     from hllm.machine import cpu_flags, describe_machine
+
+    t_start = time.perf_counter()
+    progress = progress or (lambda d, n: (lambda k: None))
     meta = read_export(req.export_dir)
     check_start(meta, req.only)
     flavour, features = meta.flavour, cpu_flags()
@@ -208,9 +224,10 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
         have_ov = True
     except ImportError:
         have_ov = False
+    ref_info: dict = {}
     ref, _ = fp32_reference(CalibrateRequest(req.export_dir, req.out_dir, None, req.thresholds, req.eval_slates, "",
                                              threads=req.threads, reference_cache=req.reference_cache),
-                            progress or (lambda d, n: (lambda k: None)), say)
+                            progress, say, info=ref_info)
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
@@ -229,36 +246,39 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             try:
                 path = build(c, req.export_dir, work / c.name, req.calibration)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
-                if c.name == BASELINE:  # the reference itself: its scores are ``ref``, nothing to run again
-                    from hllm.verify.gate import gate_scores
-
-                    rep, scored = gate_scores(ref, ref, req.eval_slates, req.thresholds), len(req.eval_slates)
+                t0 = time.perf_counter()
+                if c.precision == "fp32" and c.name == ref_info.get("engine"):
+                    rec["check"] = "reference"  # it computed the reference: nothing to compare it with
+                    rec["passed"] = True
+                    say(f"{c.name}: computed the FP32 reference")
+                elif c.precision == "fp32":
+                    par = fp32_parity(ref, path, req.eval_slates, req.threads)
+                    rec["check"], rec["parity"], rec["passed"] = "parity", par.to_dict(per_slate=False), par.passed
+                    say(f"{c.name}: parity on {par.summary().slates} slates, max|ΔM| {par.summary().max_abs_diff:.2g} "
+                        f"(≤ {FP32_PARITY_ATOL:g}) → {'pass' if par.passed else 'FAIL'}")
                 else:
-                    rep, scored = gate_fail_fast(ref, path, req.eval_slates, req.thresholds, req.threads)
+                    advance = progress(f"gate {c.name}", len(req.eval_slates))
+                    rep = gate_fail_fast(ref, path, req.eval_slates, req.thresholds, req.threads, on_progress=advance)[0]
+                    g = rep.to_dict()
+                    rec["check"], rec["gate"], rec["passed"] = "gate", _gate_record(g), bool(rep.passed)
+                    say(f"{c.name}: {gate_line(g)}")
+                rec["check_s"] = round(time.perf_counter() - t0, 1)
             except Exception as e:  # one candidate's failure is a record, never the end of the run
                 rec["error"] = f"{type(e).__name__}: {e}"
                 say(f"{c.name}: failed — {rec['error']}")
                 continue
-            g = rep.to_dict()
-            rec["gate"] = {k: g.get(k) for k in ("slates", "top1_agreement", "kendall_tau_mean", "recall@10_delta",
-                                                 "auc_delta", "nonfinite", "passed", "failures")}
-            rec["passed"] = bool(rep.passed) and scored == len(req.eval_slates)
-            if scored < len(req.eval_slates):
-                rec["gate"].update(passed=False, stopped_after=scored)
-            stop = f" (stopped after {scored} slates: it can no longer pass)" if scored < len(req.eval_slates) else ""
-            say(f"{c.name}: top-1 {g['top1_agreement']:.3f} tau {g['kendall_tau_mean']:.3f} → "
-                f"{'pass' if rec['passed'] else 'FAIL ' + '; '.join(map(str, g.get('failures') or []))}{stop}")
             if rec["passed"]:
                 built[c.name] = path
         if BASELINE not in built:
-            raise EngineError(f"the FP32 export itself could not be gated: {records[0].get('error')}")
+            why = records[0].get("error") or f"parity with the FP32 reference failed: {records[0].get('parity', {}).get('failures')}"
+            raise EngineError(f"the FP32 export itself could not be checked: {why}")
         timing = _time(req, built, records, say)
         best = min(built, key=lambda n: timing["engine_ms"][n]["median"]) if timing else BASELINE
         say(f"selected {best}")
         result = SelectionResult(best, records, describe_machine(), _slates_record(req.eval_slates),
-                                 {k: getattr(req.thresholds, k) for k in ("min_top1", "max_recall10_delta",
-                                                                            "max_auc_delta", "min_tau", "max_nonfinite")},
-                                 timing)
+                                 {**req.thresholds.to_dict(), "fp32_parity": {"slates": FP32_PARITY_SLATES,
+                                                                              "atol": FP32_PARITY_ATOL}},
+                                 timing, ref_info, round(time.perf_counter() - t_start, 1))
         atomic_write_json(built[best] / SELECTION_NAME, result.to_dict())
         promote_dir(built[best], out, overwrite=req.overwrite)
     finally:
@@ -267,37 +287,47 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
 
 
 def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, threads: int | None = None,
-                   chunk: int = 10):
+                   chunk: int = 10, on_progress=None):
     """Gate the export at ``path`` against the reference scores ``ref`` (one ``[n_i, K]`` float32 array per
-    slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass: more
-    top-1 disagreements than ``(1 − min_top1) · len(slates)`` allows, or more non-finite scores than
-    allowed. Returns ``(GateReport over the slates scored, number scored)``; a report over fewer slates
-    than given is a failure whatever its figures (:func:`hllm.verify.gate.gate_scores` computes them).
+    slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass
+    (:func:`hllm.verify.gate.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
+    report over fewer slates than given is a failure whatever its figures.
 
     Raises: EngineError / SlateError from loading or running the engine.
     """
-    import math
+    from hllm.verify.gate import run_gate
 
-    from hllm.verify.gate import cpu_ranker, gate_scores
-    from hllm.verify.parity import compare_slate
-    from hllm.verify.scoring import score_slates
+    rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress)
+    return rep, len(rep.records)
 
-    n = len(slates)
-    allowed = math.floor((1.0 - thresholds.min_top1) * n + 1e-9)
-    got, misses, nonfinite = [], 0, 0
-    ranker = cpu_ranker(path, threads)
-    with ranker:
-        for i in range(0, n, chunk):
-            part = score_slates([ranker.engine], ranker.builder, slates[i:i + chunk])[0]
-            for a, b in zip(ref[i:i + chunk], part):
-                c = compare_slate(a, b)
-                misses += not c.top1_match
-                nonfinite += c.nonfinite
-            got += part
-            if misses > allowed or nonfinite > thresholds.max_nonfinite:
-                break
-    k = len(got)
-    return gate_scores(ref[:k], got, slates[:k], thresholds), k
+
+def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None = None,
+                count: int = FP32_PARITY_SLATES, atol: float = FP32_PARITY_ATOL):
+    """Tensor parity of the fp32 candidate at ``path`` with the FP32 reference scores ``ref`` on the first
+    ``count`` slates: max|ΔM| ≤ ``atol`` and no non-finite score (rankings are reported, not required:
+    an fp32 engine may order an exact near-tie otherwise).
+
+    Returns: :class:`hllm.verify.parity.ParityReport`. Raises: EngineError / SlateError from the engine.
+    """
+    from hllm.verify.gate import cpu_ranker, ranker_scores
+    from hllm.verify.parity import ParityReport, Thresholds, compare_slate
+
+    part = list(slates[:count])
+    r = cpu_ranker(path, threads)
+    got = ranker_scores(r, part)
+    records = [compare_slate(a, b, str(s.get("slate_id", i))) for i, (a, b, s) in enumerate(zip(ref, got, part))]
+    return ParityReport(records, Thresholds(atol=atol, min_perm_match=0.0, min_top1=0.0, min_tau=-1.0),
+                        reference="fp32 reference", backend=r.engine.name, precision="fp32")
+
+
+#: The keys of a gate report kept in each candidate's record of ``selection_report.json``.
+GATE_RECORD_KEYS = ("gate", "slates", "passed", "failures", "criteria", "quality", "fidelity", "strict_passed",
+                    "top1_agreement", "perm_match_rate", "kendall_tau_mean", "recall@10_delta", "auc_delta",
+                    "ndcg@10_delta", "nonfinite", "max_abs_diff", "stopped_after", "stop_reason")
+
+
+def _gate_record(g: dict) -> dict:
+    return {k: g[k] for k in GATE_RECORD_KEYS if k in g}
 
 
 def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:

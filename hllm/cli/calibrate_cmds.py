@@ -43,10 +43,15 @@ def calibrate_cmd(
     op_type: List[str] = typer.Option(["MatMul", "Gemm"], "--op-type", help="Op types to quantize. Repeatable."),
     block_size: int = typer.Option(32, min=16, max=256, help="ort-weight-only: weights per scale along the reduction axis (16, 32, 64, 128 or 256)."),
     accuracy_level: int = typer.Option(0, min=0, max=4, help="ort-weight-only: MatMulNBits compute, 0 float … 4 INT8 activations per block."),
-    min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Gate: min top-1 agreement with FP32."),
-    max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Gate: max |ΔRecall@10| (slates with labels)."),
-    max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Gate: max |ΔAUC| (slates with labels)."),
-    min_tau: Optional[float] = typer.Option(None, min=-1.0, max=1.0, help="Gate: min mean Kendall tau (off by default)."),
+    gate: str = choice_opt("quality", ("quality", "strict"), "--gate", help="quality: the one-sided 95% bootstrap lower bounds of ΔAUC, ΔNDCG@10, ΔRecall@10 within their margins, and the fidelity floor (mean tau, p95 assignment regret, finite scores); strict: top-1 agreement and point |ΔRecall@10|, |ΔAUC| limits."),
+    auc_margin: float = typer.Option(0.005, min=0.0, max=1.0, help="Quality gate: the lower bound of ΔAUC must be ≥ −margin."),
+    ndcg10_margin: float = typer.Option(0.01, min=0.0, max=1.0, help="Quality gate: the lower bound of ΔNDCG@10 must be ≥ −margin."),
+    recall10_margin: float = typer.Option(0.01, min=0.0, max=1.0, help="Quality gate: the lower bound of ΔRecall@10 must be ≥ −margin."),
+    min_tau: Optional[float] = typer.Option(0.9, min=-1.0, max=1.0, help="Quality gate (fidelity floor): min mean Kendall tau with FP32."),
+    max_regret_p95: float = typer.Option(1e-3, min=0.0, max=1.0, help="Quality gate (fidelity floor): max 95th percentile of the per-slate assignment regret (docs/calibration.md)."),
+    min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Strict gate: min top-1 agreement with FP32."),
+    max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Strict gate: max |ΔRecall@10| (slates with labels)."),
+    max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Strict gate: max |ΔAUC| (slates with labels)."),
     candidate: List[str] = typer.Option([], "--candidate", help="With --backend auto: consider only these candidates (onnxruntime-fp32 always). Repeatable."),
     bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip; --backend auto: default 5)."),
     bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
@@ -75,10 +80,12 @@ def calibrate_cmd(
     bench_runs = pick(bench_runs, bench_rounds, 0)
     if (limit is not None and limit < 1) or not 0 <= bench_runs <= 10_000:
         raise typer.BadParameter("--limit must be ≥ 1 and --bench-runs within 0..10000")
+    th_kw = dict(mode=gate, auc_margin=auc_margin, ndcg10_margin=ndcg10_margin, recall10_margin=recall10_margin,
+                 min_tau=min_tau, max_regret_p95=max_regret_p95, min_top1=min_top1,
+                 max_recall10_delta=max_recall10_delta, max_auc_delta=max_auc_delta)
     if backend == "auto":
         _refuse_ignored_by_auto()
-        return _select(export_dir, out_dir, th_kw=dict(min_top1=min_top1, max_recall10_delta=max_recall10_delta,
-                                                        min_tau=min_tau, max_auc_delta=max_auc_delta),
+        return _select(export_dir, out_dir, th_kw=th_kw,
                        slates=slates, limit=limit, calib=(calibration, calib_slates, calib_count, calib_seed, calib_batch_size),
                        candidates=tuple(candidate), rounds=bench_runs or 5, warmup=bench_warmup, threads=threads,
                        reference_cache=reference_scores_path, report=report, overwrite=overwrite, json_out=json_out)
@@ -90,8 +97,7 @@ def calibrate_cmd(
                         weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type),
                         block_size=block_size, accuracy_level=accuracy_level)
     opts.validate()  # refuses fp8 for an A100 before any work
-    th, calib_slates = _check_run(dict(min_top1=min_top1, max_recall10_delta=max_recall10_delta, min_tau=min_tau,
-                                       max_auc_delta=max_auc_delta), json_out, report, out_dir, overwrite,
+    th, calib_slates = _check_run(th_kw, json_out, report, out_dir, overwrite,
                                   reference_scores_path, calib_slates)
     art, builder = _onnx_export(export_dir, backend)
     evals = load_slates(slates, limit=limit)
@@ -162,7 +168,8 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
                                       [str(s.get("slate_id", "")) for s in evals])
     req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
                         reference_cache, overwrite)
-    result, dest = select(req, say=lambda m: console.print(f"  {m}"))
+    with progress_lines(progress()) as bar:
+        result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False), progress=bar.bar_for)
     finish_report(report, result.to_dict(), json_out, show=_print_selection)
     out.print(f"selected {result.selected} → {dest}")
 
@@ -202,14 +209,22 @@ def _check_reference_cache(cache: Optional[Path], out_dir: Path) -> None:
 
 def _print_selection(r: dict) -> None:
     t = Table(title=f"calibrate --backend auto: selected {r['selected']}")
-    for col in ("candidate", "top-1", "tau", "ΔR@10", "ΔAUC", "gate", "ms/slate", "× fp32"):
+    for col in ("candidate", "check", "ΔAUC lb", "ΔNDCG@10 lb", "tau", "regret p95", "top-1", "verdict", "ms/slate", "× fp32"):
         t.add_column(col)
     for c in r["candidates"]:
         g = c.get("gate") or {}
-        f = lambda k, fmt="{:.3f}": "-" if g.get(k) is None else fmt.format(g[k])  # noqa: E731
+        q, fid = g.get("quality") or {}, g.get("fidelity") or {}
+        f = lambda v, fmt="{:.3f}": "-" if v is None else fmt.format(v)  # noqa: E731
+        lb = lambda m: f((q.get(m) or {}).get("lower_bound"), "{:+.4f}")  # noqa: E731
         status = c.get("refused") or c.get("error") or ("pass" if c.get("passed") else "FAIL")
-        t.add_row(c["name"], f("top1_agreement"), f("kendall_tau_mean"), f("recall@10_delta", "{:+.4f}"),
-                  f("auc_delta", "{:+.4f}"), status[:70], str(c.get("engine_ms_median", "-")), str(c.get("speedup_vs_fp32", "-")))
+        if c.get("passed") is False and g.get("failures"):
+            status += ": " + ", ".join(x["criterion"] for x in g["failures"])
+        check = c.get("check", "-")
+        if check == "parity":
+            check = f"parity max|ΔM| {c['parity']['max_abs_diff']:.1g}"
+        t.add_row(c["name"], check, lb("auc"), lb("ndcg@10"), f(g.get("kendall_tau_mean")), f(fid.get("regret_p95"), "{:.2g}"),
+                  f(g.get("top1_agreement")), status[:70], str(c.get("engine_ms_median", "-")),
+                  str(c.get("speedup_vs_fp32", "-")))
     out.print(t)
 
 
@@ -235,12 +250,8 @@ def _calibrate_with_progress(req):
     """:func:`hllm.calibration.pipeline.calibrate` with its steps and progress shown on the console."""
     from hllm.calibration.pipeline import calibrate
 
-    with progress() as bar:
-        def bar_for(desc: str, total: int):
-            task = bar.add_task(desc, total=total)
-            return lambda n: bar.advance(task, n)
-
-        return calibrate(req, say=lambda m: bar.console.print(f"  {m}"), progress=bar_for)
+    with progress_lines(progress()) as bar:
+        return calibrate(req, say=lambda m: bar.console.print(f"  {m}", highlight=False), progress=bar.bar_for)
 
 
 def _report(result, dest: Path, report: Optional[Path], json_out: bool) -> None:
@@ -254,6 +265,42 @@ def _report(result, dest: Path, report: Optional[Path], json_out: bool) -> None:
         raise typer.Exit(1)
 
 
+class progress_lines:
+    """A rich progress bar (:func:`hllm.cli.app.progress`) that also leaves a trace in a log: when stderr is
+    not a terminal (the bar is off), each task prints a line ``description: done/total (elapsed, ETA)``
+    at most every ``every_s`` seconds and when it completes. ``bar_for(description, total)`` → ``advance(n)``
+    is the :data:`hllm.calibration.pipeline.Progress` callable the pipelines take."""
+
+    def __init__(self, bar, every_s: float = 30.0):
+        self.bar, self.every_s, self.console = bar, every_s, bar.console
+
+    def __enter__(self) -> "progress_lines":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def bar_for(self, desc: str, total: int):
+        import time
+
+        task = self.bar.add_task(desc, total=total)
+        if self.console.is_terminal:
+            return lambda n: self.bar.advance(task, n)
+        state = {"done": 0, "t0": time.monotonic(), "last": time.monotonic()}
+
+        def advance(n: int) -> None:
+            self.bar.advance(task, n)
+            state["done"] += n
+            now = time.monotonic()
+            if state["done"] >= total or now - state["last"] >= self.every_s:
+                state["last"] = now
+                el = now - state["t0"]
+                eta = el / state["done"] * (total - state["done"]) if state["done"] else 0.0
+                self.console.print(f"  {desc}: {state['done']}/{total} ({el:.0f} s, ETA {eta:.0f} s)", highlight=False)
+        return advance
+
+
 def _print(r: dict) -> None:
     t = Table(title=f"calibrate: {r['backend']} {r['precision']} vs fp32")
     t.add_column("metric")
@@ -264,4 +311,11 @@ def _print(r: dict) -> None:
             continue
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
     t.add_row("excluded parts", ", ".join(r["excluded_parts"]) or "—")
+    g = r.get("gate") or {}
+    for c in g.get("criteria") or []:
+        if c["passed"] is None:
+            continue
+        mark = ("pass" if c["passed"] else "FAIL") + ("" if c["required"] else " (reported)")
+        tested = "-" if c["tested"] is None else f"{c['tested']:.4g}"
+        t.add_row(f"{g.get('gate', '')} gate: {c['name']}", f"{tested} {c['op']} {c['limit']:g} {mark}")
     out.print(t)

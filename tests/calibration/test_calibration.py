@@ -244,9 +244,10 @@ def test_gate_fails_broken_quantization_and_passes_good_one(export_dir, train_sl
     tiny_calib = build_calibration_set(train_slates, builder, count=1, seed=0)
     quantize_export(export_dir, tmp_path / "bad", QuantOptions(), tiny_calib)
     bad = run_gate(ref_scores, tmp_path / "bad", eval_slates, calibration_ids=tiny_calib.slate_ids)
-    assert not bad.passed
-    assert any(f["criterion"] == "top1_agreement" for f in bad.failures())
-    assert bad.to_dict()["top1_agreement"] < 0.97
+    d = bad.to_dict()
+    assert not bad.passed and not d["strict_passed"]
+    assert {"kendall_tau_mean", "regret_p95"} & {f.criterion for f in bad.failures()}
+    assert d["top1_agreement"] < 0.97
     # good: the decoder MLPs quantized (32 calibration slates), head and attention kept in float
     quantize_export(export_dir, tmp_path / "good", QuantOptions(exclude=("head", "attention")), calib)
     good = run_gate(ref_scores, tmp_path / "good", eval_slates, calibration_ids=calib.slate_ids)
