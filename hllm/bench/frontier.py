@@ -165,18 +165,47 @@ def _feeds(b, engine) -> tuple:
     return b.input_ids, b.readout_positions, b.item_mask, (b.context_positions if engine.context else None)
 
 
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def gate_summary(g: dict | None) -> dict:
+    """The figures of a contender's gate record that the frontier table prints, from a
+    :meth:`hllm.verify.gate.GateReport.to_dict` or a ``calibrate --backend auto`` candidate's ``gate``:
+    ``{gate (mode), passed, strict_passed, top1_agreement, kendall_tau_mean, regret_p95, auc_lb, ndcg10_lb,
+    recall10_lb (one-sided lower bounds of the quality differences), max_abs_dM}``; a figure that is
+    absent or not a number is None."""
+    g = g or {}
+    q = g.get("quality") if isinstance(g.get("quality"), dict) else {}
+    fid = g.get("fidelity") if isinstance(g.get("fidelity"), dict) else {}
+    lb = lambda m: _num((q.get(m) or {}).get("lower_bound")) if isinstance(q.get(m), dict) else None  # noqa: E731
+    flag = lambda k: g[k] if isinstance(g.get(k), bool) else None  # noqa: E731
+    return {"gate": g.get("gate") if isinstance(g.get("gate"), str) else None, "passed": flag("passed"),
+            "strict_passed": flag("strict_passed"), "top1_agreement": _num(g.get("top1_agreement")),
+            "kendall_tau_mean": _num(g.get("kendall_tau_mean")),
+            "regret_p95": _num(fid.get("regret_p95", g.get("regret_p95"))), "auc_lb": lb("auc"),
+            "ndcg10_lb": lb("ndcg@10"), "recall10_lb": lb("recall@10"),
+            "max_abs_dM": _num(g.get("max_abs_dM", g.get("max_abs_diff")))}
+
+
 def markdown_table(doc: dict) -> str:
-    """The frontier JSON (:func:`frontier` + machine) as a Markdown table for docs/benchmarks.md."""
-    lines = ["| engine × precision | s / slate | × PyTorch fp32 eager | GEMM peak of its dtype | top-1 | Kendall tau | max abs ΔM |",
-             "|---|---|---|---|---|---|---|"]
+    """The frontier JSON (:func:`frontier` + machine) as a Markdown table for docs/benchmarks.md: speed, and
+    the gate figures (:func:`gate_summary`): the verdict of its mode, the one-sided lower bounds of ΔAUC and
+    ΔNDCG@10, mean Kendall tau, p95 assignment regret, and the strict agreement figures (top-1)."""
+    lines = ["| engine × precision | s / slate | × PyTorch fp32 eager | GEMM peak of its dtype | gate | ΔAUC lb | "
+             "ΔNDCG@10 lb | Kendall tau | regret p95 | top-1 (strict) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v, fmt: "—" if v is None else fmt.format(v)  # noqa: E731
     for r in doc["rows"]:
-        g = r.get("gate") or {}
-        top1, tau, dm = (g.get(k) for k in ("top1_agreement", "kendall_tau_mean", "max_abs_dM"))
+        g = gate_summary(r.get("gate"))
+        verdict = "—" if g["passed"] is None else f"{g['gate'] or ''} {'pass' if g['passed'] else 'FAIL'}".strip()
+        strict = "" if g["strict_passed"] is None else (" ✓" if g["strict_passed"] else " ✗")
+        gate_cols = (f"{verdict} | {f(g['auc_lb'], '{:+.4f}')} | {f(g['ndcg10_lb'], '{:+.4f}')} | "
+                     f"{f(g['kendall_tau_mean'], '{:.3f}')} | {f(g['regret_p95'], '{:.2g}')} | "
+                     f"{f(g['top1_agreement'], '{:.2f}')}{strict} |")
         if "refused" in r:
-            lines.append(f"| {r['name']} | refused: {r['refused'].split(';')[0]} | | | | | |")
+            lines.append(f"| {r['name']} | refused: {r['refused'].split(';')[0]} | | | {gate_cols}")
             continue
         peak = f"{r['gemm_peak_fraction']:.0%} ({r['dtype']})" if r.get("gemm_peak_fraction") else "—"
-        lines.append(f"| {r['name']} | {r['s_per_slate']:.2f} | {r['vs_torch_fp32']:.2f} | {peak} | "
-                     f"{'—' if top1 is None else f'{top1:.2f}'} | {'—' if tau is None else f'{tau:.3f}'} | "
-                     f"{'—' if dm is None else f'{dm:.2g}'} |")
+        lines.append(f"| {r['name']} | {r['s_per_slate']:.2f} | {r['vs_torch_fp32']:.2f} | {peak} | {gate_cols}")
     return "\n".join(lines)

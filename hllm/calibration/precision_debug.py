@@ -58,12 +58,16 @@ def candidate_modules(num_layers: int, parts: Sequence[str] = ("mlp", "self_attn
     return [f"backbone.layers.{i}.{p}" for i in idx for p in parts] + (["head"] if head else [])
 
 
-def ranking_figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], slates: Sequence[dict]) -> dict:
+def ranking_figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], slates: Sequence[dict],
+                    thresholds=None) -> dict:
     """max|ΔM|, mean|ΔM| (finite entries), top-1 agreement, mean Kendall tau and the non-finite count of one
-    variant against the FP32 score matrices (one ``[n_i, K]`` per slate)."""
+    variant against the FP32 score matrices (one ``[n_i, K]`` per slate), and the verdict of the gate
+    (:func:`hllm.verify.gate.gate_scores` with ``thresholds``, default :class:`hllm.verify.gate.GateThresholds`):
+    ``gate`` = ``{mode, passed, failures, strict_passed, regret_p95, lower bounds of ΔAUC / ΔNDCG@10 /
+    ΔRecall@10}``."""
     from hllm.verify.gate import gate_scores
 
-    d = gate_scores(ref, got, slates).to_dict()
+    d = gate_scores(ref, got, slates, thresholds).to_dict()
     diffs = [np.abs(a - b) for a, b in zip(ref, got)]
     finite = [x[np.isfinite(x)] for x in diffs]
     nonfinite = int(sum((~np.isfinite(g)).sum() for g in got))
@@ -71,7 +75,10 @@ def ranking_figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], slates
             else None,
             "mean_abs_dM": float(np.mean(np.concatenate(finite))) if not nonfinite else None,
             "top1_agreement": d["top1_agreement"], "kendall_tau_mean": d["kendall_tau_mean"],
-            "nonfinite": nonfinite, "recall@10_delta": d["recall@10_delta"]}
+            "nonfinite": nonfinite, "recall@10_delta": d["recall@10_delta"],
+            "gate": {"mode": d["gate"], "passed": d["passed"], "failures": [f["criterion"] for f in d["failures"]],
+                     "strict_passed": d["strict_passed"], "regret_p95": d["fidelity"]["regret_p95"],
+                     **{f"{m}_delta_lower_bound": q["lower_bound"] for m, q in d["quality"].items()}}}
 
 
 def _error(fig: dict) -> float:
@@ -81,15 +88,28 @@ def _error(fig: dict) -> float:
 
 @dataclass
 class DebugSettings:
-    """Pass criteria of a variant and the search limits (see module doc)."""
+    """Pass criteria of a variant and the search limits (see module doc).
+
+    ``gate``: a :class:`hllm.verify.gate.GateThresholds`; when set, a variant passes by that gate's verdict
+    (``fig["gate"]["passed"]``, computed by :func:`ranking_figures` with these thresholds); None = the
+    agreement rule ``top-1 ≥ min_top1``, ``mean tau ≥ min_tau``, all scores finite.
+    """
 
     min_top1: float = 0.97
     min_tau: float = 0.9
     max_islands: int = 8
+    gate: object = None
 
     def passes(self, fig: dict) -> bool:
+        if self.gate is not None:
+            return bool(fig["gate"]["passed"])
         return (not fig["nonfinite"] and fig["top1_agreement"] >= self.min_top1
                 and fig["kendall_tau_mean"] >= self.min_tau)
+
+    def to_dict(self) -> dict:
+        """The criteria as JSON (``gate`` as its thresholds)."""
+        return {"min_top1": self.min_top1, "min_tau": self.min_tau, "max_islands": self.max_islands,
+                "gate": None if self.gate is None else self.gate.to_dict()}
 
 
 def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequence[np.ndarray],
@@ -104,11 +124,11 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
         islands: [...], islands_figures, passed}``.
     """
     st = settings or DebugSettings()
-    base = ranking_figures(ref, run_variant(()), slates)
+    base = ranking_figures(ref, run_variant(()), slates, st.gate)
     say(f"baseline: {_fmt(base)}")
     rows = []
     for c in candidates:
-        fig = ranking_figures(ref, run_variant((c,)), slates)
+        fig = ranking_figures(ref, run_variant((c,)), slates, st.gate)
         red = _error(base) - _error(fig)
         rows.append({"module": c, "figures": fig, "error_reduction": None if not np.isfinite(red) else red,
                      "fixes_nonfinite": bool(base["nonfinite"] and not fig["nonfinite"])})
@@ -122,15 +142,19 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
         if not r["fixes_nonfinite"] and not (r["error_reduction"] or 0) > 0:
             break
         islands.append(r["module"])
-        fig = ranking_figures(ref, run_variant(tuple(islands)), slates) if len(islands) > 1 else r["figures"]
+        fig = ranking_figures(ref, run_variant(tuple(islands)), slates, st.gate) if len(islands) > 1 else r["figures"]
         say(f"islands {islands}: {_fmt(fig)}")
     return {"baseline": base, "candidates": rows, "islands": islands, "islands_figures": fig,
-            "passed": st.passes(fig), "criteria": st.__dict__}
+            "passed": st.passes(fig), "criteria": st.to_dict()}
 
 
 def _fmt(f: dict) -> str:
     m = "non-finite" if f["nonfinite"] else f"max|ΔM| {f['max_abs_dM']:.3g} mean {f['mean_abs_dM']:.3g}"
-    return f"{m}, top-1 {f['top1_agreement']:.3f}, tau {f['kendall_tau_mean']:.3f}"
+    g = f.get("gate") or {}
+    reg = g.get("regret_p95")
+    verdict = f", regret p95 {'n/a' if reg is None else f'{reg:.2g}'}, {g.get('mode')} gate " + (
+        "pass" if g.get("passed") else "FAIL (" + ", ".join(g.get("failures") or []) + ")") if g else ""
+    return f"{m}, top-1 {f['top1_agreement']:.3f}, tau {f['kendall_tau_mean']:.3f}{verdict}"
 
 
 class VariantRunner:

@@ -37,8 +37,9 @@ def precision_cmd(
     parts: str = typer.Option("mlp,self_attn", help="Module kinds tried per layer: mlp, self_attn."),
     calib_slates: Optional[Path] = typer.Option(None, help="int8: slates to draw calibration data from (e.g. the train split)."),
     calib_count: int = typer.Option(16, min=1, max=10_000, help="int8: calibration slates."),
-    min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="A variant passes at this top-1 agreement with FP32 ..."),
-    min_tau: float = typer.Option(0.9, min=-1.0, max=1.0, help="... and this mean Kendall tau (and all scores finite)."),
+    gate: str = choice_opt("quality", ("quality", "strict"), "--gate", help="How a variant passes: quality (the gate of `hllm calibrate`: ΔAUC / ΔNDCG@10 / ΔRecall@10 non-inferiority on labelled slates + mean tau ≥ --min-tau, p95 assignment regret ≤ 1e-3, finite scores) or strict (top-1 ≥ --min-top1 and the point |Δ| limits)."),
+    min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Strict gate: min top-1 agreement with FP32."),
+    min_tau: float = typer.Option(0.9, min=-1.0, max=1.0, help="Quality gate: min mean Kendall tau with FP32."),
     max_islands: int = typer.Option(8, min=1, max=1000, help="Most modules the greedy search keeps in fp32."),
     report: Optional[Path] = typer.Option(None, help="Full report JSON (every candidate's figures)."),
     threads: Optional[int] = threads_opt(),
@@ -72,11 +73,14 @@ def precision_cmd(
     runner = VariantRunner(export_dir, target, batches, calib, threads)
     try:
         ref = runner.reference()
-        res = debug_precision(runner, ref, data, cands, DebugSettings(min_top1, min_tau, max_islands), say=out.print)
+        from hllm.verify.gate import GateThresholds
+
+        settings = DebugSettings(min_top1, min_tau, max_islands, gate=GateThresholds(mode=gate, min_tau=min_tau, min_top1=min_top1))
+        res = debug_precision(runner, ref, data, cands, settings, say=out.print)
     finally:
         runner.close()
     doc = islands_file(target, res, str(export_dir))
     write_json_out(islands_out, doc)
     out.print(f"islands → {islands_out}: {', '.join(res['islands']) or 'none'} "
-              f"({'passes' if res['passed'] else 'does NOT pass'} top-1 ≥ {min_top1}, tau ≥ {min_tau})")
+              f"({'passes' if res['passed'] else 'does NOT pass'} the {gate} gate)")
     finish_report(report, {**res, "target": target, "slates": len(data), "export": str(export_dir)}, json_out)

@@ -31,7 +31,7 @@ def parse_contender(text: str):
 def frontier_cmd(
     checkpoint: Path = typer.Argument(..., help="The checkpoint (PyTorch fp32 eager reference; its prompt spec encodes the slates)."),
     contender: List[str] = typer.Option(..., "--contender", "-c", help="NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]; repeatable."),
-    gates: Optional[Path] = typer.Option(None, help="JSON {contender name: gate figures} measured on labelled eval slates."),
+    gates: Optional[Path] = typer.Option(None, help="JSON {contender name: gate report} measured on labelled eval slates (a `hllm calibrate` gate record: its verdict, ΔAUC lower bound, tau, regret p95 and top-1 are shown)."),
     slates: Optional[Path] = slates_opt(),
     limit: Optional[int] = limit_opt(1, "Slates cycled through (batch 1)."),
     rounds: int = typer.Option(5, min=1, max=1000, help="Measured interleaved rounds."),
@@ -60,13 +60,18 @@ def frontier_cmd(
     data = load_slates(slates, limit=limit)
     res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads or 2)
     doc = {"benchmark": "frontier", **res, "machine": describe_machine(shared, note), "libraries": library_versions()}
+    from hllm.bench.frontier import gate_summary
+
     t = Table(title="engine × precision frontier (median of interleaved rounds, batch 1)")
-    for col in ("contender", "s/slate", "× PyTorch fp32", "GEMM peak", "top-1", "tau"):
+    for col in ("contender", "s/slate", "× PyTorch fp32", "GEMM peak", "gate", "ΔAUC lb", "tau", "regret p95", "top-1"):
         t.add_column(col)
     for r in res["rows"]:
-        g = r.get("gate") or {}
+        g = gate_summary(r.get("gate"))
+        f = lambda v, fmt: "-" if v is None else fmt.format(v)  # noqa: E731
+        verdict = "-" if g["passed"] is None else f"{g['gate'] or ''} {'pass' if g['passed'] else 'FAIL'}".strip()
         t.add_row(r["name"], f"{r['s_per_slate']:.3f}" if "s_per_slate" in r else f"refused: {r['refused'][:60]}",
                   f"{r.get('vs_torch_fp32', 0):.2f}", f"{r['gemm_peak_fraction']:.0%}" if r.get("gemm_peak_fraction") else "-",
-                  str(g.get("top1_agreement", "-")), str(g.get("kendall_tau_mean", "-")))
+                  verdict, f(g["auc_lb"], "{:+.4f}"), f(g["kendall_tau_mean"], "{:.3f}"), f(g["regret_p95"], "{:.2g}"),
+                  f(g["top1_agreement"], "{:.3f}"))
     _print_table(t)
     finish_report(out_path, doc, json_out)
