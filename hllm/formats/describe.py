@@ -116,7 +116,7 @@ def describe_export(p: Path) -> dict:
         "kind": "onnx-export", "path": str(meta.root), "onnx": str(meta.onnx_path), "bytes": _bytes(meta.root),
         "format": raw.get("format", "hllm-onnx"), "flavour": meta.flavour, "precision": meta.precision.value,
         "num_positions": meta.num_positions, "opset": raw.get("opset"), "head": raw.get("head"),
-        "context": any(i.get("name") == "context_positions" for i in raw.get("inputs", []) if isinstance(i, dict)),
+        "context": any(i.get("name") == "context_positions" for i in raw.get("inputs") or [] if isinstance(i, dict)),
         "inputs": raw.get("inputs"), "outputs": raw.get("outputs"),
         "backbone": raw.get("backbone"), "prompt": meta.prompt.to_dict(), "pad_id": raw.get("pad_id"),
         "tokenizer": {"file": meta.tokenizer_path.name, "sha256": raw.get("tokenizer_sha256")},

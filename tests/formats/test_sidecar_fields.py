@@ -172,7 +172,8 @@ def test_sweep_covers_the_sidecar(field_paths):
 @pytest.mark.parametrize("kind", list(WRONG))
 def test_every_field_of_every_wrong_type_is_never_an_internal_error(kind, field_paths, work, capsys, tmp_path):
     """``hllm rank`` and ``hllm info`` on a sidecar with one field replaced by a value of the wrong JSON type:
-    exit 0 (a field nothing reads) or exit 2 with one ``error:`` line — never exit 70 or a traceback."""
+    exit 0 (a field nothing reads) or exit 2 with one ``error:`` line from the typed reader — never exit 70, a
+    traceback, or ``info``'s fallback for a reader that crashed ("malformed metadata, cannot describe it")."""
     exp, slates, original = work
     failures, codes = [], {}
     try:
@@ -189,6 +190,7 @@ def test_every_field_of_every_wrong_type_is_never_an_internal_error(kind, field_
                 codes[(path, argv[0])] = code or 0
                 lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("warning:")]
                 if code not in (0, None, 2) or "Traceback" in err or "internal error" in err or (
+                        "cannot describe it" in err) or (
                         code == 2 and not (len(lines) == 1 and lines[0].startswith("error:"))):
                     failures.append(f"{path}={kind} {argv[0]}: exit {code}: {err.strip()[:300]}")
     finally:
@@ -196,3 +198,56 @@ def test_every_field_of_every_wrong_type_is_never_an_internal_error(kind, field_
     assert not failures, "\n".join(failures)
     assert codes[("prompt", "rank")] == 2 and codes[("prompt", "info")] == 2  # the sweep bites
     assert codes[("validation.atol", "rank")] == 0  # a record nothing reads: still ranks
+
+
+@pytest.fixture(scope="module")
+def plan_sidecar(tmp_path_factory, export_dir):
+    """A fake TensorRT plan (10 bytes; no TensorRT needed: ``info`` reads only the sidecar) whose sidecar
+    carries every key ``hllm build`` writes, with the export's inputs and outputs."""
+    from hllm.formats.plan import write_sidecar
+    from hllm.formats.prompt import PromptSpec
+
+    root = tmp_path_factory.mktemp("plan-fields")
+    plan = root / "m.plan"
+    plan.write_bytes(b"plan bytes")
+    shutil.copy(export_dir / "tokenizer.json", root / "m.plan.tokenizer.json")
+    side = json.loads((export_dir / "export.json").read_text())
+    meta = {
+        "plan": "m.plan", "plan_bytes": 10, "tensorrt_version": "10.13.0", "compute_capability": "8.0",
+        "gpu_name": "A100", "hardware_compatibility": "none", "version_compatible": False, "target": "a100",
+        "builder_optimization_level": 3, "workspace_gb": 4.0,
+        "profiles": [{"batch": {"min": 1, "opt": 1, "max": 2}, "seq": {"min": 2, "opt": 64, "max": 128},
+                      "items": {"min": 1, "opt": 8, "max": 8}}],
+        "precision": "fp16", "fp32_islands": ["softmax"], "onnx": "model.onnx", "onnx_sha256": "ab" * 32,
+        "source_checkpoint": {"path": "ck", "sha256": "cd" * 32}, "num_positions": 8, "head": "self_attention",
+        "inputs": side["inputs"], "outputs": side["outputs"], "prompt": PromptSpec().to_dict(),
+        "tokenizer": "m.plan.tokenizer.json", "timing_cache": None, "build_seconds": 1.0,
+    }
+    write_sidecar(plan, meta)
+    return plan
+
+
+@pytest.mark.parametrize("kind", list(WRONG))
+def test_every_plan_sidecar_field_of_every_wrong_type_is_never_an_internal_error(kind, plan_sidecar, capsys):
+    """``hllm info`` of a TensorRT plan whose sidecar has one field of the wrong JSON type: exit 0 or one
+    ``error:`` line from the typed reader (:func:`hllm.formats.plan.read_sidecar`), never a crash."""
+    side = plan_sidecar.with_name(plan_sidecar.name + ".json")
+    original = side.read_text()
+    failures, codes = [], {}
+    try:
+        for path in _field_paths(json.loads(original)):
+            if path.split(".")[0] in ("engine", "openvino", "fp16", "quantization"):
+                continue  # export-only keys
+            d = json.loads(original)
+            _set(d, path, WRONG[kind])
+            side.write_text(json.dumps(d))
+            code, err = _run(capsys, ["info", plan_sidecar])
+            codes[path] = code or 0
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            if code not in (0, None, 2) or "Traceback" in err or "cannot describe it" in err or (
+                    code == 2 and not (len(lines) == 1 and lines[0].startswith("error:"))):
+                failures.append(f"{path}={kind}: exit {code}: {err.strip()[:300]}")
+    finally:
+        side.write_text(original)
+    assert not failures, "\n".join(failures)
+    assert codes["profiles"] == 2 and codes["build_seconds"] == 0  # the sweep bites; a record nothing reads passes
