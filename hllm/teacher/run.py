@@ -18,7 +18,7 @@ def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bo
     (empty) file. Returns the summary dict. Raises: ValueError for ``batch_size`` < 1.
     """
     from hllm.files import atomic_write_json
-    from hllm.runtime.slates import write_jsonl
+    from hllm.runtime.slates import slate_id, write_jsonl
     from hllm.teacher.ranker import summarize
 
     if batch_size < 1:
@@ -27,6 +27,8 @@ def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bo
     stats = lambda: {**summarize(results), **(meta or {})}  # noqa: E731
     for i in range(0, len(rows), batch_size):
         batch = ranker.rank_batch(list(rows[i : i + batch_size]), constrained)
+        for b, r in enumerate(batch):  # the one id rule: an id-less slate is named by its index in the input
+            r.slate_id = slate_id(rows[i + b], i + b)
         results.extend(batch)
         write_jsonl(out_file, [r.to_dict() for r in results])
         if summary_path:
@@ -42,12 +44,12 @@ def run_embedding_teacher(ranker, rows: Sequence[dict], out_file: Path,
                           on_progress: Callable[[int], None] | None = None) -> dict:
     """Rank ``rows`` with an :class:`hllm.teacher.embedding.EmbeddingRanker`; write ``out_file`` once at
     the end (seconds per 100 slates). Returns ``{slates, wall_s}``."""
-    from hllm.runtime.slates import write_jsonl
+    from hllm.runtime.slates import slate_id, write_jsonl
 
     t0 = time.perf_counter()
     results = []
-    for s in rows:
-        results.append(ranker.rank(s).to_dict())
+    for i, s in enumerate(rows):
+        results.append({**ranker.rank(s).to_dict(), "slate_id": slate_id(s, i)})  # the one id rule
         if on_progress:
             on_progress(1)
     write_jsonl(out_file, results)

@@ -89,3 +89,32 @@ def test_two_slates_with_one_name_cannot_be_looked_up(tmp_path, capsys):
     orders = _write_jsonl(tmp_path / "o.jsonl", [{"slate_id": "2", "order": [0, 1, 2]}])
     code, _, err = _run(capsys, ["eval", orders, "-s", slates])
     assert code == 2 and "two slates are named '2'" in err, err
+
+
+def test_teacher_outputs_name_id_less_slates_by_the_same_rule(tmp_path):
+    """``hllm teacher`` output (autoregressive and embedding) names an id-less slate by its index, as
+    ``rank`` does, so ``eval`` finds it."""
+    from hllm.teacher.embedding import EmbeddingResult
+    from hllm.teacher.ranker import ArResult
+    from hllm.teacher.run import run_ar_teacher, run_embedding_teacher
+
+    rows = tiny_slates(3, 3, seed=5)
+    del rows[1]["slate_id"], rows[2]["slate_id"]
+
+    class Ar:  # what an ArRanker returns: the slate's own id field, "" when it has none
+        def rank_batch(self, slates, constrained):
+            return [ArResult(str(s.get("slate_id", "")), [0, 1, 2], True, 0, 0, 0, 3, 10, 0.0, "1, 2, 3", constrained)
+                    for s in slates]
+
+    class Emb:
+        def rank(self, s):
+            return EmbeddingResult(str(s.get("slate_id", "?")), [2, 1, 0], [0.1, 0.2, 0.3], 0.0)
+
+    want = [rows[0]["slate_id"], "1", "2"]
+    run_ar_teacher(Ar(), rows, tmp_path / "ar.jsonl", True, batch_size=2)
+    run_embedding_teacher(Emb(), rows, tmp_path / "emb.jsonl")
+    for f in ("ar.jsonl", "emb.jsonl"):
+        assert [json.loads(ln)["slate_id"] for ln in (tmp_path / f).read_text().splitlines()] == want
+    from hllm.verify.eval import jsonl_orders
+
+    assert jsonl_orders(tmp_path / "emb.jsonl", rows) == [[2, 1, 0]] * 3
