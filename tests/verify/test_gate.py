@@ -203,3 +203,18 @@ def test_hopeless_exact_regret_rule_counts_the_remaining_slates_as_perfect():
     assert "p95 regret" in hopeless(rep, 20)
     # out of 100 planned slates, 2 bad ones can still sit above the 95th percentile
     assert hopeless(rep, 100) is None
+
+
+def test_frontier_table_shows_the_gate_verdict_bounds_regret_and_strict_figures():
+    from hllm.bench.frontier import gate_summary, markdown_table
+
+    slates, refs, ranks = _slates(40)
+    g = gate_scores(refs, _tie_flipper(refs, ranks), slates).to_dict()
+    s = gate_summary(g)
+    assert s["gate"] == "quality" and s["passed"] is True and s["strict_passed"] is False
+    assert s["auc_lb"] == g["quality"]["auc"]["lower_bound"] and s["top1_agreement"] == 0.0
+    assert gate_summary({"top1_agreement": "high", "passed": 1}) == {**gate_summary(None)}  # not numbers → None
+    doc = {"rows": [{"name": "bf16", "s_per_slate": 0.5, "vs_torch_fp32": 2.0, "dtype": "bf16",
+                     "gemm_peak_fraction": None, "gate": g}]}
+    row = markdown_table(doc).splitlines()[-1].split(" | ")
+    assert row[4:] == ["quality pass", "+0.0000", "+0.0000", f"{1 - 2 / 190:.3f}", f"{s['regret_p95']:.2g}", "0.00 ✗ |"]
