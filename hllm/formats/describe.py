@@ -125,7 +125,7 @@ def describe_export(p: Path) -> dict:
         "validation": {k: v for k, v in (raw.get("validation") or {}).items() if k != "shapes"} or None,
         "quantization": _summary(raw["quantization"]) if isinstance(raw.get("quantization"), dict) else None,
         "fp32_islands": raw.get("fp32_islands"),
-        "engine": raw.get("engine", "onnxruntime"),  # what `hllm rank --engine auto` opens
+        "engine": meta.engine,  # what `hllm rank --engine auto` opens (validated: onnxruntime or openvino)
         "engines": ["onnxruntime", "openvino"] if meta.flavour == "standard" else ["onnxruntime"],
         "openvino": raw.get("openvino"),
         "provenance": {"source_checkpoint": raw.get("source_checkpoint"), "versions": raw.get("versions")},
