@@ -14,11 +14,15 @@ ops, for TensorRT and any runtime; ``ort-cpu``: ONNX Runtime contrib ops, fused 
 standard), ``opset``, ``head``, ``backbone`` (model_type, hidden_size, num_layers, vocab_size),
 ``tokenizer_sha256``, ``pad_id``, ``source_checkpoint`` {path, sha256}, ``onnx_sha256``, ``onnx_bytes``,
 ``validation``, ``inputs`` / ``outputs`` (:func:`hllm.formats.graph.graph_io_specs`), ``versions``; a
-quantized export adds ``quantization``, an FP16 export ``fp16`` and ``fp32_islands``.
+quantized export adds ``quantization``, an FP16 export ``fp16`` and ``fp32_islands``; an export that runs
+on OpenVINO (``hllm calibrate``: NNCF INT8, ``--backend auto``) ``engine: openvino`` and ``openvino``
+{ir, inference_precision} (:class:`OpenVinoSettings`; ``engine`` absent = onnxruntime).
 
 :func:`read_export` validates what the runtime relies on and names the problem (EngineError): a file
-name that escapes the directory, a missing file, a K or prompt of the wrong type, an unknown precision
-or flavour, a key of the wrong type. :func:`write_export` validates the same before writing atomically.
+name that escapes the directory, a missing file, a K or prompt of the wrong type, an unknown precision,
+flavour or engine, and every optional key that anything reads of the wrong JSON type (``_FIELDS``; graph
+``inputs`` / ``outputs`` by :func:`hllm.formats.graph.check_tensor_specs`); null counts as absent,
+unknown keys are kept. :func:`write_export` validates the same before writing atomically.
 
 Is it the model that was exported? :func:`read_export` also checks, when the sidecar
 records them (older sidecars without the keys still load):
