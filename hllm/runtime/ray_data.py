@@ -56,9 +56,12 @@ class RankActor:
         return {"rankings": np.array(out, dtype=object)}
 
 
-def iter_chunks(slates: str | os.PathLike, batch_size: int, limit: int | None = None) -> Iterator[tuple[int, str]]:
+def iter_chunks(slates: str | os.PathLike, batch_size: int, limit: int | None = None,
+                stop: int | None = None) -> Iterator[tuple[int, str]]:
     """(index of the first slate, JSON list of ``batch_size`` slates) for the slates of ``slates`` in file
-    order (validated by :func:`iter_slates`; raises its SlateError)."""
+    order (validated by :func:`iter_slates`; raises its SlateError); the first ``stop`` chunks only, if given."""
+    if stop is not None:
+        limit = stop * batch_size if limit is None else min(limit, stop * batch_size)
     cur, first = [], 0
     for i, s in enumerate(iter_slates(slates, limit)):
         if not cur:
@@ -77,8 +80,12 @@ def _make_datasource():
     from ray.data.block import BlockMetadata
 
     class SlateChunks(Datasource):
-        """The chunks of a slates file (:func:`iter_chunks`) as blocks of ``{"chunk", "first"}`` rows,
-        read by ONE task that streams the file (``n_chunks`` counted by the driver's validation pass)."""
+        """The chunks of a slates file (:func:`iter_chunks`) as blocks of ``{"chunk", "first"}`` rows
+        (``n_chunks`` counted by the driver's validation pass), read by ``parallelism`` tasks that each
+        stream the file and keep one contiguous range of chunks. Ray Data merges the blocks one task yields
+        into one output (its block target is bytes, 128 MiB), and one input reaches ONE actor: with one read
+        task, ``--workers 2`` ranked everything on one actor. One range per task gives the pool an input per
+        task; the chunks, and so the rankings, are those of a single reader."""
 
         def __init__(self, path: str, batch_size: int, limit: int | None, n_chunks: int, chunks_per_block: int):
             self.path, self.batch_size, self.limit = path, batch_size, limit
@@ -89,12 +96,16 @@ def _make_datasource():
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
             path, bs, limit, per_block = self.path, self.batch_size, self.limit, self.chunks_per_block
+            k = max(1, min(int(parallelism), self.n_chunks))
+            bounds = [self.n_chunks * i // k for i in range(k + 1)]  # chunk ranges [bounds[i], bounds[i+1])
 
-            def read():
+            def read(start: int, stop: int):
                 import pyarrow as pa
 
                 rows = {"chunk": [], "first": []}
-                for first, chunk in iter_chunks(path, bs, limit):
+                for i, (first, chunk) in enumerate(iter_chunks(path, bs, limit, stop=stop)):
+                    if i < start:
+                        continue
                     rows["chunk"].append(chunk)
                     rows["first"].append(first)
                     if len(rows["chunk"]) == per_block:
@@ -103,8 +114,11 @@ def _make_datasource():
                 if rows["chunk"]:
                     yield pa.table(rows)
 
-            meta = BlockMetadata(num_rows=self.n_chunks, size_bytes=None, input_files=[path], exec_stats=None)
-            return [ReadTask(read, meta, per_task_row_limit=per_task_row_limit)]
+            tasks = []
+            for a, b in zip(bounds, bounds[1:]):
+                meta = BlockMetadata(num_rows=b - a, size_bytes=None, input_files=[path], exec_stats=None)
+                tasks.append(ReadTask(lambda a=a, b=b: read(a, b), meta, per_task_row_limit=per_task_row_limit))
+            return tasks
 
     return SlateChunks
 
@@ -150,10 +164,11 @@ def rank_file(
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
-        source = _make_datasource()(str(slates), batch_size, limit, -(-n // batch_size), chunks_per_block)
+        n_chunks = -(-n // batch_size)
+        source = _make_datasource()(str(slates), batch_size, limit, n_chunks, chunks_per_block)
         # The reader takes no CPU slot: it only decompresses and re-serialises JSON, and with a slot it would
         # wait forever behind actors that hold every CPU of a small machine (the actor pool starts first).
-        ranked = ray.data.read_datasource(source, override_num_blocks=1, num_cpus=0).map_batches(
+        ranked = ray.data.read_datasource(source, override_num_blocks=min(n_chunks, 2 * workers), num_cpus=0).map_batches(
             RankActor, fn_constructor_kwargs={"model": str(model), "threads": threads}, concurrency=workers,
             batch_size=chunks_per_call, batch_format="numpy", num_cpus=num_cpus, num_gpus=num_gpus)
         count = [0]
