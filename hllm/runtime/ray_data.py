@@ -2,9 +2,10 @@
 
 A streaming pipeline (https://docs.ray.io/en/latest/data/data-internals.html, streaming execution):
 
-1. **read** — :class:`SlateChunks`, a Ray Data datasource (``ray.data.read_datasource``): one read task
-   streams the file with the runtime's :func:`hllm.runtime.slates.iter_slates` (the reader and validator
-   of ``hllm rank``) and yields blocks of ``chunks_per_block`` chunks; a chunk is ``batch_size``
+1. **read** — :class:`SlateChunks`, a Ray Data datasource (``ray.data.read_datasource``): ``2 × N`` read
+   tasks each stream the file with the runtime's :func:`hllm.runtime.slates.iter_slates` (the reader and
+   validator of ``hllm rank``), keep one contiguous range of chunks (so every actor gets input) and yield
+   blocks of ``chunks_per_block`` chunks; a chunk is ``batch_size``
    consecutive slates as JSON (the slates of ONE engine call, as in the single-process run, so the
    padding and therefore every score is the same);
 2. **rank** — ``Dataset.map_batches(RankActor, concurrency=N)``: a pool of N actors, each holding ONE
