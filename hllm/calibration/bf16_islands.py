@@ -9,8 +9,10 @@ Runtime (:func:`hllm.exporter.bf16.emulate_bf16`).
 
 Search (:func:`search_islands`, ``hllm debug precision --precision bf16``): op classes × layer groups.
 
-1. *baseline*: every matrix product in bf16 except the default islands (the scoring head);
-2. *op classes*: one class kept fp32 in every layer (``q_proj`` … ``down_proj``, ``attention`` = QKᵀ and PV);
+1. *baseline*: every matrix product in bf16 except the base islands (:data:`SEARCH_BASE`: the scoring head
+   and the attention scores QKᵀ / PV; the attention in bf16 is a frontier point of its own);
+2. *op classes*: one class kept fp32 in every layer (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``,
+   ``gate_proj``, ``up_proj``, ``down_proj``);
 3. *layer groups*: all matrix products of a group of consecutive decoder layers kept fp32;
 4. *class × group*: the most helpful classes restricted to each layer group;
 5. *greedy*: the single sets ranked by error removed per unit of fp32 FLOP share, unioned one at a time.
@@ -224,9 +226,16 @@ def layer_islands(layers: Sequence[int], cls: str | None = None) -> list[str]:
     return [f"backbone.layers.{i}.{part}.{cls}" for i in layers]
 
 
+#: Islands every searched set keeps: the head (< 1 % of the FLOPs, computes M) and the attention scores —
+#: a typed bf16 QKᵀ / PV materialises and rounds the ``[heads, T, T]`` probabilities, measured slower on
+#: OpenVINO than its fused float32 attention (``docs/calibration.md``).
+SEARCH_BASE = ("head", "attention")
+
+
 def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequence[np.ndarray],
                    slates: Sequence[dict], num_layers: int, share: Callable[[tuple[str, ...]], float],
-                   settings=None, groups: int = 4, refine: int = 2, say: Callable[[str], None] = lambda m: None) -> dict:
+                   settings=None, groups: int = 4, refine: int = 2, base: Sequence[str] = SEARCH_BASE,
+                   say: Callable[[str], None] = lambda m: None) -> dict:
     """The op-class × layer-group search of the module doc.
 
     Args:
@@ -235,31 +244,36 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
         share: islands → fp32 share of the matrix-product FLOPs (0 … 1).
         settings: :class:`hllm.calibration.precision_debug.DebugSettings` (pass criteria, ``max_islands``
             = most greedy steps). groups: layer groups. refine: classes restricted to layer groups.
-    Returns: ``{frontier: [{name, islands, fp32_share, figures, passes, pareto}], islands, islands_figures,
-        passed, chosen, criteria}`` — frontier sorted by fp32 share.
+        base: islands every searched set keeps (:data:`SEARCH_BASE`); each island of ``base`` but the head is
+            also tried in bf16 alone (a frontier point ``outside_base``, never chosen).
+    Returns: ``{frontier: [{name, islands, fp32_share, figures, passes, pareto, outside_base}], islands,
+        islands_figures, passed, chosen, base, criteria}`` — frontier sorted by fp32 share.
     """
     from hllm.calibration.precision_debug import DebugSettings, _error, _fmt, ranking_figures
-    from hllm.exporter.bf16 import DEFAULT_ISLANDS, OP_CLASSES
+    from hllm.exporter.bf16 import OP_CLASSES, parse_islands
 
     st = settings or DebugSettings()
-    base = tuple(DEFAULT_ISLANDS)
+    base = parse_islands(list(base) or "none")
     points: dict[tuple, dict] = {}
 
-    def evaluate(name: str, extra: Sequence[str]) -> dict:
-        isl = tuple(dict.fromkeys(base + tuple(extra)))
+    def evaluate(name: str, extra: Sequence[str], without: str | None = None) -> dict:
+        isl = tuple(x for x in dict.fromkeys(base + tuple(extra)) if x != without)
         key = tuple(sorted(isl))
         if key in points:
             return points[key]
         fig = ranking_figures(ref, run(isl), slates, st.gate)
         p = {"name": name, "islands": list(isl), "fp32_share": round(float(share(isl)), 5), "figures": fig,
-             "passes": bool(st.passes(fig))}
+             "passes": bool(st.passes(fig)), "outside_base": without is not None}
         points[key] = p
         say(f"{name}: fp32 share {p['fp32_share']:.3f}; {_fmt(fig)}")
         return p
 
-    b = evaluate("baseline (head fp32)", ())
+    b = evaluate(f"baseline ({', '.join(base) or 'nothing'} fp32)", ())
+    for x in base:
+        if x != "head":
+            evaluate(f"{x} bf16 too (outside the search base)", (), without=x)
     singles = []
-    for c in (c for c in OP_CLASSES if c != "head"):
+    for c in (c for c in OP_CLASSES if c != "head" and c not in base):
         singles.append(evaluate(f"{c} fp32", (c,)))
     for g in _layer_groups(num_layers, groups):
         singles.append(evaluate(f"layers {g[0]}-{g[-1]} fp32", layer_islands(g)))
@@ -277,7 +291,7 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
     order = [p for p in sorted(singles, key=gain, reverse=True) if gain(p) > 0]
     acc: list[str] = []
     for p in order[: st.max_islands]:
-        if any(q["passes"] for q in points.values()):
+        if any(q["passes"] and not q["outside_base"] for q in points.values()):
             break
         acc += [x for x in p["islands"] if x not in base and x not in acc]
         evaluate("greedy: " + " + ".join(sorted({q['name'] for q in order[: order.index(p) + 1]})), acc)
@@ -285,8 +299,19 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
     for p in front:
         p["pareto"] = not any(q["fp32_share"] <= p["fp32_share"] and _error(q["figures"]) < _error(p["figures"])
                               for q in front if q is not p)
-    passing = [p for p in front if p["passes"]]
-    chosen = passing[0] if passing else min(front, key=lambda p: _error(p["figures"]))
+    eligible = [p for p in front if not p["outside_base"]]
+    passing = [p for p in eligible if p["passes"]]
+    chosen = passing[0] if passing else min(eligible, key=lambda p: _error(p["figures"]))
     return {"frontier": front, "islands": chosen["islands"], "islands_figures": chosen["figures"],
-            "passed": chosen["passes"], "chosen": chosen["name"], "baseline": b["figures"],
+            "passed": chosen["passes"], "chosen": chosen["name"], "baseline": b["figures"], "base": list(base),
             "criteria": st.to_dict()}
+
+
+def build_candidate(export_dir, dst, islands_file=None) -> dict:
+    """The ``openvino-bf16-islands`` candidate of ``hllm calibrate --backend auto``: :func:`build_bf16_export`
+    with the islands of ``islands_file`` (:func:`read_islands`), or :data:`SEARCH_BASE` when None.
+
+    Raises: as :func:`build_bf16_export` and :func:`read_islands`.
+    """
+    islands = read_islands(islands_file) if islands_file is not None else SEARCH_BASE
+    return build_bf16_export(export_dir, dst, islands)

@@ -236,13 +236,16 @@ def test_search_writes_frontier_and_islands_file(setup, tmp_path):
     assert doc["target"] == "bf16" and doc["runner"] == "emulate" and "head" in doc["islands"]
     front = doc["frontier"]
     names = [p["name"] for p in front]
-    assert "baseline (head fp32)" in names and "attention fp32" in names and "layers 0-0 fp32" in names
+    assert "baseline (head, attention fp32)" in names and "q_proj fp32" in names and "layers 0-0 fp32" in names
+    assert "attention bf16 too (outside the search base)" in names and doc["base"] == ["head", "attention"]
+    assert all(set(doc["base"]) <= set(p["islands"]) for p in front if not p["outside_base"])
     assert [p["fp32_share"] for p in front] == sorted(p["fp32_share"] for p in front)
     assert all(0.0 <= p["fp32_share"] <= 1.0 for p in front) and any(p["pareto"] for p in front)
     chosen = next(p for p in front if p["name"] == doc["chosen"])
+    assert not chosen["outside_base"]
     assert chosen["islands"] == doc["islands"] and chosen["passes"] == doc["passed"]
     if doc["passed"]:  # the cheapest passing set
-        assert chosen["fp32_share"] == min(p["fp32_share"] for p in front if p["passes"])
+        assert chosen["fp32_share"] == min(p["fp32_share"] for p in front if p["passes"] and not p["outside_base"])
     assert read_islands(out) == tuple(doc["islands"])
     rec = build_bf16_export(export_dir, tmp_path / "exp", read_islands(out))
     assert rec["islands"] == doc["islands"]
@@ -252,3 +255,25 @@ def test_search_writes_frontier_and_islands_file(setup, tmp_path):
 
     with pytest.raises(EngineError, match="not a bf16 islands file"):
         read_islands(bad)
+
+
+def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
+    from hllm.calibration.bf16_islands import SEARCH_BASE
+    from hllm.calibration.select import CANDIDATES, build, refusal
+    from hllm.errors import EngineError
+
+    c = next(c for c in CANDIDATES if c.name == "openvino-bf16-islands")
+    assert "AVX512_BF16" in refusal(c, "standard", ["avx2", "avx512f"], False, True)
+    assert "flavour standard" in refusal(c, "ort-cpu", ["avx512_bf16"], False, True)
+    assert refusal(c, "standard", ["avx512_bf16"], False, True) is None
+    build(c, standard_export_dir, tmp_path / "default")
+    side = json.loads((tmp_path / "default" / "export.json").read_text())
+    assert side["bf16_gemm"]["islands"] == list(SEARCH_BASE) and side["precision"] == "bf16"
+    f = tmp_path / "islands.json"
+    f.write_text(json.dumps({"format": "hllm-fp32-islands", "target": "bf16", "islands": ["head", "down_proj"]}))
+    build(c, standard_export_dir, tmp_path / "file", bf16_islands=f)
+    rep = json.loads((tmp_path / "file" / "export.json").read_text())["bf16_gemm"]["report"]
+    assert rep["by_class"]["down_proj"]["bf16"] == 0 and rep["by_class"]["attention"]["fp32"] == 0
+    f.write_text(json.dumps({"format": "hllm-fp32-islands", "target": "bf16", "islands": ["head", "mlpp"]}))
+    with pytest.raises(EngineError, match="unknown bf16 FP32 island"):
+        build(c, standard_export_dir, tmp_path / "bad", bf16_islands=f)
