@@ -263,3 +263,14 @@ def test_loadtest_drives_rank_and_rerank_in_one_run(export_dir, tmp_path):
     assert modes["rerank_batching_off"]["engine_batches"] == 8 and set(modes["rerank_batching_off"]["batch_slates_seen"]) == {"1"}
     assert modes["rankings_identical_across_modes"] == {"compared": 24, "identical": 24}
     assert rep["environment"]["cpu"] and isinstance(rep["environment"]["cpu_flags"], list)
+
+
+def test_rerank_module_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, hllm.serve.rerank, hllm.bench.loadtest; "
+            "bad = [m for m in ('torch', 'transformers', 'cohere', 'langchain_core', 'llama_index') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
