@@ -86,7 +86,7 @@ _Parameters = Optional[dict[_Text, Annotated[Any, AfterValidator(_parameter)]]]
 
 
 class _Schema(BaseModel):
-    model_config = ConfigDict(extra="allow")  # the protocol lets servers and clients add fields
+    model_config = ConfigDict(extra="allow")  # fields the schema does not name are ignored (extensions)
 
 
 class RequestInput(_Schema):
