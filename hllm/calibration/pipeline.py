@@ -234,7 +234,7 @@ def gate_line(d: dict) -> str:
     reg = (d.get("fidelity") or {}).get("regret_p95")
     verdict = "pass" if d["passed"] else "FAIL (" + ", ".join(f["criterion"] for f in d["failures"]) + ")"
     stop = f"; stopped after {d['stopped_after']} slates: {d['stop_reason']}" if d.get("stopped_after") is not None else ""
-    return (f"[{d['gate']} gate] ΔAUC lb {lb('auc')}  ΔNDCG@10 lb {lb('ndcg@10')}  ΔR@10 lb {lb('recall@10')}  "
+    return (f"{d['gate']} gate: ΔAUC lb {lb('auc')}  ΔNDCG@10 lb {lb('ndcg@10')}  ΔR@10 lb {lb('recall@10')}  "
             f"tau {d['kendall_tau_mean']:.3f}  regret p95 {'n/a' if reg is None else f'{reg:.2g}'}  "
             f"top-1 {d['top1_agreement']:.3f}  → {verdict}{stop}")
 
