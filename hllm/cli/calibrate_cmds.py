@@ -169,7 +169,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
                         reference_cache, overwrite)
     with progress_lines(progress()) as bar:
-        result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False), progress=bar.bar_for)
+        result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
     finish_report(report, result.to_dict(), json_out, show=_print_selection)
     out.print(f"selected {result.selected} → {dest}")
 
@@ -251,7 +251,7 @@ def _calibrate_with_progress(req):
     from hllm.calibration.pipeline import calibrate
 
     with progress_lines(progress()) as bar:
-        return calibrate(req, say=lambda m: bar.console.print(f"  {m}", highlight=False), progress=bar.bar_for)
+        return calibrate(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
 
 
 def _report(result, dest: Path, report: Optional[Path], json_out: bool) -> None:
