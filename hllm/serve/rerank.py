@@ -54,7 +54,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hllm.errors import SlateError
 from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING, PromptBuilder
-from hllm.runtime.slates import loads_json
+from hllm.runtime.slates import _text, loads_json
 
 #: The model name a request may give (that of the Open Inference Protocol model, :data:`hllm.serve.kserve.MODEL_NAME`).
 SERVED_MODEL = "hllm_ranker"
@@ -69,6 +69,8 @@ FIELDS = ("model", "query", "documents", "top_n", "return_documents", "max_token
 
 
 class RerankDocument(BaseModel):
+    """A document as an object (``{"text": str}``); other keys are ignored."""
+
     text: str
 
 
@@ -88,17 +90,23 @@ class RerankRequest(BaseModel):
 
 
 class RerankResult(BaseModel):
+    """One result: the document's index in the request, its score, and (``return_documents``) its text."""
+
     index: int = Field(..., description="Index of the document in the request.")
     relevance_score: float = Field(..., description="In [0, 1], non-increasing along results (see relevance_scores).")
     document: Optional[RerankDocument] = None
 
 
 class RerankUsage(BaseModel):
+    """Token counts of the request (the engine generates nothing, so total = prompt)."""
+
     prompt_tokens: int = Field(..., description="Tokens of the prompt the engine ran (user context + every document).")
     total_tokens: int
 
 
 class RerankResponse(BaseModel):
+    """The response of the rerank routes (Cohere's and Jina's fields, plus hllm's ``timing``)."""
+
     id: str = Field(..., description="The request id (X-Request-ID).")
     model: str
     results: list[RerankResult] = Field(..., description="Best first.")
@@ -143,13 +151,12 @@ def _int(v: Any, name: str) -> Optional[int]:
 
 
 def _string(v: Any, where: str) -> str:
-    if not isinstance(v, str):
-        _fail(f"{where} must be a string, got {'null' if v is None else type(v).__name__}")
+    """A string field, by the slate validator's rule for text (:mod:`hllm.runtime.slates`: a string, no lone
+    surrogate); ApiError 400 naming the field otherwise."""
     try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as e:
-        _fail(f"{where} holds a lone surrogate at character {e.start} (valid JSON escape, not Unicode text)")
-    return v
+        return _text(v, "request", where)
+    except SlateError as e:
+        _fail(str(e).removeprefix("request: "))
 
 
 def _document(d: Any, i: int) -> str:
