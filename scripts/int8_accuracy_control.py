@@ -5,16 +5,16 @@ validation function (per-slate regret / tau / AUC / NDCG@10), calibration from t
 validation on eval slates kept apart from the judged ones; writes the INT8 export (f32 hint) and its
 mixed INT8 + bf16 twin (the same IR, bf16 hint: the ops left in float run in bf16).
 
-Judge: the gate (:func:`hllm.verify.gate.gate_scores`) of each variant against the FP32 reference scores
-of the judged eval slates (a reference-score cache, :func:`hllm.verify.gate.load_reference`, or computed
-here with the FP32 export), and engine time per slate as the median of interleaved rounds
+Judge: the gate (:func:`hllm.verify.gate.run_gate`, stopping a variant once it can no longer pass unless
+``--no-fail-fast``) of each variant against the FP32 reference scores of the judged eval slates (a
+reference-score cache, :func:`hllm.verify.gate.load_reference`, or computed here with OpenVINO fp32), and engine time per slate as the median of interleaved rounds
 (:func:`hllm.timing.time_interleaved`) against OpenVINO fp32 and, with ``--torch CKPT``, PyTorch fp32 eager.
 
 Usage:
     python scripts/int8_accuracy_control.py STD_EXPORT WORK_DIR OUT_JSON --eval EVAL --train TRAIN
         [--build] [--judge 200] [--validation 50] [--validation-offset 200] [--max-candidates N] [--calib 32]
         [--metric regret] [--max-drop X] [--ranking-subset 5] [--max-reverted 15]
-        [--reference-scores REF.npz] [--torch CKPT] [--rounds 5]
+        [--reference-scores REF.npz] [--torch CKPT] [--rounds 5] [--no-fail-fast]
 Writes OUT_JSON (refuses an existing one): the quantization records, the gate figures, the speed, the CPU.
 """
 
@@ -78,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reference-scores", type=Path, default=None)
     ap.add_argument("--torch", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-fail-fast", dest="fail_fast", action="store_false",
+                    help="gate all judged slates even once a variant can no longer pass")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     if a.out.exists():
@@ -111,7 +113,7 @@ def judge(a) -> dict:
     from hllm.runtime.ranker import slate_scores
     from hllm.runtime.slates import read_slates
     from hllm.timing import time_interleaved
-    from hllm.verify.gate import gate_scores
+    from hllm.verify.gate import GateThresholds, run_gate
 
     slates = read_slates(a.eval, limit=a.judge)
     art = resolve(a.export)
@@ -126,25 +128,23 @@ def judge(a) -> dict:
 
         ref = load_reference(a.reference_scores, reference_key(art, slates))
         log(f"reference: {a.reference_scores}")
-    out: dict = {"judged_slates": len(slates), "reference": "ONNX Runtime fp32 of the export (cached)"
+    out: dict = {"judged_slates": len(slates), "reference": "OpenVINO fp32 of the export (cached)"
                  if ref is not None else "OpenVINO fp32 of the export"}
-    scores = {}
-    for name, eng in engines.items():
-        if name == "openvino-fp32" and ref is not None:
-            continue
-        t0 = time.perf_counter()
-        with eng:
-            scores[name] = [m for b in batches for m in slate_scores(eng, b)]
-        log(f"{name}: {len(slates)} slates in {time.perf_counter() - t0:.0f} s")
     if ref is None:
-        ref = scores.pop("openvino-fp32")
+        with engines["openvino-fp32"] as eng:
+            ref = [m for b in batches for m in slate_scores(eng, b)]
+    th = GateThresholds()
+    out["thresholds"] = th.to_dict() if hasattr(th, "to_dict") else vars(th)
     out["gate"] = {}
-    for name, got in scores.items():
-        rep = gate_scores(ref, got, slates, precision="int8", backend="openvino")
+    for name in ("openvino-int8", "openvino-int8-bf16"):
+        t0 = time.perf_counter()
+        rep = run_gate(ref, a.work / name.replace("openvino-", ""), slates, th, threads=a.threads,
+                       fail_fast=a.fail_fast, chunk=10,
+                       on_progress=lambda n, name=name: log(f"{name}: +{n} slates"))
         d = rep.to_dict()
-        out["gate"][name] = {k: d.get(k) for k in d if k not in ("per_slate",)}
-        log(f"{name}: top-1 {d['top1_agreement']:.3f} tau {d['kendall_tau_mean']:.3f} ΔAUC {d['auc_delta']} "
-            f"passed {d['passed']}")
+        out["gate"][name] = {k: v for k, v in d.items() if k != "per_slate"}
+        out["gate"][name]["gate_s"] = round(time.perf_counter() - t0, 1)
+        log(f"{name}: {len(rep.records)} slates, passed {d.get('passed')}, failures {d.get('failures')}")
     # speed: engine time per slate, interleaved rounds over the first slates
     calls = {}
     for name, eng in engines.items():
