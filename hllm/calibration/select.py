@@ -214,7 +214,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     from hllm.formats.export import read_export
     from hllm.machine import cpu_flags, describe_machine
 
-    t_start = time.perf_counter()
+    t_start, load_start = time.perf_counter(), _load_1m()
     progress = progress or (lambda d, n: (lambda k: None))
     meta = read_export(req.export_dir)
     check_start(meta, req.only)
@@ -275,7 +275,8 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
         timing = _time(req, built, records, say)
         best = min(built, key=lambda n: timing["engine_ms"][n]["median"]) if timing else BASELINE
         say(f"selected {best}")
-        result = SelectionResult(best, records, describe_machine(), _slates_record(req.eval_slates),
+        result = SelectionResult(best, records, {**describe_machine(), "load_avg_1m_start": load_start},
+                                 _slates_record(req.eval_slates),
                                  {**req.thresholds.to_dict(), "fp32_parity": {"slates": FP32_PARITY_SLATES,
                                                                               "atol": FP32_PARITY_ATOL}},
                                  timing, ref_info, round(time.perf_counter() - t_start, 1))
@@ -346,6 +347,16 @@ def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dic
             r["engine_ms_median"] = round(sp["engine_ms"][r["name"]]["median"], 3)
             r["speedup_vs_fp32"] = sp[f"speedup_vs_{BASELINE}"][r["name"]]
     return sp
+
+
+def _load_1m() -> float | None:
+    """The 1-minute load average (other work on the cores while the run's times were measured), or None."""
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _slates_record(slates: Sequence[dict]) -> dict:
