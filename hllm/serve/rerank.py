@@ -42,7 +42,6 @@ Every bad request → 400 (413 body too large, 415 content type, 404 model) with
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Optional, Union
 
@@ -65,6 +64,8 @@ SINKHORN_TAU = 1.0
 SINKHORN_ITERS = 20
 #: Fields a client may send that are accepted and ignored.
 IGNORED_FIELDS = ("priority", "max_chunks_per_doc", "rank_fields")
+#: The longest ``deadline_ms`` a request may ask for (one day, the bound of ``hllm serve --deadline-ms``).
+MAX_DEADLINE_MS = 86_400_000
 FIELDS = ("model", "query", "documents", "top_n", "return_documents", "max_tokens_per_doc", "history", "deadline_ms")
 
 
@@ -220,8 +221,8 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
         _fail(f"'return_documents' must be true or false, got {type(ret).__name__}")
     deadline = doc.get("deadline_ms")
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not math.isfinite(deadline) or deadline <= 0):
-        _fail(f"'deadline_ms' must be a finite positive number, got {deadline!r}")
+                                 or not 0 < deadline <= MAX_DEADLINE_MS):  # no float() of a 400-digit int
+        _fail(f"'deadline_ms' must be a number in (0, {MAX_DEADLINE_MS}], got {str(deadline)[:40]}")
     history = doc.get("history")
     if history is not None:
         if not isinstance(history, list):

@@ -170,6 +170,7 @@ def test_mapping_top_n_documents_usage_and_budget(server, sample, ranker):
     ({"query": "q", "documents": ["a"], "return_documents": "yes"}, 400, "bad_request", ("'return_documents' must be true or false",)),
     ({"query": "q", "documents": ["a"], "history": "h"}, 400, "bad_request", ("'history' must be a list of strings",)),
     ({"query": "q", "documents": ["a"], "deadline_ms": -1}, 400, "bad_request", ("'deadline_ms'",)),
+    ({"query": "q", "documents": ["a"], "deadline_ms": 10**400}, 400, "bad_request", ("'deadline_ms' must be a number in (0, 86400000]",)),
     ({"query": "q", "documents": ["a"], "rank_fields": ["title"]}, 400, "bad_request", ("'rank_fields'",)),
     ({"query": "q", "documents": ["a"], "temperature": 1}, 400, "bad_request", ("unknown fields ['temperature']",)),
     ({"model": "rerank-v3.5", "query": "q", "documents": ["a"]}, 404, "not_found", ("'rerank-v3.5' is not served", SERVED_MODEL)),
