@@ -13,7 +13,7 @@ reference-score cache, :func:`hllm.verify.gate.load_reference`, or computed here
 Usage:
     python scripts/int8_accuracy_control.py STD_EXPORT WORK_DIR OUT_JSON --eval EVAL --train TRAIN
         [--build] [--judge 200] [--validation 50] [--validation-offset 200] [--max-candidates N] [--calib 32]
-        [--metric regret] [--max-drop X] [--ranking-subset 5] [--max-reverted 15]
+        [--metric regret] [--max-drop X] [--ranking-subset 5] [--max-reverted 15] [--budget S]
         [--reference-scores REF.npz] [--torch CKPT] [--rounds 5] [--no-fail-fast]
 Writes OUT_JSON (refuses an existing one): the quantization records, the gate figures, the speed, the CPU.
 """
@@ -48,7 +48,8 @@ def build(a, work: Path) -> dict:
     val = [cut_slate(s, a.max_candidates) for s in evals[a.validation_offset: a.validation_offset + a.validation]]
     calib = calibration_feeds(read_slates(a.train), builder, a.calib, 0, sidecar_reads_context(meta.raw))
     rec = quantize_with_accuracy_control(a.export, work / "int8", calib, val, metric=a.metric, max_drop=a.max_drop,
-                                         ranking_subset=a.ranking_subset, max_reverted=a.max_reverted, say=log)
+                                         ranking_subset=a.ranking_subset, max_reverted=a.max_reverted,
+                                         budget_s=a.budget, say=log)
     # the mixed twin: the same IR, the ops NNCF left in float run in bf16
     (work / "int8-bf16").mkdir()
     copy_files(work / "int8", work / "int8-bf16", skip=("export.json",))
@@ -75,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-drop", type=float, default=None)
     ap.add_argument("--ranking-subset", type=int, default=5)
     ap.add_argument("--max-reverted", type=int, default=15)
+    ap.add_argument("--budget", type=float, default=None, help="seconds NNCF's search may take (None = no limit)")
     ap.add_argument("--reference-scores", type=Path, default=None)
     ap.add_argument("--torch", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=5)

@@ -169,3 +169,48 @@ def test_validation_fn_past_its_deadline_reports_no_drop_without_running():
     assert fn.slates_run == 4 and not fn.out_of_time and first == second == pytest.approx((1 + 1 / 3) / 2)
     fn.trace[0] = 1.0  # as if the first call had been the float model
     assert fn(model, [1]) == (1.0, [1.0]) and fn.out_of_time and fn.slates_run == 4  # nothing ran
+
+
+def test_calibrate_candidate_bf16_twin_reuses_the_searched_ir(standard_export_dir, int8_inputs, tmp_path, monkeypatch):
+    """``openvino-int8-bf16`` takes the IR the ``openvino-int8`` candidate's search wrote (no second search)
+    and only changes the hint; its validation slates are the gate's first ones, cut short."""
+    from hllm import machine
+    from hllm.calibration.openvino_int8 import build_candidate, fake_quantize_count
+    from hllm.formats.export import read_export
+
+    calib, val = int8_inputs
+    small = {"validation_slates": 4, "max_candidates": 5, "ranking_subset": 2, "max_reverted": 1}
+    rec = build_candidate(standard_export_dir, tmp_path / "openvino-int8", calib, val, settings=small)
+    assert rec["accuracy_control"]["validation_slates"] == 4 and rec["inference_precision"] == "f32"
+    assert rec["accuracy_control"]["max_drop"] == 1e-3  # the gate's default p95-regret limit
+    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx512f", "avx512_bf16"])
+    twin = build_candidate(standard_export_dir, tmp_path / "openvino-int8-bf16", calib, val, settings=small,
+                           inference_precision="bf16")
+    assert twin["reused_from"] == "openvino-int8" and twin["inference_precision"] == "bf16"
+    meta = read_export(tmp_path / "openvino-int8-bf16")
+    assert meta.raw["openvino"]["inference_precision"] == "bf16" and meta.raw["precision"] == "int8"
+    import openvino as ov
+
+    a, b = (ov.Core().read_model(str(tmp_path / d / "model_int8.xml")) for d in ("openvino-int8", "openvino-int8-bf16"))
+    assert fake_quantize_count(a) == fake_quantize_count(b) == rec["fake_quantize_nodes"] > 0
+
+
+def test_debug_precision_int8_runs_accuracy_control(standard_export_dir, tmp_path, capsys):
+    import json
+
+    from hllm.cli.app import run
+    from hllm.runtime.slates import write_jsonl
+    from hllm.testing import tiny_slates
+
+    write_jsonl(tmp_path / "s.jsonl", tiny_slates(4, 6, seed=31))
+    write_jsonl(tmp_path / "t.jsonl", [{**s, "slate_id": f"t{i}"} for i, s in enumerate(tiny_slates(4, 6, seed=32))])
+    assert run(["debug", "precision", str(standard_export_dir), "--precision", "int8", "-o", str(tmp_path / "i.json"),
+                "-s", str(tmp_path / "s.jsonl"), "--calib-slates", str(tmp_path / "t.jsonl"), "--calib-count", "4",
+                "--threads", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ac = doc["accuracy_control"]
+    assert ac["metric"] == "regret" and ac["validation_slates"] == 4 and ac["max_drop"] == 1e-3
+    assert doc["islands"] == ac["reverted_operations"]  # the islands file lists what NNCF reverted
+    isl = json.loads((tmp_path / "i.json").read_text())
+    assert isl["target"] == "int8" and isl["islands"] == doc["islands"]
+    assert set(doc["islands_figures"]) >= {"top1_agreement", "kendall_tau_mean"}
