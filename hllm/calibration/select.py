@@ -10,7 +10,8 @@ name                          engine      precision  needs
 ``onnxruntime-fused-fp32``    ONNX Runt.  fp32       flavour ``standard`` (fused here: ort-cpu ops)
 ``openvino-fp32``             OpenVINO    fp32       flavour ``standard``
 ``openvino-bf16``             OpenVINO    bf16       flavour ``standard``; AVX512_BF16 or AMX-BF16
-``openvino-int8``             OpenVINO    int8       flavour ``standard``; calibration data (NNCF)
+``openvino-int8``             OpenVINO    int8       flavour ``standard``; calibration data (NNCF accuracy control)
+``openvino-int8-bf16``        OpenVINO    int8       as above, float ops in bf16; AVX512_BF16 or AMX-BF16
 ``onnxruntime-int8-dynamic``  ONNX Runt.  int8       —
 ``onnxruntime-int8-static``   ONNX Runt.  int8       calibration data
 ============================  ==========  =========  ===========================================
@@ -75,6 +76,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("openvino-fp32", "openvino", "fp32", flavour="standard"),
     Candidate("openvino-bf16", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
     Candidate("openvino-int8", "openvino", "int8", flavour="standard", needs_calibration=True),
+    Candidate("openvino-int8-bf16", "openvino", "int8", flavour="standard", isa=("avx512_bf16", "amx_bf16"),
+              needs_calibration=True),
     Candidate("onnxruntime-int8-dynamic", "onnxruntime", "int8"),
     Candidate("onnxruntime-int8-static", "onnxruntime", "int8", needs_calibration=True),
 )
@@ -169,11 +172,14 @@ def check_start(meta, only: Sequence[str] = ()) -> None:
                           "--backend auto starts from the ONNX Runtime FP32 export it was made from")
 
 
-def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
+def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, validation: Sequence[dict] = (),
+          thresholds=None) -> Path:
     """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
 
     Fused fp32: :func:`hllm.exporter.fusion.fuse_export`. fp32 / bf16 OpenVINO: the export's files with a sidecar that says ``engine: openvino`` and the
-    inference precision. INT8: NNCF (OpenVINO) or ``onnxruntime.quantization`` (dynamic / static).
+    inference precision. INT8: NNCF with accuracy control on OpenVINO (:func:`hllm.calibration.openvino_int8.build_candidate`:
+    NNCF validates on the first of the ``validation`` slates — the gate's — with a ``max_drop`` from ``thresholds``)
+    or ``onnxruntime.quantization`` (dynamic / static).
     Raises: EngineError / NothingToQuantize from the quantizers.
     """
     from hllm.formats.export import read_export, write_export
@@ -189,10 +195,11 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None) -> Path:
         raw = read_export(export_dir).raw
         write_export(dst, {**raw, "engine": "openvino",
                            "openvino": {"inference_precision": "f32" if c.precision == "fp32" else "bf16"}})
-    elif c.name == "openvino-int8":
-        from hllm.calibration.openvino_int8 import quantize_openvino
+    elif c.name in ("openvino-int8", "openvino-int8-bf16"):  # NNCF accuracy control on the gate's first slates
+        from hllm.calibration.openvino_int8 import build_candidate
 
-        quantize_openvino(export_dir, dst, calibration)
+        build_candidate(export_dir, dst, calibration, validation, thresholds,
+                        inference_precision="bf16" if c.name.endswith("bf16") else "f32")
     else:
         from hllm.calibration.quantize import QuantOptions, quantize_export
 
@@ -244,7 +251,8 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
                 continue
             t0 = time.perf_counter()
             try:
-                path = build(c, req.export_dir, work / c.name, req.calibration)
+                path = build(c, req.export_dir, work / c.name, req.calibration, validation=req.eval_slates,
+                             thresholds=req.thresholds)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
                 t0 = time.perf_counter()
                 if c.precision == "fp32" and c.name == ref_info.get("engine"):

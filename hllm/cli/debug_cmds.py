@@ -76,7 +76,15 @@ def precision_cmd(
         from hllm.verify.gate import GateThresholds
 
         settings = DebugSettings(min_top1, min_tau, max_islands, gate=GateThresholds(mode=gate, min_tau=min_tau, min_top1=min_top1))
-        res = debug_precision(runner, ref, data, cands, settings, say=out.print)
+        if target == "int8":  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
+            from hllm.calibration.openvino_int8 import debug_int8
+            from hllm.runtime.artefact import open_engine
+
+            res = debug_int8(export_dir, data, ref, runner.calibration, settings,
+                             lambda d: runner._scores(open_engine(resolve(d), threads=threads)), runner.tmp,
+                             say=out.print)
+        else:
+            res = debug_precision(runner, ref, data, cands, settings, say=out.print)
     finally:
         runner.close()
     doc = islands_file(target, res, str(export_dir))
