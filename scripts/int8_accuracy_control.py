@@ -92,7 +92,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     a.work.mkdir(parents=True, exist_ok=True)
-    doc: dict = {"export": str(a.export), "eval": str(a.eval), "train": str(a.train)}
+    doc: dict = {"export": str(a.export), "eval": str(a.eval), "train": str(a.train),
+                 "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}}
     if a.build:
         t0 = time.perf_counter()
         doc["build"] = build(a, a.work)
