@@ -19,8 +19,10 @@ Candidates are module paths of the export (``backbone.layers.N.mlp``, ``backbone
 Targets: ``fp16`` (:func:`hllm.exporter.fp16.convert_to_fp16` + :func:`hllm.exporter.fp16.emulate_fp16`,
 float16 storage emulated on the CPU; islands = the default op-class islands + kept modules), ``int8``
 (NNCF INT8 with SmoothQuant on OpenVINO, :func:`hllm.calibration.openvino_int8.quantize_openvino`; kept
-modules go to NNCF's ignored scope). ``bf16`` needs AVX512_BF16 / AMX and is refused elsewhere with the
-reason (:func:`hllm.engines.openvino.check_inference_precision`).
+modules go to NNCF's ignored scope), ``bf16`` (the typed bf16-GEMM graph of :mod:`hllm.exporter.bf16`:
+real bf16 kernels on OpenVINO where the CPU has AVX512_BF16 / AMX-BF16, the exact emulation in ONNX
+Runtime elsewhere; searched over op classes × layer groups by
+:func:`hllm.calibration.bf16_islands.search_islands`, which writes the speed-vs-fidelity frontier).
 
 The islands file (``format: hllm-fp32-islands``) lists ``islands`` (for fp16: the default op-class islands
 plus the modules; for int8: the modules) and is read by ``hllm export --precision fp16 --fp32-islands
@@ -164,22 +166,23 @@ class VariantRunner:
         export_dir: an FP32 export (``standard`` flavour for int8). target: ``fp16`` / ``int8`` / ``bf16``.
         batches: encoded slates (one :class:`hllm.runtime.prompt.Batch` each). calibration: feed dicts (int8).
         threads: engine threads. smooth_quant_alpha: int8 only (None = NNCF default, < 0 = off).
-    Raises: EngineError (bf16 on a CPU without bf16 instructions; a flavour the target cannot use).
+        bf16_runner: bf16 only: ``openvino`` (real bf16 kernels), ``emulate`` (ONNX Runtime, any CPU) or
+            ``auto`` (:func:`hllm.calibration.bf16_islands.bf16_runner`).
+    Raises: EngineError (real bf16 asked on a CPU without bf16 instructions; a flavour the target cannot use).
     """
 
     def __init__(self, export_dir, target: str, batches: list, calibration=None, threads: int | None = 2,
-                 smooth_quant_alpha: float | None = None):
+                 smooth_quant_alpha: float | None = None, bf16_runner: str = "auto"):
         from hllm.formats.export import read_export
 
         if target not in TARGETS:
             raise EngineError(f"unknown target precision {target!r}; one of {TARGETS}")
-        if target == "bf16":
-            from hllm.engines.openvino import check_inference_precision
-
-            check_inference_precision("bf16")
-            raise EngineError("bf16 per-module islands are not implemented: OpenVINO's bf16 hint has no per-layer "
-                              "override here; use fp16 or int8")
         self.meta = read_export(export_dir)
+        self.bf16 = None
+        if target == "bf16":  # typed bf16 graph: OpenVINO on a bf16 CPU, the exact emulation elsewhere
+            from hllm.calibration.bf16_islands import Bf16Variants
+
+            self.bf16 = Bf16Variants(export_dir, batches, bf16_runner, threads)
         if target == "int8" and (self.meta.flavour != "standard" or calibration is None):
             raise EngineError("int8 debugging needs a `standard` export and calibration slates")
         self.target, self.batches, self.calibration, self.threads = target, batches, calibration, threads
@@ -190,6 +193,8 @@ class VariantRunner:
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.bf16 is not None:
+            self.bf16.close()
 
     def _scores(self, engine) -> list[np.ndarray]:
         out = []
@@ -209,6 +214,8 @@ class VariantRunner:
 
     def __call__(self, keep: tuple[str, ...]) -> list[np.ndarray]:
         self.built += 1
+        if self.bf16 is not None:
+            return self.bf16(keep)
         ctx = "context_positions" in str(self.meta.raw.get("inputs"))
         if self.target == "fp16":
             from hllm.engines.ort import OnnxRuntimeEngine
@@ -235,9 +242,15 @@ class VariantRunner:
 
 
 def islands_file(target: str, result: dict, export_dir: str) -> dict:
-    """The islands file written by ``hllm debug precision`` (module doc)."""
+    """The islands file written by ``hllm debug precision`` (module doc). For bf16 the islands are the
+    chosen set of the frontier (op classes / module paths of :mod:`hllm.exporter.bf16`), with the frontier."""
     from hllm.exporter.fp16 import DEFAULT_ISLANDS
 
     isl = list(DEFAULT_ISLANDS) + result["islands"] if target == "fp16" else list(result["islands"])
-    return {"format": FORMAT, "target": target, "islands": isl, "modules": result["islands"],
-            "passed": result["passed"], "figures": result["islands_figures"], "export": str(export_dir)}
+    doc = {"format": FORMAT, "target": target, "islands": isl, "modules": result["islands"],
+           "passed": result["passed"], "figures": result["islands_figures"], "export": str(export_dir)}
+    if target == "bf16":
+        doc.update(chosen=result.get("chosen"), runner=result.get("runner"), base=result.get("base"),
+                   frontier=[{k: p[k] for k in ("name", "islands", "fp32_share", "figures", "passes", "pareto",
+                                                "outside_base")} for p in result.get("frontier", [])])
+    return doc

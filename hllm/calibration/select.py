@@ -10,6 +10,7 @@ name                          engine      precision  needs
 ``onnxruntime-fused-fp32``    ONNX Runt.  fp32       flavour ``standard`` (fused here: ort-cpu ops)
 ``openvino-fp32``             OpenVINO    fp32       flavour ``standard``
 ``openvino-bf16``             OpenVINO    bf16       flavour ``standard``; AVX512_BF16 or AMX-BF16
+``openvino-bf16-islands``     OpenVINO    bf16       as above; typed bf16 GEMMs with fp32 islands
 ``openvino-int8``             OpenVINO    int8       flavour ``standard``; calibration data (NNCF accuracy control)
 ``openvino-int8-bf16``        OpenVINO    int8       as above, float ops in bf16; AVX512_BF16 or AMX-BF16
 ``onnxruntime-int8-dynamic``  ONNX Runt.  int8       —
@@ -75,6 +76,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("onnxruntime-fused-fp32", "onnxruntime", "fp32", flavour="standard"),
     Candidate("openvino-fp32", "openvino", "fp32", flavour="standard"),
     Candidate("openvino-bf16", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
+    Candidate("openvino-bf16-islands", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
     Candidate("openvino-int8", "openvino", "int8", flavour="standard", needs_calibration=True),
     Candidate("openvino-int8-bf16", "openvino", "int8", flavour="standard", isa=("avx512_bf16", "amx_bf16"),
               needs_calibration=True),
@@ -118,6 +120,7 @@ class SelectRequest:
     threads: int | None = None
     reference_cache: Path | None = None
     overwrite: bool = False
+    bf16_islands: Path | None = None  # islands file of `hllm debug precision --precision bf16` (None = base islands)
 
 
 @dataclass
@@ -172,8 +175,8 @@ def check_start(meta, only: Sequence[str] = ()) -> None:
                           "--backend auto starts from the ONNX Runtime FP32 export it was made from")
 
 
-def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, validation: Sequence[dict] = (),
-          thresholds=None) -> Path:
+def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_islands: Path | None = None,
+          validation: Sequence[dict] = (), thresholds=None) -> Path:
     """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
 
     Fused fp32: :func:`hllm.exporter.fusion.fuse_export`. fp32 / bf16 OpenVINO: the export's files with a sidecar that says ``engine: openvino`` and the
@@ -186,6 +189,10 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, validatio
 
     if c.name == BASELINE:
         _copy_tree(export_dir, dst)
+    elif c.name == "openvino-bf16-islands":
+        from hllm.calibration.bf16_islands import build_candidate
+
+        build_candidate(export_dir, dst, bf16_islands)
     elif c.name == "onnxruntime-fused-fp32":
         from hllm.exporter.fusion import fuse_export
 
@@ -251,8 +258,8 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
                 continue
             t0 = time.perf_counter()
             try:
-                path = build(c, req.export_dir, work / c.name, req.calibration, validation=req.eval_slates,
-                             thresholds=req.thresholds)
+                path = build(c, req.export_dir, work / c.name, req.calibration, bf16_islands=req.bf16_islands,
+                             validation=req.eval_slates, thresholds=req.thresholds)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
                 t0 = time.perf_counter()
                 if c.precision == "fp32" and c.name == ref_info.get("engine"):

@@ -53,6 +53,7 @@ def calibrate_cmd(
     max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Strict gate: max |ΔRecall@10| (slates with labels)."),
     max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Strict gate: max |ΔAUC| (slates with labels)."),
     candidate: List[str] = typer.Option([], "--candidate", help="With --backend auto: consider only these candidates (onnxruntime-fp32 always). Repeatable."),
+    bf16_islands: Optional[Path] = typer.Option(None, "--bf16-islands", help="With --backend auto: the islands file of `hllm debug precision --precision bf16` that the openvino-bf16-islands candidate keeps in fp32 (default: the head and the attention scores)."),
     bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip; --backend auto: default 5)."),
     bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
     threads: Optional[int] = threads_opt("Intra-op threads of the ORT engines."),
@@ -88,9 +89,12 @@ def calibrate_cmd(
         return _select(export_dir, out_dir, th_kw=th_kw,
                        slates=slates, limit=limit, calib=(calibration, calib_slates, calib_count, calib_seed, calib_batch_size),
                        candidates=tuple(candidate), rounds=bench_runs or 5, warmup=bench_warmup, threads=threads,
-                       reference_cache=reference_scores_path, report=report, overwrite=overwrite, json_out=json_out)
+                       reference_cache=reference_scores_path, report=report, overwrite=overwrite, json_out=json_out,
+                       bf16_islands=bf16_islands)
     if candidate:
         raise typer.BadParameter("--candidate applies to --backend auto only")
+    if bf16_islands is not None:
+        raise typer.BadParameter("--bf16-islands applies to --backend auto only")
     opts = QuantOptions(backend=backend, precision=precision, target=target, per_channel=per_channel,
                         reduce_range=reduce_range, activation_type=activation_type, exclude=tuple(exclude),
                         exclude_nodes=tuple(exclude_node), calibrate_method=calibrate_method,
@@ -148,7 +152,7 @@ def warn_unlabelled(slates: list[dict]) -> None:
 
 
 def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: tuple, candidates: tuple, rounds: int,
-            warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool) -> None:
+            warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool, bf16_islands=None) -> None:
     """``--backend auto``: :func:`hllm.calibration.select.select` with the console's progress; prints the
     candidates table and writes the selected export (always: the FP32 baseline passes its own gate)."""
     from hllm.calibration.pipeline import prepare_calibration
@@ -159,6 +163,10 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     th, calib_slates = _check_run(th_kw, json_out, report, out_dir, overwrite, reference_cache, calib_slates)
     art, builder = _onnx_export(export_dir, "auto")
     check_start(read_export(art.path.parent), candidates)
+    if bf16_islands is not None:  # a bad islands file is refused before any work
+        from hllm.calibration.bf16_islands import read_islands
+
+        read_islands(bf16_islands)
     evals = load_slates(slates, limit=limit)
     warn_unlabelled(evals)
     cal = None
@@ -167,7 +175,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
             cal = prepare_calibration(art, builder, "ort-static", calibration, calib_slates, count, seed, batch,
                                       [str(s.get("slate_id", "")) for s in evals])
     req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
-                        reference_cache, overwrite)
+                        reference_cache, overwrite, bf16_islands=bf16_islands)
     with progress_lines(progress()) as bar:
         result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
     finish_report(report, result.to_dict(), json_out, show=_print_selection)

@@ -29,7 +29,7 @@ def _int_list(text: Optional[str], what: str) -> Optional[list[int]]:
 @debug_app.command("precision")
 def precision_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (flavour standard for int8)."),
-    target: str = choice_opt("fp16", ("fp16", "int8", "bf16"), "--precision", help="fp16 (CPU emulation of the FP16 graph), int8 (NNCF on OpenVINO) or bf16 (AVX512_BF16 / AMX CPUs only)."),
+    target: str = choice_opt("fp16", ("fp16", "int8", "bf16"), "--precision", help="fp16 (CPU emulation of the FP16 graph), int8 (NNCF on OpenVINO) or bf16 (bf16 GEMMs: OpenVINO on AVX512_BF16 / AMX CPUs, exact emulation elsewhere)."),
     islands_out: Path = typer.Option(..., "--out", "-o", help="Islands file to write (.json; read by `hllm export --fp32-islands`)."),
     slates: Optional[Path] = slates_opt(help="Real slates the variants are ranked on (default: the packaged sample)."),
     limit: Optional[int] = limit_opt(10, "Use the first LIMIT slates."),
@@ -41,6 +41,10 @@ def precision_cmd(
     min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Strict gate: min top-1 agreement with FP32."),
     min_tau: float = typer.Option(0.9, min=-1.0, max=1.0, help="Quality gate: min mean Kendall tau with FP32."),
     max_islands: int = typer.Option(8, min=1, max=1000, help="Most modules the greedy search keeps in fp32."),
+    bf16_runner: str = choice_opt("auto", ("auto", "openvino", "emulate"), "--bf16-runner", help="bf16: openvino (real bf16 kernels; AVX512_BF16 / AMX CPUs), emulate (ONNX Runtime, any CPU) or auto."),
+    groups: int = typer.Option(4, min=1, max=1000, help="bf16: layer groups searched (consecutive decoder layers)."),
+    refine: int = typer.Option(2, min=0, max=8, help="bf16: op classes also tried per layer group (the most helpful ones)."),
+    bf16_base: str = typer.Option("head,attention", "--bf16-base", help="bf16: islands every searched set keeps (op classes / module paths; 'none' = none); each but the head is also tried in bf16 as a frontier point."),
     report: Optional[Path] = typer.Option(None, help="Full report JSON (every candidate's figures)."),
     threads: Optional[int] = threads_opt(),
     json_out: bool = json_opt(),
@@ -56,6 +60,10 @@ def precision_cmd(
     check_output_file(islands_out, "--out")
     check_output_file(report, "--report")
     data_to_stdout(json_out, islands_out, report)
+    if target == "bf16":  # an unknown island is refused before any work
+        from hllm.exporter.bf16 import parse_islands
+
+        base_islands = parse_islands(bf16_base)
     art = resolve(export_dir)
     data = load_slates(slates, limit=limit)
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
@@ -70,13 +78,22 @@ def precision_cmd(
     n_layers = int((art.meta.get("backbone") or {}).get("num_layers") or 0)
     cands = candidate_modules(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
                               _int_list(layers, "--layers"))
-    runner = VariantRunner(export_dir, target, batches, calib, threads)
+    runner = VariantRunner(export_dir, target, batches, calib, threads, bf16_runner=bf16_runner)
     try:
         ref = runner.reference()
         from hllm.verify.gate import GateThresholds
 
         settings = DebugSettings(min_top1, min_tau, max_islands, gate=GateThresholds(mode=gate, min_tau=min_tau, min_top1=min_top1))
-        if target == "int8":  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
+        if target == "bf16":
+            from hllm.calibration.bf16_islands import search_islands
+            from hllm.exporter.bf16 import fp32_share
+
+            v = runner.bf16
+            out.print(f"bf16 variants run on {'OpenVINO (real bf16 kernels)' if v.runner == 'openvino' else 'the exact emulation (ONNX Runtime)'}")
+            res = search_islands(runner, ref, data, n_layers, lambda isl: fp32_share(v.model(), v.feeds(), isl),
+                                 settings, groups=groups, refine=refine, base=base_islands, say=out.print)
+            res["runner"] = v.runner
+        elif target == "int8":  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
             from hllm.calibration.openvino_int8 import debug_int8
             from hllm.runtime.artefact import open_engine
 
