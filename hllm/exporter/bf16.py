@@ -152,15 +152,12 @@ class Bf16Report:
         return dict(self.__dict__)
 
 
-def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS, exact_rounding: bool = True):
+def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS):
     """The explicitly typed graph of the module doc, from a float32 ONNX model (in memory; not modified).
 
     Args:
         model: ``onnx.ModelProto`` from :func:`hllm.exporter.onnx.export_onnx` (flavour ``standard``: plain
             ``MatMul`` nodes with the exporter's module metadata). islands: names (module doc).
-        exact_rounding: round activations to bfloat16 in float32 arithmetic before the ``Cast``
-            (:func:`_round_then_cast`; round-to-nearest-even whatever the runtime's conversion does). False
-            leaves the rounding to the runtime's ``Cast`` (OpenVINO's is not RNE: an inexact, cheaper graph).
     Returns: ``(model_bf16, Bf16Report)``: every ``MatMul`` outside the islands reads bfloat16 inputs and
         writes a bfloat16 output that is cast back to float32; graph inputs/outputs are unchanged.
     Raises: ExportError (unknown island; a ``MatMul`` whose inputs are not float32; no ``MatMul`` node
@@ -194,7 +191,7 @@ def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS, exact_round
         if types.get(name) != FLOAT:
             raise ExportError(f"matrix product input {name!r} is not float32; start from the float32 export")
         if name not in casts:
-            if name in exact or not exact_rounding:  # bf16-valued already (the cast is exact), or left to the runtime
+            if name in exact:  # already bf16-valued: the cast is exact, no rounding needed
                 casts[name] = f"{name}__bf16_cast"
                 nodes.append(helper.make_node("Cast", [name], [casts[name]], to=BFLOAT16,
                                               name=f"hllm_bf16_{casts[name]}"))
