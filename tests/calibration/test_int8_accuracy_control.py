@@ -133,6 +133,11 @@ def test_accuracy_control_reverts_groups_and_writes_an_engine_that_ranks(standar
     with Ranker.from_path(tmp_path / "ac", threads=1) as r:
         ranked = r.rank(val[:3])
     assert r.engine.name == "openvino" and [sorted(x.order) for x in ranked] == [list(range(8))] * 3
+    # a search past its budget with on_budget="raise" ends NNCF at the first ranking call and writes nothing
+    with pytest.raises(EngineError, match="stopped at its 0 s budget"):
+        quantize_with_accuracy_control(standard_export_dir, tmp_path / "late", calib, val, metric="regret",
+                                       max_drop=0.0, ranking_subset=3, budget_s=0.0, on_budget="raise")
+    assert not (tmp_path / "late").exists()
     # a drop the fully quantized graph already meets: nothing is reverted, no group is ranked
     loose = quantize_with_accuracy_control(standard_export_dir, tmp_path / "loose", calib, val, metric="tau",
                                            max_drop=2.0)
@@ -214,3 +219,18 @@ def test_debug_precision_int8_runs_accuracy_control(standard_export_dir, tmp_pat
     isl = json.loads((tmp_path / "i.json").read_text())
     assert isl["target"] == "int8" and isl["islands"] == doc["islands"]
     assert set(doc["islands_figures"]) >= {"top1_agreement", "kendall_tau_mean"}
+
+
+def test_validation_fn_can_end_the_search_at_its_deadline():
+    import time
+
+    from hllm.calibration.openvino_int8 import SearchBudgetExceeded
+
+    model = FakeCompiled({0: REF.copy()})
+    fn = RankingValidation([{"slate": 0}], [3], [REF], metric="regret", deadline=time.monotonic() - 1, stop="raise")
+    fn(model, [0]), fn(model, [0])  # the float and the quantized validations
+    with pytest.raises(SearchBudgetExceeded, match="past its deadline after 2 slates"):
+        fn(model, [0])
+    assert fn.out_of_time and fn.slates_run == 2
+    with pytest.raises(ValueError, match="stop must be"):
+        RankingValidation([{"slate": 0}], [3], [REF], stop="later")
