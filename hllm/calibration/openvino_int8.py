@@ -417,6 +417,39 @@ def encode_slates(meta, slates: Sequence[dict]) -> tuple[list[dict], list[int]]:
     return feeds, n
 
 
+def _search_record(fn: "RankingValidation", probe: dict) -> dict:
+    """What NNCF's search did, from the validation function (``fn``: its full validations, slates run, the
+    deadline) and the restorer's report (``probe`` of :func:`_restorer_report`): the float / fully quantized
+    aggregates and the trace, groups found and reverted, reverted operations and quantizers, iterations."""
+    rep = probe.get("report")
+    trace = [round(x, 6) for x in fn.trace]
+    return {"float_metric": trace[0] if trace else None, "quantized_metric": trace[1] if len(trace) > 1 else None,
+            "trace": trace, "groups": probe.get("groups"),
+            "reverted_groups": len(rep.removed_groups) if rep is not None else (0 if len(trace) <= 2 else None),
+            "reverted_operations": [n.node_name for n in rep.reverted_operations] if rep is not None else [],
+            "reverted_quantizers": [n.node_name for n in rep.removed_quantizers] if rep is not None else [],
+            "quantized_operations": rep.num_quantized_operations if rep is not None else None,
+            "reached_max_drop": (bool(rep.reached_required_drop) if rep is not None else len(trace) <= 2)
+            and not fn.out_of_time,
+            "iterations": rep.num_iterations + 1 if rep is not None and rep.num_iterations is not None else 0,
+            "slates_run": fn.slates_run, "out_of_time": fn.out_of_time}
+
+
+def _nncf_parameters(smooth_quant_alpha: float | None, ranking_subset: int, max_reverted: int | None):
+    """NNCF's advanced quantization parameters (SmoothQuant α for MatMuls, None = NNCF's default) and
+    accuracy-restorer parameters (ranking subset, one ranking worker, the most groups reverted)."""
+    import nncf
+
+    advanced = None
+    if smooth_quant_alpha is not None:
+        advanced = nncf.AdvancedQuantizationParameters(
+            smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=float(smooth_quant_alpha)))
+    restorer = nncf.AdvancedAccuracyRestorerParameters(
+        ranking_subset_size=int(ranking_subset), num_ranking_workers=1,
+        **({"max_num_iterations": int(max_reverted)} if max_reverted else {}))
+    return advanced, restorer
+
+
 def quantize_with_accuracy_control(
     export_dir: str | os.PathLike, out_dir: str | os.PathLike, calibration: Iterable[dict],
     validation: Sequence[dict], *, metric: str = "regret", max_drop: float | None = None, thresholds=None,
@@ -499,13 +532,7 @@ def quantize_with_accuracy_control(
     except (ValueError,) as e:
         raise EngineError(str(e)) from None
     ignored = ignored_node_names(meta.onnx_path, keep_float)
-    advanced = None
-    if smooth_quant_alpha is not None:
-        advanced = nncf.AdvancedQuantizationParameters(
-            smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=float(smooth_quant_alpha)))
-    restorer = nncf.AdvancedAccuracyRestorerParameters(
-        ranking_subset_size=int(ranking_subset), num_ranking_workers=1,
-        **({"max_num_iterations": int(max_reverted)} if max_reverted else {}))
+    advanced, restorer = _nncf_parameters(smooth_quant_alpha, ranking_subset, max_reverted)
     say(f"NNCF accuracy control: {metric}, max drop {drop:g}, {len(feeds)} calibration inputs, "
         f"{len(vfeeds)} validation slates, ranking subset {ranking_subset}")
     try:
@@ -522,22 +549,10 @@ def quantize_with_accuracy_control(
     except Exception as e:
         raise EngineError(f"NNCF quantization with accuracy control failed: {type(e).__name__}: {e}") from None
     seconds = time.perf_counter() - t0
-    rep = probe_rep.get("report")
-    reverted_ops = [n.node_name for n in rep.reverted_operations] if rep is not None else []
-    trace = [round(x, 6) for x in fn.trace]
     ac = {"metric": metric, "aggregate": "p95" if metric == "regret" else "mean", "max_drop": drop,
           "drop_type": "absolute", "validation_slates": len(vfeeds), "ranking_subset": int(ranking_subset),
-          "max_reverted": max_reverted, "float_metric": trace[0] if trace else None,
-          "quantized_metric": trace[1] if len(trace) > 1 else None, "trace": trace,
-          "groups": probe_rep.get("groups"),
-          "reverted_groups": len(rep.removed_groups) if rep is not None else (0 if len(trace) <= 2 else None),
-          "reverted_operations": reverted_ops,
-          "reverted_quantizers": [n.node_name for n in rep.removed_quantizers] if rep is not None else [],
-          "quantized_operations": rep.num_quantized_operations if rep is not None else None,
-          "reached_max_drop": (bool(rep.reached_required_drop) if rep is not None else len(trace) <= 2)
-          and not fn.out_of_time,
-          "iterations": rep.num_iterations + 1 if rep is not None and rep.num_iterations is not None else 0,
-          "slates_run": fn.slates_run, "budget_s": budget_s, "out_of_time": fn.out_of_time}
+          "max_reverted": max_reverted, **_search_record(fn, probe_rep), "budget_s": budget_s}
+    trace = ac["trace"]
     record = {"backend": "nncf-accuracy-control", "precision": "int8", "nncf": nncf.__version__,
               "openvino": ov.__version__, "model_type": "transformer", "smooth_quant_alpha": smooth_quant_alpha,
               "calibration_inputs": len(feeds), "keep_float": list(keep_float), "ignored_nodes": len(ignored),
