@@ -25,7 +25,7 @@ from hllm.serve.batching import BatchOptions  # noqa: E402
 from hllm.serve.server import BackgroundServer, wait_ready  # noqa: E402
 from hllm.testing import tiny_slates  # noqa: E402
 
-TIMEOUT_S = 1.0  # header and body timeouts of the test server
+TIMEOUT_S = 2.0  # header and body timeouts of the test server (1 s was hit by a whole 50-byte body on loaded CI cores)
 
 
 class BoomBuilder:
