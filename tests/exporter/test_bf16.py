@@ -29,16 +29,30 @@ def _ov_installed() -> bool:
 needs_ov = pytest.mark.skipif(not _ov_installed(), reason="OpenVINO is not installed")
 
 
-@pytest.fixture(scope="module")
-def setup(standard_export_dir):
+def _setup(export_dir):
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.testing import tiny_slates
 
-    art = resolve(standard_export_dir)
+    art = resolve(export_dir)
     b = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
     slates = tiny_slates(3, (5, art.num_positions), seed=11)
-    return standard_export_dir, slates, [b.encode([s]) for s in slates]
+    return export_dir, slates, [b.encode([s]) for s in slates]
+
+
+@pytest.fixture(scope="module")
+def setup(standard_export_dir):
+    return _setup(standard_export_dir)
+
+
+@pytest.fixture(scope="module")
+def context_setup(tmp_path_factory, context_checkpoint):
+    """The standard export of a head that reads the user context (graph input ``context_positions``)."""
+    from hllm.exporter.onnx import export_onnx
+
+    out = tmp_path_factory.mktemp("bf16-context") / "export"
+    export_onnx(context_checkpoint, out, flavour="standard")
+    return _setup(out)
 
 
 def _ort_fp32(export_dir, batches):
@@ -281,3 +295,21 @@ def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
     f.write_text(json.dumps({"format": "hllm-fp32-islands", "target": "bf16", "islands": ["head", "mlpp"]}))
     with pytest.raises(EngineError, match="unknown bf16 FP32 island"):
         build(c, standard_export_dir, tmp_path / "bad", bf16_islands=f)
+
+
+def test_context_head_full_islands_give_fp32_and_no_islands_move_the_scores(context_setup):
+    """The bf16 rewrite keeps the fourth graph input: with a context-reading head, every MatMul in an island
+    is the fp32 graph exactly, and bf16 everywhere changes the scores (so the user row reaches the head)."""
+    from hllm.calibration.bf16_islands import Bf16Variants
+
+    export_dir, _, batches = context_setup
+    assert all(b.context_positions is not None for b in batches)
+    ref = _ort_fp32(export_dir, batches)
+    v = Bf16Variants(export_dir, batches, "emulate", threads=1)
+    try:
+        whole, none, head_only = v(("all",)), v(()), v(("head",))
+    finally:
+        v.close()
+    assert _max(whole, ref) == 0.0
+    assert _max(none, ref) > 1e-4
+    assert _max(head_only, ref) > 0.0 and all(np.isfinite(x).all() for x in head_only)
