@@ -179,12 +179,9 @@ class Bf16Variants:
         return f
 
     def _scores(self, engine) -> list[np.ndarray]:
-        out = []
-        with engine:
-            for b in self.batches:
-                s = engine.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
-                out += [s[i, : int(n)] for i, n in enumerate(b.n_items)]
-        return out
+        from hllm.calibration.precision_debug import batch_scores
+
+        return batch_scores(engine, self.batches)
 
     def engine(self, islands: Sequence[str]):
         """An engine (not yet activated) for the typed graph with ``islands`` on this runner."""

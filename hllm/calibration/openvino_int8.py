@@ -57,6 +57,23 @@ def nncf_output_to_stderr() -> Iterator[None]:
             for h, stream in zip(moved, old):
                 h.setStream(stream)
 
+def _nncf_input(export_dir, out_dir):
+    """The export NNCF quantizes and the new output directory: ``(ExportMeta, Path)``.
+
+    Raises: EngineError for an export that is not fp32 of flavour ``standard``, or an existing ``out_dir``.
+    """
+    from hllm.formats.export import read_export
+
+    meta = read_export(export_dir)
+    out = Path(out_dir)
+    if meta.flavour != "standard" or meta.precision.value != "fp32":
+        raise EngineError(f"{meta.root}: NNCF INT8 needs an fp32 export of flavour standard, got "
+                          f"{meta.precision.value} {meta.flavour} (export with --flavour standard)")
+    if out.exists():
+        raise EngineError(f"{out} exists; choose a new directory")
+    return meta, out
+
+
 
 def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
     """ONNX node names of the parts to keep in fp32 (OpenVINO's ONNX frontend keeps them as op names).
@@ -109,15 +126,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
         import nncf
     import openvino as ov
 
-    from hllm.formats.export import read_export
-
-    meta = read_export(export_dir)
-    out = Path(out_dir)
-    if meta.flavour != "standard" or meta.precision.value != "fp32":
-        raise EngineError(f"{meta.root}: NNCF INT8 needs an fp32 export of flavour standard, got "
-                          f"{meta.precision.value} {meta.flavour} (export with --flavour standard)")
-    if out.exists():
-        raise EngineError(f"{out} exists; choose a new directory")
+    meta, out = _nncf_input(export_dir, out_dir)
     feeds = list(calibration)
     if not feeds:
         raise EngineError("NNCF INT8 needs at least one calibration input")
@@ -492,16 +501,9 @@ def quantize_with_accuracy_control(
     import openvino as ov
 
     from hllm.engines.openvino import check_inference_precision
-    from hllm.formats.export import read_export
     from hllm.formats.graph import input_names, sidecar_reads_context
 
-    meta = read_export(export_dir)
-    out = Path(out_dir)
-    if meta.flavour != "standard" or meta.precision.value != "fp32":
-        raise EngineError(f"{meta.root}: NNCF INT8 needs an fp32 export of flavour standard, got "
-                          f"{meta.precision.value} {meta.flavour} (export with --flavour standard)")
-    if out.exists():
-        raise EngineError(f"{out} exists; choose a new directory")
+    meta, out = _nncf_input(export_dir, out_dir)
     hint = check_inference_precision(inference_precision)
     if metric not in VALIDATION_METRICS:
         raise EngineError(f"unknown validation metric {metric!r}; one of {VALIDATION_METRICS}")

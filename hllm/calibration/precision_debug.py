@@ -159,6 +159,21 @@ def _fmt(f: dict) -> str:
     return f"{m}, top-1 {f['top1_agreement']:.3f}, tau {f['kendall_tau_mean']:.3f}{verdict}"
 
 
+def batch_scores(engine, batches) -> list[np.ndarray]:
+    """Activate ``engine``, run every encoded batch (``context_positions`` included when the batch has it)
+    and return one score matrix ``[n_i, K]`` float32 per slate, padding rows dropped; deactivates after.
+
+    Raises: EngineError / ShapeError from the engine.
+    """
+    out = []
+    with engine:
+        for b in batches:
+            s = engine.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
+            out += [s[i, : int(n)] for i, n in enumerate(b.n_items)]
+    return out
+
+
+
 class VariantRunner:
     """Builds and runs the variants of one target on one encoded slate list (callable for :func:`debug_precision`).
 
@@ -197,12 +212,7 @@ class VariantRunner:
             self.bf16.close()
 
     def _scores(self, engine) -> list[np.ndarray]:
-        out = []
-        with engine:
-            for b in self.batches:
-                s = engine.run(b.input_ids, b.readout_positions, b.item_mask, b.context_positions)
-                out += [s[i, : int(n)] for i, n in enumerate(b.n_items)]
-        return out
+        return batch_scores(engine, self.batches)
 
     def reference(self) -> list[np.ndarray]:
         """The FP32 export's score matrices (ONNX Runtime)."""
