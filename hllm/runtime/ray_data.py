@@ -8,7 +8,7 @@ A streaming pipeline (https://docs.ray.io/en/latest/data/data-internals.html, st
    blocks of ``chunks_per_block`` chunks; a chunk is ``batch_size``
    consecutive slates as JSON (the slates of ONE engine call, as in the single-process run, so the
    padding and therefore every score is the same);
-2. **rank** — ``Dataset.map_batches(RankActor, concurrency=N)``: a pool of N actors, each holding ONE
+2. **rank** — ``Dataset.map_batches(RankActor, compute=ActorPoolStrategy(size=N, max_tasks_in_flight_per_actor=1))``: a pool of N actors (all started before the first block goes out), each holding ONE
    engine (:class:`hllm.runtime.Ranker`, activated in the constructor) with ``num_cpus`` / ``num_gpus``
    per actor;
 3. **write** — the driver iterates the ranked blocks in file order (``preserve_order``) and streams
@@ -165,12 +165,17 @@ def rank_file(
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        # Every actor is up before the first block is dispatched, and an actor holds one task at a time: the
+        # blocks spread over the pool instead of queueing on the actor that started first (Ray Data
+        # ActorPoolStrategy: "set max_tasks_in_flight_per_actor to 1" to cut queueing on the worker actors).
+        ctx.wait_for_min_actors_s = 600
         n_chunks = -(-n // batch_size)
         source = _make_datasource()(str(slates), batch_size, limit, n_chunks, chunks_per_block)
         # The reader takes no CPU slot: it only decompresses and re-serialises JSON, and with a slot it would
         # wait forever behind actors that hold every CPU of a small machine (the actor pool starts first).
         ranked = ray.data.read_datasource(source, override_num_blocks=min(n_chunks, 2 * workers), num_cpus=0).map_batches(
-            RankActor, fn_constructor_kwargs={"model": str(model), "threads": threads}, concurrency=workers,
+            RankActor, fn_constructor_kwargs={"model": str(model), "threads": threads},
+            compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
             batch_size=chunks_per_call, batch_format="numpy", num_cpus=num_cpus, num_gpus=num_gpus)
         count = [0]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 
 import numpy as np
@@ -33,8 +34,18 @@ def test_read_tasks_split_the_chunks_into_contiguous_ranges_in_file_order(tmp_pa
 def test_two_workers_both_rank_and_the_output_is_the_single_process_one(tmp_path, export_dir, monkeypatch):
     from hllm.runtime import Ranker
 
+    seen = tmp_path / "actors"
+    seen.mkdir()
+
     class PidActor(ray_data.RankActor):  # defined here, so Ray ships it by value
         def __call__(self, batch):
+            # A barrier: an actor's first call waits (≤ 60 s) until another actor has a call too. A pool that
+            # queues every block on the first actor never gets there and fails below; one that spreads the
+            # blocks passes whatever the machine's load (a fast first actor could otherwise take them all).
+            (seen / str(os.getpid())).touch()
+            deadline = time.monotonic() + 60
+            while len(list(seen.iterdir())) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
             out = super().__call__(batch)
             tagged = [json.dumps([dict(r, pid=os.getpid()) for r in json.loads(t)]) for t in out["rankings"]]
             return {"rankings": np.array(tagged, dtype=object)}
