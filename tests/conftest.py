@@ -17,6 +17,16 @@ SAMPLE_SLATES = REPO / "examples" / "beauty-eval-sample.jsonl.gz"
 TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)
 
 
+def train_config(backbone, slates, out, **overrides):
+    """The training tests' tiny :class:`hllm.training.trainer.TrainConfig`: K=8, the tiny head, LoRA r=4,
+    4 steps of batch 2 at lr 1e-2, 5 Sinkhorn iterations, one thread; ``overrides`` replace any field."""
+    from hllm.training.trainer import TrainConfig
+
+    base = dict(backbone=str(backbone), slates=str(slates), out_dir=str(out), num_positions=8, head_kwargs=TINY_HEAD,
+                lora_rank=4, steps=4, batch_size=2, accum=1, lr=1e-2, save_every=2, sinkhorn_iters=5, threads=1)
+    return TrainConfig(**{**base, **overrides})
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny")

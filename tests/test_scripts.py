@@ -18,10 +18,11 @@ from hllm.runtime.slates import read_slates, write_jsonl
 from hllm.testing import tiny_slates
 from hllm.training.features import build_cache
 from hllm.training.trainer import train
-from tests.training.test_features import PROMPT, TINY_HEAD_CTX
-from tests.training.test_features import _cfg as feat_cfg
+from hllm.formats.prompt import PromptSpec
+from tests.conftest import TINY_HEAD, train_config
 
 ROOT = Path(__file__).resolve().parents[1]
+PROMPT = PromptSpec().to_dict()
 
 FAKE_MAKEFILE = """\
 demo:
@@ -79,7 +80,8 @@ def test_lora_readout_shift_measures_the_adapter(backbones, tmp_path):
     slates = tmp_path / "s.jsonl"
     write_jsonl(slates, tiny_slates(5, (3, 8), seed=11))
     ck = tmp_path / "ck"
-    train(feat_cfg(bb, slates, ck, lora_rank=4, steps=3, lr=5e-2, head_kwargs={**TINY_HEAD_CTX, "context": True}))
+    train(train_config(bb, slates, ck, lora_rank=4, lora_layers=1, steps=3, save_every=10, lr=5e-2,
+                       head_kwargs={**TINY_HEAD, "context": True}))
     build_cache(bb, read_slates(slates), tmp_path / "cache", 1, PROMPT, 8, threads=1)
 
     moved = _shift(ck, tmp_path / "cache", slates, tmp_path / "moved.json")

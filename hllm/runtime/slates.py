@@ -1,7 +1,7 @@
 """Reading, validating and writing slates: JSONL, gzip or plain (torch-free).
 
-A slate is one JSON object per line, the format of the Amazon Beauty data
-(``../shared/data/amazon-beauty/PROVENANCE.md``)::
+A slate is one JSON object per line, the format of the Amazon Beauty data (provenance:
+``examples/README.md``)::
 
     {"slate_id": str, "history": [str, ...], "candidates": [{"item_id": str, "title": str}, ...],
      "labels": [0|1, ...]}   # labels optional

@@ -5,7 +5,7 @@ Output grammar (1-based ordinals, each exactly once)::
 
     " "? ORD ("," " "? ORD)*        ORD ∈ {1..N}, no leading zero, not produced before
 
-This is how a teacher fine-tuned for the format behaves (the issue's "constrained mode"); the
+This is how a teacher fine-tuned for the format behaves ("constrained mode"); the
 Hugging Face logits processor that applies it lives in :mod:`hllm.teacher.ranker`.
 """
 

@@ -157,49 +157,49 @@ CASES = [
     ("train-out-exists-without-resume", ["train", "{backbone}", "{exists}", "-s", "{good}"], "already exists"),
     ("features-out-is-a-file", ["features", "{backbone}", "{afile}", "-s", "{good}", "--layer", "1"], "not a directory"),
     ("convert-gguf-out-is-a-file", ["convert-gguf", "{afile}", "--gguf", "{good}"], "not a directory"),
-    # -- round 2: hostile files never exit 70; outputs never over inputs; caches checked -------------------
-    ("head-safetensors-empty", ["export", "{r2}/ck-head-empty", "{tmp}/e", "--slates", ""], "cannot read head weights"),
-    ("head-safetensors-random-bytes", ["export", "{r2}/ck-head-junk", "{tmp}/e", "--slates", ""], "cannot read head weights"),
-    ("head-safetensors-truncated", ["export", "{r2}/ck-head-truncated", "{tmp}/e", "--slates", ""], "cannot read head weights"),
-    ("head-safetensors-huge-header-length", ["export", "{r2}/ck-head-hugeheader", "{tmp}/e", "--slates", ""], "cannot read head weights"),
-    ("head-safetensors-header-not-json", ["export", "{r2}/ck-head-badjson", "{tmp}/e", "--slates", ""], "cannot read head weights"),
-    ("head-safetensors-other-tensors", ["export", "{r2}/ck-head-othertensors", "{tmp}/e", "--slates", ""], "do not match the head spec"),
-    ("backbone-pickled-bin", ["export", "{r2}/ck-bin", "{tmp}/e", "--slates", ""], "only *.safetensors weights are read"),
+    # -- hostile files never exit 70; outputs never over inputs; caches checked -----------------------------
+    ("head-safetensors-empty", ["export", "{hostile}/ck-head-empty", "{tmp}/e", "--slates", ""], "cannot read head weights"),
+    ("head-safetensors-random-bytes", ["export", "{hostile}/ck-head-junk", "{tmp}/e", "--slates", ""], "cannot read head weights"),
+    ("head-safetensors-truncated", ["export", "{hostile}/ck-head-truncated", "{tmp}/e", "--slates", ""], "cannot read head weights"),
+    ("head-safetensors-huge-header-length", ["export", "{hostile}/ck-head-hugeheader", "{tmp}/e", "--slates", ""], "cannot read head weights"),
+    ("head-safetensors-header-not-json", ["export", "{hostile}/ck-head-badjson", "{tmp}/e", "--slates", ""], "cannot read head weights"),
+    ("head-safetensors-other-tensors", ["export", "{hostile}/ck-head-othertensors", "{tmp}/e", "--slates", ""], "do not match the head spec"),
+    ("backbone-pickled-bin", ["export", "{hostile}/ck-bin", "{tmp}/e", "--slates", ""], "only *.safetensors weights are read"),
     ("convert-gguf-not-gguf", ["convert-gguf", "{tmp}/hf", "--gguf", "{afile}"], "is not a GGUF file"),
     ("reference-scores-not-npz", ["calibrate", "{export}", "{tmp}/q", "--backend", "ort-dynamic", "-s", "{good}",
                                   "--reference-scores", "{afile}"], "not a readable .npz"),
     ("reference-scores-wrong-shape", ["calibrate", "{export}", "{tmp}/q", "--backend", "ort-dynamic", "-s", "{good}",
-                                      "--reference-scores", "{r2}/ref-wrong.npz"], "declares shape (1, 536870912)"),
-    ("calibration-set-other-tokenizer", ["calibrate", "{export}", "{tmp}/q", "-s", "{good}", "--calibration", "{r2}/calib-tok"],
+                                      "--reference-scores", "{hostile}/ref-wrong.npz"], "declares shape (1, 536870912)"),
+    ("calibration-set-other-tokenizer", ["calibrate", "{export}", "{tmp}/q", "-s", "{good}", "--calibration", "{hostile}/calib-tok"],
      "another tokenizer"),
-    ("calibration-set-huge-member", ["calibrate", "{export}", "{tmp}/q", "-s", "{good}", "--calibration", "{r2}/calib-huge"],
+    ("calibration-set-huge-member", ["calibrate", "{export}", "{tmp}/q", "-s", "{good}", "--calibration", "{hostile}/calib-huge"],
      "declares shape (1, 536870912)"),
-    ("teacher-jsonl-deep", ["eval", "{r2}/teacher-deep.jsonl", "-s", "{good}"], "nested too deeply"),
-    ("teacher-jsonl-not-utf8", ["eval", "{r2}/teacher-latin1.jsonl", "-s", "{good}"], "not UTF-8"),
-    ("teacher-order-strings", ["eval", "{r2}/teacher-strings.jsonl", "-s", "{good}"], "order must be a list of integers"),
-    ("teacher-order-floats", ["eval", "{r2}/teacher-floats.jsonl", "-s", "{good}"], "order must be a list of integers"),
-    ("feature-cache-layer-out-of-range", ["eval", "{ckpt}", "-s", "{good}", "--features", "{r2}/fc-layer99"], "0 ≤ layer ≤ num_layers"),
-    ("feature-cache-meta-deep", ["eval", "{ckpt}", "-s", "{good}", "--features", "{r2}/fc-deep"], "not a feature cache manifest"),
-    ("feature-cache-readout-out-of-range", ["eval", "{ckpt}", "-s", "{good}", "--features", "{r2}/fc-readout"], "readout positions"),
-    ("feature-cache-wrong-hidden-size", ["eval", "{ckpt}", "-s", "{good}", "--features", "{r2}/fc-hidden"], "has shape"),
-    ("info-calibration-shapes-a-number", ["info", "{r2}/calib-shapes.json"], "shapes must be a list"),
-    ("bench-markdown-null-values", ["bench", "markdown", "{r2}/stages-null.json"], "non-numeric value"),
-    ("export-sidecar-template-width", ["rank", "{r2}/export-wide", "-s", "{good}", "-o", "{out}"], "format spec or conversion"),
-    ("manifest-template-width", ["info", "{r2}/ck-wide"], "format spec or conversion"),
-    ("manifest-unknown-head-key", ["info", "{r2}/ck-headkey"], "unknown head keys"),
-    ("export-sidecar-duplicate-key", ["rank", "{r2}/export-dupkey", "-s", "{good}", "-o", "{out}"], "duplicate key"),
-    ("slates-duplicate-key", ["rank", "{export}", "-s", "{r2}/dupkey.jsonl", "-o", "{out}"], "duplicate key"),
-    ("slate-id-emoji-shortcode-printed-literally", ["rank", "{export}", "-s", "{r2}/emoji.jsonl", "-o", "{out}"], ":fire: [bold]x[/bold]"),
+    ("teacher-jsonl-deep", ["eval", "{hostile}/teacher-deep.jsonl", "-s", "{good}"], "nested too deeply"),
+    ("teacher-jsonl-not-utf8", ["eval", "{hostile}/teacher-latin1.jsonl", "-s", "{good}"], "not UTF-8"),
+    ("teacher-order-strings", ["eval", "{hostile}/teacher-strings.jsonl", "-s", "{good}"], "order must be a list of integers"),
+    ("teacher-order-floats", ["eval", "{hostile}/teacher-floats.jsonl", "-s", "{good}"], "order must be a list of integers"),
+    ("feature-cache-layer-out-of-range", ["eval", "{ckpt}", "-s", "{good}", "--features", "{hostile}/fc-layer99"], "0 ≤ layer ≤ num_layers"),
+    ("feature-cache-meta-deep", ["eval", "{ckpt}", "-s", "{good}", "--features", "{hostile}/fc-deep"], "not a feature cache manifest"),
+    ("feature-cache-readout-out-of-range", ["eval", "{ckpt}", "-s", "{good}", "--features", "{hostile}/fc-readout"], "readout positions"),
+    ("feature-cache-wrong-hidden-size", ["eval", "{ckpt}", "-s", "{good}", "--features", "{hostile}/fc-hidden"], "has shape"),
+    ("info-calibration-shapes-a-number", ["info", "{hostile}/calib-shapes.json"], "shapes must be a list"),
+    ("bench-markdown-null-values", ["bench", "markdown", "{hostile}/stages-null.json"], "non-numeric value"),
+    ("export-sidecar-template-width", ["rank", "{hostile}/export-wide", "-s", "{good}", "-o", "{out}"], "format spec or conversion"),
+    ("manifest-template-width", ["info", "{hostile}/ck-wide"], "format spec or conversion"),
+    ("manifest-unknown-head-key", ["info", "{hostile}/ck-headkey"], "unknown head keys"),
+    ("export-sidecar-duplicate-key", ["rank", "{hostile}/export-dupkey", "-s", "{good}", "-o", "{out}"], "duplicate key"),
+    ("slates-duplicate-key", ["rank", "{export}", "-s", "{hostile}/dupkey.jsonl", "-o", "{out}"], "duplicate key"),
+    ("slate-id-emoji-shortcode-printed-literally", ["rank", "{export}", "-s", "{hostile}/emoji.jsonl", "-o", "{out}"], ":fire: [bold]x[/bold]"),
     ("build-profile-batch-beyond-graph", ["build", "{std_export}", "{tmp}/x.plan", "--dry-run", "-p",
                                           "1:1:100000000000000000000/2:64:128/1:8:8"], "batch ≤ 1024"),
     ("build-profile-seq-beyond-graph", ["build", "{std_export}", "{tmp}/x.plan", "--dry-run", "-p", "1/2:64:70000/1:8:8"],
      "seq ≤ 65536"),
     ("out-is-the-slates-file", ["rank", "{export}", "-s", "{good}", "-o", "{good}"], "is the input"),
     ("out-inside-the-model", ["rank", "{export}", "-s", "{good}", "-o", "{export}/model.onnx"], "inside the input"),
-    ("out-dir-contains-the-input", ["export", "{r2}/holder/ck", "{r2}/holder", "--overwrite", "--slates", ""], "contains the input"),
-    ("out-dir-inside-the-input", ["init", "{r2}/holder/ck/backbone", "{r2}/holder/ck/backbone/new"], "inside the input"),
+    ("out-dir-contains-the-input", ["export", "{hostile}/holder/ck", "{hostile}/holder", "--overwrite", "--slates", ""], "contains the input"),
+    ("out-dir-inside-the-input", ["init", "{hostile}/holder/ck/backbone", "{hostile}/holder/ck/backbone/new"], "inside the input"),
     ("report-is-the-slates-file", ["eval", "random", "-s", "{good}", "-o", "{good}"], "is the input"),
-    ("slate-line-over-the-limit", ["rank", "{export}", "-s", "{r2}/longline.jsonl.gz", "-o", "{out}"], "line longer than the limit"),
+    ("slate-line-over-the-limit", ["rank", "{export}", "-s", "{hostile}/longline.jsonl.gz", "-o", "{out}"], "line longer than the limit"),
 ]
 
 
@@ -220,8 +220,9 @@ def _copy_ckpt(src: Path, dst: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def round2(tmp_path_factory, export_dir, merged_checkpoint):
-    """Hostile files of the second bad-input round (docs/hardening.md, round 2), made once."""
+def hostile_files(tmp_path_factory, export_dir, merged_checkpoint):
+    """Corrupt weights, caches, calibration sets, teacher files and metadata (docs/hardening.md, "Memory,
+    outputs vs inputs, caches, library file errors"), made once."""
     import struct
     import zipfile
 
@@ -233,52 +234,52 @@ def round2(tmp_path_factory, export_dir, merged_checkpoint):
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.training.features import build_cache
 
-    r2 = tmp_path_factory.mktemp("round2")
+    d = tmp_path_factory.mktemp("hostile")
     head = (merged_checkpoint / "head.safetensors").read_bytes()
     variants = {"empty": b"", "junk": bytes(range(256)) * 2, "truncated": head[: len(head) // 3],
                 "hugeheader": struct.pack("<Q", 2**62) + b"{}", "badjson": struct.pack("<Q", 9) + b"{not json"}
     for name, data in variants.items():
-        (_copy_ckpt(merged_checkpoint, r2 / f"ck-head-{name}") / "head.safetensors").write_bytes(data)
-    save_file({"x": np.zeros(3, np.float32)}, str(_copy_ckpt(merged_checkpoint, r2 / "ck-head-othertensors") / "head.safetensors"))
-    bb = _copy_ckpt(merged_checkpoint, r2 / "ck-bin") / "backbone"
+        (_copy_ckpt(merged_checkpoint, d / f"ck-head-{name}") / "head.safetensors").write_bytes(data)
+    save_file({"x": np.zeros(3, np.float32)}, str(_copy_ckpt(merged_checkpoint, d / "ck-head-othertensors") / "head.safetensors"))
+    bb = _copy_ckpt(merged_checkpoint, d / "ck-bin") / "backbone"
     for f in bb.glob("*.safetensors"):
         f.unlink()
     (bb / "pytorch_model.bin").write_bytes(b"\x80\x02cos\nsystem\nq\x00.")  # a pickle: never loaded
     man = json.loads((merged_checkpoint / "hllm.json").read_text())
     wide = json.loads(json.dumps(man))
     wide["prompt"]["candidate_template"] = "{title:>5000000}"
-    (_copy_ckpt(merged_checkpoint, r2 / "ck-wide") / "hllm.json").write_text(json.dumps(wide))
+    (_copy_ckpt(merged_checkpoint, d / "ck-wide") / "hllm.json").write_text(json.dumps(wide))
     headkey = json.loads(json.dumps(man))
     headkey["head"]["colour"] = "red"
-    (_copy_ckpt(merged_checkpoint, r2 / "ck-headkey") / "hllm.json").write_text(json.dumps(headkey))
-    _copy_ckpt(merged_checkpoint, r2 / "holder" / "ck")
+    (_copy_ckpt(merged_checkpoint, d / "ck-headkey") / "hllm.json").write_text(json.dumps(headkey))
+    _copy_ckpt(merged_checkpoint, d / "holder" / "ck")
     side = json.loads((export_dir / "export.json").read_text())
     side["prompt"]["history_item_template"] = "{title:>5000000}"
-    (_copy_ckpt(export_dir, r2 / "export-wide") / "export.json").write_text(json.dumps(side))
+    (_copy_ckpt(export_dir, d / "export-wide") / "export.json").write_text(json.dumps(side))
     text = (export_dir / "export.json").read_text()
-    (_copy_ckpt(export_dir, r2 / "export-dupkey") / "export.json").write_text(text.replace("{", '{"pad_id": 0, ', 1))
+    (_copy_ckpt(export_dir, d / "export-dupkey") / "export.json").write_text(text.replace("{", '{"pad_id": 0, ', 1))
     good = tiny_slates(3, (2, 6), seed=1)
     line = json.dumps(good[0])
-    (r2 / "dupkey.jsonl").write_text(line.replace("{", '{"history": [], ', 1) + "\n")
+    (d / "dupkey.jsonl").write_text(line.replace("{", '{"history": [], ', 1) + "\n")
     over = tiny_slates(1, 9, seed=2)[0]
     over["slate_id"] = ":fire: [bold]x[/bold]"
-    _write_jsonl(r2 / "emoji.jsonl", [over])
-    with gzip.open(r2 / "longline.jsonl.gz", "wb", compresslevel=1) as f:
+    _write_jsonl(d / "emoji.jsonl", [over])
+    with gzip.open(d / "longline.jsonl.gz", "wb", compresslevel=1) as f:
         f.write(b'{"slate_id": "long", "candidates": [{"title": "')
         for _ in range(130):
             f.write(b"a" * (1 << 20))
         f.write(b'"}]}\n')
     # teacher files (eval reads them as rankers)
-    (r2 / "teacher-deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
-    (r2 / "teacher-latin1.jsonl").write_bytes(b'{"slate_id": "caf\xe9", "order": [0]}\n')
-    _write_jsonl(r2 / "teacher-strings.jsonl", [{"slate_id": s["slate_id"], "order": ["0123"]} for s in good])
-    _write_jsonl(r2 / "teacher-floats.jsonl", [{"slate_id": s["slate_id"], "order": [0.7]} for s in good])
+    (d / "teacher-deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (d / "teacher-latin1.jsonl").write_bytes(b'{"slate_id": "caf\xe9", "order": [0]}\n')
+    _write_jsonl(d / "teacher-strings.jsonl", [{"slate_id": s["slate_id"], "order": ["0123"]} for s in good])
+    _write_jsonl(d / "teacher-floats.jsonl", [{"slate_id": s["slate_id"], "order": [0.7]} for s in good])
     # reference scores keyed to these slates and this export, whose members' headers declare 2 GiB each
     from hllm.runtime.artefact import resolve
     from hllm.verify.gate import REFERENCE_FORMAT, reference_key
 
     key = reference_key(resolve(export_dir), good)
-    with zipfile.ZipFile(r2 / "ref-wrong.npz", "w") as zf:
+    with zipfile.ZipFile(d / "ref-wrong.npz", "w") as zf:
         for name, value in (("format", np.array(REFERENCE_FORMAT)), ("graph_sha256", np.array(key.graph_sha256)),
                             ("num_positions", np.array(key.num_positions)), ("slate_keys", np.array(key.slate_keys)),
                             ("slate_ids", np.array(key.slate_ids))):
@@ -292,31 +293,31 @@ def round2(tmp_path_factory, export_dir, merged_checkpoint):
     builder = PromptBuilder(load_tokenizer(exp.tokenizer_path), exp.prompt, max_items=exp.num_positions)
     calib = build_calibration_set([dict(s, slate_id=f"c{i}") for i, s in enumerate(tiny_slates(4, (2, 6), seed=9))],
                                   builder, 2, 0, 1, tokenizer_path=exp.tokenizer_path)
-    calib.save(r2 / "calib-tok")
-    meta = json.loads((r2 / "calib-tok.json").read_text())
+    calib.save(d / "calib-tok")
+    meta = json.loads((d / "calib-tok.json").read_text())
     meta["tokenizer_sha256"] = "0" * 64
-    (r2 / "calib-tok.json").write_text(json.dumps(meta))
-    calib.save(r2 / "calib-huge")
-    with zipfile.ZipFile(r2 / "calib-huge.npz", "w") as zf:
+    (d / "calib-tok.json").write_text(json.dumps(meta))
+    calib.save(d / "calib-huge")
+    with zipfile.ZipFile(d / "calib-huge.npz", "w") as zf:
         for b in range(len(calib.batches)):
             _npy_member(zf, f"input_ids/{b}", (1, 2**29))
             _npy_member(zf, f"readout_positions/{b}", (1, 2**29))
             _npy_member(zf, f"item_mask/{b}", (1, 2**29), "|b1")
-    (r2 / "calib-shapes.json").write_text(json.dumps({"format": "hllm-calibration/1", "shapes": 5}))
-    (r2 / "stages-null.json").write_text(json.dumps({"kind": "stages", "records": [
+    (d / "calib-shapes.json").write_text(json.dumps({"format": "hllm-calibration/1", "shapes": 5}))
+    (d / "stages-null.json").write_text(json.dumps({"kind": "stages", "records": [
         {"n_items": 5, "engine": "ort", "engine_ms": {"median": None}, "gflops": None}]}))
     # feature caches of the merged checkpoint's backbone at layer 1, then broken copies
-    cache = build_cache(merged_checkpoint / "backbone", good, r2 / "fc", 1, man["prompt"], 8)
+    cache = build_cache(merged_checkpoint / "backbone", good, d / "fc", 1, man["prompt"], 8)
     for name in ("layer99", "deep", "readout", "hidden"):
-        shutil.copytree(cache.root, r2 / f"fc-{name}")
+        shutil.copytree(cache.root, d / f"fc-{name}")
     m = json.loads((cache.root / "meta.json").read_text())
-    (r2 / "fc-layer99" / "meta.json").write_text(json.dumps({**m, "layer": 99}))
-    (r2 / "fc-deep" / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "fc-layer99" / "meta.json").write_text(json.dumps({**m, "layer": 99}))
+    (d / "fc-deep" / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
     with np.load(cache.root / "00000.npz") as z:
         arrays = {k: z[k] for k in z.files}
-    np.savez(r2 / "fc-readout" / "00000.npz", **{**arrays, "readout": arrays["readout"] + 10**6})
-    np.savez(r2 / "fc-hidden" / "00000.npz", **{**arrays, "hidden": arrays["hidden"][:, :7]})
-    return r2
+    np.savez(d / "fc-readout" / "00000.npz", **{**arrays, "readout": arrays["readout"] + 10**6})
+    np.savez(d / "fc-hidden" / "00000.npz", **{**arrays, "hidden": arrays["hidden"][:, :7]})
+    return d
 
 
 def _write_jsonl(path: Path, rows) -> Path:
@@ -325,9 +326,9 @@ def _write_jsonl(path: Path, rows) -> Path:
 
 
 @pytest.fixture
-def corpus_paths(tmp_path, export_dir, standard_export_dir, merged_checkpoint, lora_checkpoint, qwen3_backbone, round2):
+def corpus_paths(tmp_path, export_dir, standard_export_dir, merged_checkpoint, lora_checkpoint, qwen3_backbone, hostile_files):
     good = tiny_slates(3, (2, 6), seed=1)
-    p = {"tmp": tmp_path, "r2": round2, "export": export_dir, "std_export": standard_export_dir, "ckpt": merged_checkpoint,
+    p = {"tmp": tmp_path, "hostile": hostile_files, "export": export_dir, "std_export": standard_export_dir, "ckpt": merged_checkpoint,
          "lora": lora_checkpoint, "backbone": qwen3_backbone, "out": tmp_path / "out.json"}
     p["good"] = _write_jsonl(tmp_path / "good.jsonl", good)
     p["nolabels"] = _write_jsonl(tmp_path / "nolabels.jsonl", [{k: v for k, v in s.items() if k != "labels"} for s in good])
@@ -402,7 +403,7 @@ def test_bad_input(case, corpus_paths, capsys, monkeypatch):
 
     monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
     monkeypatch.setattr(files.os, "statvfs", lambda p: _Full() if str(p) == full else real_statvfs(p))
-    before, before_r2 = _snapshot(tmp), _snapshot(corpus_paths["r2"])
+    before, before_hostile = _snapshot(tmp), _snapshot(corpus_paths["hostile"])
     dev_null = os.stat("/dev/null").st_mode
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -416,7 +417,7 @@ def test_bad_input(case, corpus_paths, capsys, monkeypatch):
     assert "Traceback" not in err and "internal error" not in err
     assert needle in lines[0], lines[0]
     assert _snapshot(tmp) == before  # nothing written, nothing replaced, no temporary file left
-    assert _snapshot(corpus_paths["r2"]) == before_r2  # the round-2 inputs are untouched too
+    assert _snapshot(corpus_paths["hostile"]) == before_hostile  # the hostile files are untouched too
     assert os.stat("/dev/null").st_mode == dev_null
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from hllm.cli import main
-from tests.cli.test_conventions import ALIASES, REPO, commands, options, run
+from tests.cli.conftest import ALIASES, commands, options, run
+from tests.conftest import REPO
 
 #: Commands that write nothing a script would read (they run a server).
 NO_JSON = {"serve"}

@@ -27,51 +27,9 @@ from hllm.errors import HllmError
 
 cli_app = sys.modules["hllm.cli.app"]  # the module (the package attribute `hllm.cli.app` is the Typer app)
 from hllm.testing import tiny_slates
+from tests.cli.conftest import ALIASES, commands, options, run
 
 REPO = Path(__file__).resolve().parents[2]
-#: Deprecated spellings kept as hidden aliases: (command path, option) → the option that replaced it.
-ALIASES = {
-    ("parity", "--report"): "--out",
-    ("merge", "--check-slates"): "--limit",
-    ("merge", "--tol"): "--atol",
-    ("calibrate", "--eval-slates"): "--slates",
-    ("calibrate", "--eval-limit"): "--limit",
-    ("calibrate", "--bench-rounds"): "--bench-runs",
-    ("calibrate", "--out"): "OUT_DIR",
-    ("serve", "--max-batch"): "--batch-size",
-    ("loadtest", "--max-batch"): "--batch-size",
-    ("loadtest", "--candidates"): "--n-items",
-    ("triton-repo", "--max-batch-size"): "--batch-size",
-    ("triton-repo", "--kind"): "--instance-kind",
-    ("build", "--max-batch"): "--batch-size",
-    ("train", "--target"): "--objective",
-    ("train", "--max-slates"): "--limit",
-    ("teacher", "--summary"): "--report",
-    ("bench lapjv", "--model-slates"): "--limit",
-    ("bench versus-ar", "--count"): "--limit",
-}
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    cap = capsys.readouterr()
-    return e.value.code, cap.out, cap.err
-
-
-def commands():
-    """(path, click command) of every command, bench subcommands included."""
-    root = get_command(app)
-    for name, cmd in root.commands.items():
-        if hasattr(cmd, "commands"):
-            for sub, c in cmd.commands.items():
-                yield f"{name} {sub}", c
-        else:
-            yield name, cmd
-
-
-def options(cmd):
-    return [p for p in cmd.params if getattr(p, "opts", None) and p.param_type_name == "option"]
 
 
 def _is_int(p) -> bool:
@@ -250,7 +208,7 @@ def _raise(exc):
     (FileExistsError("x already exists (pass --overwrite to replace it)"), 2, "--overwrite"),
     (FileNotFoundError(errno.ENOENT, "No such file or directory", "/nope"), 2, "/nope"),
     (OSError(errno.ENOSPC, "No space left on device", "/full/x"), 2, "no space left"),
-    (PermissionError(errno.EACCES, "Permission denied", "/root/x"), 2, "Permission denied"),
+    (PermissionError(errno.EACCES, "Permission denied", "locked/x"), 2, "Permission denied"),
     (ModuleNotFoundError("No module named 'fastapi'", name="fastapi"), 2, "pip install 'hllm[serve]'"),
     (MemoryError(), 2, "out of memory"),
     (typer.Exit(1), 1, None),

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hllm.testing import tiny_slates
-from tests.cli.test_conventions import run
+from tests.cli.conftest import run
 
 import hllm
 

@@ -1,5 +1,5 @@
 """Outputs against inputs: every CLI option or argument that names a written path goes through the one
-output check (:func:`hllm.cli.app.check_output_file` / :func:`hllm.cli.app.check_output_dir`) before any
+output check (:func:`hllm.cli.io.check_output_file` / :func:`hllm.cli.io.check_output_dir`) before any
 work. The test enumerates the CLI's output parameters by introspecting the Typer app, so a new writer
 option without a row in :data:`CASES` fails here; each is then aimed at an input of its command (exit 2,
 a message naming the input, every input byte-for-byte and entry-for-entry unchanged, no probe file
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_conventions import commands, run
+from tests.cli.conftest import commands, run
 
 #: A parameter whose name says it is written: out, output, report, summary, plan, log, timing_cache, reference_scores.
 OUTPUT_NAME = re.compile(r"(^|_)(out|output|report|summary|plan|log|timing_cache|reference_scores)(_|$)")
@@ -57,7 +57,7 @@ CASES: dict[tuple[str, str], tuple[str, str, str]] = {
     ("debug precision", "report"): ("debug precision {EXP} -s {S} -o {W}/isl.json --report {OUT}", "{EXP}/model.onnx", "file"),
 }
 
-#: The cases the issue reported (output, option): the export's graph, the slates, the checkpoint's manifest.
+#: The cases first reported (output, option): the export's graph, the slates, the checkpoint's manifest.
 REPORTED = [
     ("debug precision", "report", "{EXP}/model.onnx"),
     ("debug precision", "report", "{S}"),

@@ -37,7 +37,8 @@ def _tolerance(m: np.ndarray) -> float:
     return 8 * m.shape[0] * np.finfo(np.float64).eps * float(np.abs(m).max())
 
 
-def test_issue_example_is_optimal():
+def test_scores_in_the_millions_are_decoded_optimally():
+    """The reported 2×2 case: the identity earns 0 + 2e6, the swap 3e6 − 5e6; the identity must win."""
     m = np.array([[0.0, 3e6], [-5e6, 2e6]])
     ranking = decode(m)
     assert ranking.tolist() == [0, 1]

@@ -24,7 +24,7 @@ from hllm.serve.server import BackgroundServer, wait_ready  # noqa: E402
 from hllm.serve.triton.client import rank_slates, slates_tensor  # noqa: E402
 from hllm.serve.triton.repo import write_repository  # noqa: E402
 from hllm.testing import tiny_slates  # noqa: E402
-from tests.serve.test_triton import _assert_same_rankings, _Stub, _want  # noqa: E402
+from tests.serve.conftest import KServeStub, assert_same_rankings, ranker_rankings  # noqa: E402
 
 MODEL = "hllm_ranker"
 
@@ -46,15 +46,15 @@ def test_same_client_ranks_identically_on_hllm_serve_and_the_triton_stub(served,
     slates = tiny_slates(7, (1, 8), seed=95)
     del slates[2]["slate_id"]  # named by its row in the request, on both servers
     write_repository(export_dir, tmp_path / "repo", max_batch_size=8, kind="cpu")
-    stub = _Stub(tmp_path / "repo" / "models", ["-I"])
+    stub = KServeStub(tmp_path / "repo" / "models", ["-I"])
     try:
         on_stub = rank_slates(_client(stub.url), MODEL, slates)
     finally:
         stub.close()
     client = _client(served.url)
     on_hllm = rank_slates(client, MODEL, slates)
-    _assert_same_rankings(on_hllm, on_stub)
-    _assert_same_rankings(on_hllm, _want(export_dir, slates))
+    assert_same_rankings(on_hllm, on_stub)
+    assert_same_rankings(on_hllm, ranker_rankings(export_dir, slates))
     assert on_hllm[2]["slate_id"] == "2"
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
     meta = client.get_model_metadata(MODEL)
@@ -71,7 +71,7 @@ def test_same_client_ranks_identically_on_hllm_serve_and_the_triton_stub(served,
 
 def test_json_tensors_request_id_and_errors(served, export_dir):
     slates = tiny_slates(2, (3, 8), seed=96)
-    want = _want(export_dir, slates)
+    want = ranker_rankings(export_dir, slates)
     body = {"id": "req-7", "inputs": [{"name": "slates", "datatype": "BYTES", "shape": [2, 1],
                                        "data": [json.dumps(s) for s in slates]}],
             "outputs": [{"name": "ranking"}]}

@@ -23,20 +23,16 @@ from hllm.runtime.slates import write_jsonl
 from hllm.serve.triton import decode_model, preprocess_model, vendor
 from hllm.serve.triton.repo import write_repository
 from hllm.testing import tiny_slates
+from tests.serve.conftest import KServeStub, assert_same_rankings, pb2_path, ranker_rankings
 
 HERE = Path(__file__).resolve().parent
 ONNX_TO_TRITON = {7: "TYPE_INT64", 9: "TYPE_BOOL", 1: "TYPE_FP32", 10: "TYPE_FP16"}
 PY_MODELS = {"hllm_preprocess": "hllm.serve.triton.preprocess_model", "hllm_decode": "hllm.serve.triton.decode_model"}
 
 
-def _pb2_path() -> Path:
-    tc = pytest.importorskip("tritonclient", reason="tritonclient not installed")
-    return Path(tc.__file__).parent / "grpc" / "model_config_pb2.py"
-
-
 def _model_config_pb2():
     """Triton's ModelConfig protobuf from the tritonclient package (its grpc extra is not needed)."""
-    spec = importlib.util.spec_from_file_location("triton_model_config_pb2", _pb2_path())
+    spec = importlib.util.spec_from_file_location("triton_model_config_pb2", pb2_path())
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -64,19 +60,6 @@ def _config(repo: Path, name: str):
 
     pb = _model_config_pb2()
     return text_format.Parse((repo / "models" / name / "config.pbtxt").read_text(), pb.ModelConfig()), pb
-
-
-def _want(export_dir, slates) -> list[dict]:
-    with Ranker.from_path(export_dir) as ranker:
-        return [r.to_dict() for r in ranker.rank(slates)]
-
-
-def _assert_same_rankings(got: list[dict], want: list[dict]) -> None:
-    assert [g["slate_id"] for g in got] == [w["slate_id"] for w in want]
-    assert [g["order"] for g in got] == [w["order"] for w in want]
-    assert [g["ranking"] for g in got] == [w["ranking"] for w in want]
-    assert [g["truncated"] for g in got] == [w["truncated"] for w in want]
-    np.testing.assert_allclose([s for g in got for s in g["scores"]], [s for w in want for s in w["scores"]], atol=1e-4)
 
 
 def test_engine_config_matches_the_onnx_graph_and_warms_up(repo, export_dir):
@@ -190,7 +173,7 @@ def test_python_backend_models_execute_with_stub_backend(repo, export_dir, pb_ut
         ranking = pb_utils.get_output_tensor_by_name(resp, "ranking").as_numpy()
         assert ranking.dtype == np.int64 and ranking.shape == req["item_mask"].shape
         got.extend(rankings_from_outputs(ranking, req["scores"], req["_truncated"], chunk))
-    _assert_same_rankings(got, _want(export_dir, slates))
+    assert_same_rankings(got, ranker_rankings(export_dir, slates))
     pre.finalize()
     dec.finalize()
     assert pre.builder is None
@@ -205,30 +188,6 @@ def test_rank_arrays_checks_its_inputs():
     assert r.tolist() == [[0, 1, 2, -1]]
 
 
-class _Stub:
-    """The KServe v2 stub server (tests/serve/kserve_stub.py) in a subprocess on 127.0.0.1."""
-
-    def __init__(self, models: Path, python_args: list[str], env: dict | None = None):
-        cmd = [sys.executable, *python_args, str(HERE / "kserve_stub.py"), "--repo", str(models), "--pb2", str(_pb2_path())]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.info = {}
-        for line in self.proc.stdout:  # blocks until the stub prints PORT (or dies)
-            key, _, value = line.strip().partition(" ")
-            self.info[key] = value if key == "PORT" else json.loads(value)
-            if key == "PORT":
-                break
-        if "PORT" not in self.info:
-            self.proc.wait(10)
-            raise AssertionError(f"stub server failed: {self.proc.stderr.read()[-3000:]}")
-        self.url = f"127.0.0.1:{self.info['PORT']}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-
-
 def _rank_py(repo: Path, url: str, slates_file: Path, *extra: str) -> subprocess.CompletedProcess:
     """Run the generated client as a user would (isolated: no PYTHONPATH, so hllm is not on the path)."""
     return subprocess.run([sys.executable, "-I", str(repo / "client/rank.py"), "--url", url, "--slates", str(slates_file), *extra],
@@ -239,14 +198,14 @@ def test_rank_py_end_to_end_against_kserve_stub(repo, export_dir, tmp_path):
     slates = tiny_slates(7, (1, 8), seed=81)
     write_jsonl(tmp_path / "s.jsonl", slates)
     write_jsonl(tmp_path / "bad.jsonl", [{"slate_id": "big", "candidates": [{"title": f"t{i}"} for i in range(9)]}])
-    stub = _Stub(repo / "models", ["-I"])
+    stub = KServeStub(repo / "models", ["-I"])
     try:
         r = _rank_py(repo, stub.url, tmp_path / "s.jsonl", "--batch-size", "3")
         bad = _rank_py(repo, stub.url, tmp_path / "bad.jsonl")
     finally:
         stub.close()
     assert r.returncode == 0, r.stderr
-    _assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], _want(export_dir, slates))
+    assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], ranker_rankings(export_dir, slates))
     assert bad.returncode == 2 and "K=8" in bad.stderr  # the preprocessing model's error reaches the client
     assert stub.info["WARMUPS"] == {"hllm_engine": 1}
     for name, modules in stub.info["HLLM_MODULES"].items():  # every hllm module came from the repository itself
@@ -276,13 +235,13 @@ def test_bundled_repository_runs_with_numpy_alone(export_dir, tmp_path):
     assert check.returncode != 0  # lap and tokenizers really are absent from that path
     slates = tiny_slates(5, (1, 8), seed=82)
     write_jsonl(tmp_path / "s.jsonl", slates)
-    stub = _Stub(out / "models", ["-S"], env=env)
+    stub = KServeStub(out / "models", ["-S"], env=env)
     try:
         r = _rank_py(out, stub.url, tmp_path / "s.jsonl")
     finally:
         stub.close()
     assert r.returncode == 0, r.stderr
-    _assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], _want(export_dir, slates))
+    assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], ranker_rankings(export_dir, slates))
 
 
 def test_cli_triton_repo_and_refusals(export_dir, merged_checkpoint, tmp_path):
@@ -352,7 +311,7 @@ def test_context_repository_ranks_like_hllm_rank(context_repo, context_export_di
     rank = subprocess.run([sys.executable, "-m", "hllm", "rank", str(context_export_dir), "-s", str(tmp_path / "s.jsonl"),
                            "-o", str(tmp_path / "want.jsonl")], capture_output=True, text=True)
     assert rank.returncode == 0, rank.stderr
-    stub = _Stub(context_repo / "models", ["-I"])
+    stub = KServeStub(context_repo / "models", ["-I"])
     try:
         r = _rank_py(context_repo, stub.url, tmp_path / "s.jsonl", "--batch-size", "4")
     finally:
@@ -360,7 +319,7 @@ def test_context_repository_ranks_like_hllm_rank(context_repo, context_export_di
     assert r.returncode == 0, r.stderr
     assert stub.info["WARMUPS"] == {"hllm_engine": 1}
     want = [json.loads(line) for line in (tmp_path / "want.jsonl").read_text().splitlines()]
-    _assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], want)
+    assert_same_rankings([json.loads(line) for line in r.stdout.splitlines()], want)
 
 
 def test_writer_refuses_what_it_cannot_serve_and_picks_the_instance_kind(context_export_dir, export_dir):

@@ -14,10 +14,9 @@ from hllm.runtime.slates import read_slates, write_jsonl
 from hllm.testing import tiny_slates
 from hllm.training.features import FeatureCache, build_cache, scores_from_cache
 from hllm.training.trainer import train
-from tests.training.test_training import _cfg as train_cfg
+from tests.conftest import TINY_HEAD, train_config
 
 PROMPT = PromptSpec().to_dict()
-TINY_HEAD_CTX = dict(d_model=32, num_heads=4, ff_dim=64)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def train_file(tmp_path_factory):
 
 def _cfg(backbone, slates, out, **kw):
     """The training tests' tiny config, with LoRA on the top layer (the part a cache can skip)."""
-    return train_cfg(backbone, slates, out, **{"lora_layers": 1, "steps": 3, "save_every": 10, **kw})
+    return train_config(backbone, slates, out, **{"lora_layers": 1, "steps": 3, "save_every": 10, **kw})
 
 
 def _cache(backbone, slates_path, out, layer):
@@ -163,7 +162,7 @@ def test_rows_only_cache_trains_the_context_head_like_the_full_path(backbones, t
     rows = build_cache(bb, read_slates(train_file), tmp_path / "rows", 2, PROMPT, 8, threads=1, source=low)
     assert rows.rows_only and rows.get(0).hidden.shape[0] == len(rows.get(0).readout) + 1 == rows.get(0).context + 1
     head = {"context": True}
-    kw = dict(lora_rank=0, lora_layers=None, head_kwargs={**TINY_HEAD_CTX, **head})
+    kw = dict(lora_rank=0, lora_layers=None, head_kwargs={**TINY_HEAD, **head})
     a = train(_cfg(bb, train_file, tmp_path / "a", **kw))
     b = train(_cfg(bb, train_file, tmp_path / "b", features=str(tmp_path / "rows"), **kw))
     assert b.losses == pytest.approx(a.losses, abs=1e-5)

@@ -10,9 +10,8 @@ from safetensors.torch import load_file
 from hllm.runtime.slates import write_jsonl
 from hllm.testing import tiny_slates
 from hllm.model.hllm import run_layers as lower_layers
-from hllm.training.trainer import STATE_FILE, TrainConfig, build_model, train
-
-TINY_HEAD = dict(d_model=32, num_heads=4, ff_dim=64)
+from hllm.training.trainer import STATE_FILE, build_model, train
+from tests.conftest import TINY_HEAD, train_config
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +21,8 @@ def train_file(tmp_path_factory):
     return p
 
 
-def _cfg(backbone, slates, out, **kw):
-    base = dict(backbone=str(backbone), slates=str(slates), out_dir=str(out), num_positions=8, head_kwargs=TINY_HEAD,
-                lora_rank=4, steps=4, batch_size=2, accum=1, lr=1e-2, save_every=2, sinkhorn_iters=5, threads=1)
-    base.update(kw)
-    return TrainConfig(**base)
-
-
 def test_gradients_reach_only_lora_and_head(backbones, train_file, tmp_path):
-    model, _, _ = build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "x"))
+    model, _, _ = build_model(train_config(backbones["qwen3"], train_file, tmp_path / "x"))
     ids = torch.randint(1, 100, (2, 12))
     items = model.full(ids)[:, [3, 7, 11]]
     model.head(items, torch.ones(2, 3, dtype=torch.bool)).pow(2).sum().backward()
@@ -44,12 +36,12 @@ def test_gradients_reach_only_lora_and_head(backbones, train_file, tmp_path):
 
 
 def test_frozen_backbone_trains_only_the_head(backbones, train_file, tmp_path):
-    model, _, _ = build_model(_cfg(backbones["llama"], train_file, tmp_path / "x", lora_rank=0))
+    model, _, _ = build_model(train_config(backbones["llama"], train_file, tmp_path / "x", lora_rank=0))
     assert {n.split(".")[0] for n, p in model.model.named_parameters() if p.requires_grad} == {"head"}
 
 
 def test_top_layer_split_equals_full_forward(backbones, train_file, tmp_path):
-    model, _, _ = build_model(_cfg(backbones["llama"], train_file, tmp_path / "x", lora_layers=1))
+    model, _, _ = build_model(train_config(backbones["llama"], train_file, tmp_path / "x", lora_layers=1))
     assert model.start_layer == 1
     lora_layers = {n.split("layers.")[1].split(".")[0] for n, _ in model.named_parameters() if "lora_A" in n}
     assert lora_layers == {"1"}  # LoRA only on the top layer
@@ -64,16 +56,16 @@ def test_top_layer_split_equals_full_forward(backbones, train_file, tmp_path):
 @pytest.mark.parametrize("lora_layers", [None, 1])
 def test_resume_reaches_the_same_weights(backbones, train_file, tmp_path, lora_layers):
     bb = backbones["llama"]
-    full = train(_cfg(bb, train_file, tmp_path / "a", steps=4, lora_layers=lora_layers))
-    train(_cfg(bb, train_file, tmp_path / "b", steps=2, lora_layers=lora_layers))
-    resumed = train(_cfg(bb, train_file, tmp_path / "b", steps=4, lora_layers=lora_layers), resume=True)
+    full = train(train_config(bb, train_file, tmp_path / "a", steps=4, lora_layers=lora_layers))
+    train(train_config(bb, train_file, tmp_path / "b", steps=2, lora_layers=lora_layers))
+    resumed = train(train_config(bb, train_file, tmp_path / "b", steps=4, lora_layers=lora_layers), resume=True)
     assert resumed.losses == pytest.approx(full.losses, abs=1e-6) and len(resumed.losses) == 4
     for f in ("head.safetensors", "adapter/adapter_model.safetensors"):
         a, b = load_file(str(tmp_path / "a" / f)), load_file(str(tmp_path / "b" / f))
         assert a.keys() == b.keys()
         for k in a:
             assert torch.allclose(a[k], b[k], atol=1e-6), (f, k)
-    other = train(_cfg(bb, train_file, tmp_path / "c", steps=4, lora_layers=lora_layers, seed=1))
+    other = train(train_config(bb, train_file, tmp_path / "c", steps=4, lora_layers=lora_layers, seed=1))
     assert other.losses != pytest.approx(full.losses, abs=1e-6)  # the seed matters
 
 
@@ -82,7 +74,7 @@ def test_checkpoint_loads_and_scores_like_the_trained_model(backbones, train_fil
     from hllm.model.hllm import load_model
 
     out = tmp_path / "ck"
-    res = train(_cfg(backbones["qwen3"], train_file, out, steps=3, save_every=10))
+    res = train(train_config(backbones["qwen3"], train_file, out, steps=3, save_every=10))
     m = load_manifest(out)
     assert m.adapter_path is not None and m.extra["provenance"]["trained"] is True
     assert m.extra["provenance"]["step"] == 3 and (out / STATE_FILE).is_file()
@@ -95,18 +87,18 @@ def test_checkpoint_loads_and_scores_like_the_trained_model(backbones, train_fil
 def test_resume_refuses_changed_options(backbones, train_file, tmp_path):
     from hllm.errors import CheckpointError
 
-    train(_cfg(backbones["llama"], train_file, tmp_path / "d", steps=1))
+    train(train_config(backbones["llama"], train_file, tmp_path / "d", steps=1))
     with pytest.raises(CheckpointError, match="lr"):
-        train(_cfg(backbones["llama"], train_file, tmp_path / "d", steps=2, lr=0.5), resume=True)
+        train(train_config(backbones["llama"], train_file, tmp_path / "d", steps=2, lr=0.5), resume=True)
     with pytest.raises(CheckpointError, match="not found"):
-        train(_cfg(backbones["llama"], train_file, tmp_path / "e", steps=2), resume=True)
+        train(train_config(backbones["llama"], train_file, tmp_path / "e", steps=2), resume=True)
 
 
 def test_teacher_target_needs_teacher(backbones, train_file, tmp_path):
     from hllm.errors import HllmError
 
     with pytest.raises(HllmError, match="teacher"):
-        train(_cfg(backbones["llama"], train_file, tmp_path / "f", target="teacher"))
+        train(train_config(backbones["llama"], train_file, tmp_path / "f", target="teacher"))
 
 
 def test_teacher_target_trains(backbones, train_file, tmp_path):
@@ -115,7 +107,7 @@ def test_teacher_target_trains(backbones, train_file, tmp_path):
     teacher = tmp_path / "teacher.jsonl"
     write_jsonl(teacher, [{"slate_id": s["slate_id"], "order": list(range(len(s["candidates"])))[::-1]}
                           for s in read_slates(train_file)])
-    res = train(_cfg(backbones["llama"], train_file, tmp_path / "g", target="clicks+teacher", teacher=str(teacher),
+    res = train(train_config(backbones["llama"], train_file, tmp_path / "g", target="clicks+teacher", teacher=str(teacher),
                      lora_rank=0, steps=2))
     assert res.steps == 2 and json.loads((tmp_path / "g" / "hllm.json").read_text())["adapter"] is None
 
@@ -168,7 +160,7 @@ def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
 def test_training_state_holds_no_pickle(backbones, train_file, tmp_path):
     from hllm.training.state import STATE_JSON, STATE_TENSORS
 
-    train(_cfg(backbones["llama"], train_file, tmp_path / "s", steps=1))
+    train(train_config(backbones["llama"], train_file, tmp_path / "s", steps=1))
     names = {p.name for p in (tmp_path / "s").iterdir()}
     assert {STATE_TENSORS, STATE_JSON} <= names and not any(n.endswith((".pt", ".pkl", ".bin")) for n in names)
     json.loads((tmp_path / "s" / STATE_JSON).read_text())  # plain JSON
@@ -177,11 +169,11 @@ def test_training_state_holds_no_pickle(backbones, train_file, tmp_path):
     from hllm.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="unreadable training state"):
-        train(_cfg(backbones["llama"], train_file, tmp_path / "s", steps=2), resume=True)
+        train(train_config(backbones["llama"], train_file, tmp_path / "s", steps=2), resume=True)
 
 
 def test_no_pickle_loading_in_the_package():
-    """No torch.load / pickle.load anywhere in hllm (enforced, hardening issue)."""
+    """No torch.load / pickle.load anywhere in hllm (enforced; docs/hardening.md)."""
     import re
     from pathlib import Path
 
@@ -195,7 +187,7 @@ def test_no_pickle_loading_in_the_package():
 
 
 def test_cosine_schedule_and_learning_curve(backbones, train_file, tmp_path):
-    cfg = _cfg(backbones["llama"], train_file, tmp_path / "v", steps=4, lr=1e-2, lr_schedule="cosine",
+    cfg = train_config(backbones["llama"], train_file, tmp_path / "v", steps=4, lr=1e-2, lr_schedule="cosine",
                warmup_steps=2, min_lr_ratio=0.1, val_slates=2, val_every=2, lora_rank=0)
     assert [round(cfg.lr_at(s), 6) for s in range(4)] == [0.005, 0.01, 0.01, round(0.01 * (0.1 + 0.9 * 0.5), 6)]
     res = train(cfg)
@@ -210,15 +202,15 @@ def test_init_head_starts_from_a_trained_head_and_refuses_another_size(backbones
     (not the seeded init), its LoRA still starts at zero; a head of other sizes is refused by name."""
     from hllm.errors import CheckpointError
 
-    train(_cfg(backbones["qwen3"], train_file, tmp_path / "probe", lora_rank=0, steps=2))
+    train(train_config(backbones["qwen3"], train_file, tmp_path / "probe", lora_rank=0, steps=2))
     probe = load_file(str(tmp_path / "probe" / "head.safetensors"))
-    model, _, _ = build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "ft", init_head=str(tmp_path / "probe")))
+    model, _, _ = build_model(train_config(backbones["qwen3"], train_file, tmp_path / "ft", init_head=str(tmp_path / "probe")))
     start = {k: v for k, v in model.model.head.state_dict().items()}
     assert start.keys() == probe.keys() and all(torch.equal(start[k], probe[k]) for k in probe)
-    fresh, _, _ = build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "ft2"))
+    fresh, _, _ = build_model(train_config(backbones["qwen3"], train_file, tmp_path / "ft2"))
     assert any(not torch.equal(fresh.model.head.state_dict()[k], probe[k]) for k in probe)  # not the seeded init
     assert all(p.abs().sum() == 0 for n, p in model.named_parameters() if "lora_B" in n)
     assert all(p.requires_grad for p in model.model.head.parameters())
     with pytest.raises(CheckpointError, match="d_model"):
-        build_model(_cfg(backbones["qwen3"], train_file, tmp_path / "ft3", init_head=str(tmp_path / "probe"),
+        build_model(train_config(backbones["qwen3"], train_file, tmp_path / "ft3", init_head=str(tmp_path / "probe"),
                          head_kwargs={**TINY_HEAD, "d_model": 16}))

@@ -1,6 +1,7 @@
-"""Second hardening round (docs/hardening.md, "Round 2"): memory bounded by hostile text (peak RSS of a
-subprocess, bounds stated here), streaming stdin honouring --limit, parallel writers, ``calibrate`` never
-writing into its input export, and the small policies (HLLM_DEBUG, duplicate keys, telemetry)."""
+"""Hostile input with bounded resources (docs/hardening.md, "Memory, outputs vs inputs, caches, library file
+errors"): memory bounded by hostile text (peak RSS of a subprocess, bounds stated here), streaming stdin
+honouring --limit, parallel writers, ``calibrate`` never writing into its input export, and the small
+policies (HLLM_DEBUG, duplicate keys, telemetry)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from hllm.testing import tiny_slates
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Peak RSS of `hllm rank` on a slate with a 100 MB title (the issue's bound: 1 GB).
+#: Peak RSS of `hllm rank` on a slate with a 100 MB title (bound: 1 GB).
 RANK_PEAK_RSS_BOUND = 1 << 30
 #: Peak RSS of loading a calibration set whose .npz declares a 512 MiB member (numpy + hllm.formats only).
 NPZ_PEAK_RSS_BOUND = 200 << 20
@@ -230,7 +231,7 @@ def test_stdin_is_streamed_and_limit_stops_an_endless_producer(tmp_path, export_
 def test_stdin_gzip_is_streamed(tmp_path, export_dir, monkeypatch, capsys):
     import io
 
-    from hllm.cli.app import load_slates
+    from hllm.cli.io import load_slates
 
     data = gzip.compress("".join(json.dumps(s) + "\n" for s in tiny_slates(5, (2, 6), seed=6)).encode())
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
