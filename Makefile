@@ -35,7 +35,9 @@ $(BIN)/hllm: pyproject.toml constraints.txt
 
 setup: $(BIN)/hllm
 
+# lint-imports checks the layers declared in pyproject.toml ([tool.importlinter]) before the tests run.
 test: setup
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 # A checkpoint with a LoRA adapter is merged first (peft merge_and_unload + its merge-parity proof) and the

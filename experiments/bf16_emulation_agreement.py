@@ -108,9 +108,9 @@ def fig(a, b, slates):
 
 
 def report(std, n, raw, ref_path, out):
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.runtime.artefact import resolve
-    from hllm.verify.gate import load_reference, reference_key
+    from hllm.verify.reference import load_reference, reference_key
 
     art = resolve(std)
     slates = slates_of(n)
@@ -129,7 +129,7 @@ def report(std, n, raw, ref_path, out):
             "emulation_vs_fp32": fig(ref, emu, slates[:n])},
         "openvino_bf16_hint_vs_fp32": fig(ref, hint, slates[:n]),
         "full_islands_vs_openvino_fp32_3_slates": {"max_abs_dM": max(float(np.abs(a - b).max()) for a, b in zip(whole, f32))},
-        "fp32_reference": "OpenVINO f32 scores cached with hllm.verify.gate.save_reference",
+        "fp32_reference": "OpenVINO f32 scores cached with hllm.verify.reference.save_reference",
         "machine": describe_machine(shared=True, note="2 cores shared with other jobs"),
     }
     Path(out).write_text(json.dumps(doc, indent=1) + "\n")

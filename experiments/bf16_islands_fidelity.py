@@ -16,11 +16,12 @@ import numpy as np
 def main(std, n, ref_path, work, out, engines):
     from hllm.calibration.bf16_islands import Bf16Variants
     from hllm.engines.openvino import OpenVinoEngine
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.runtime.slates import read_slates
-    from hllm.verify.gate import GateThresholds, gate_scores, load_reference, reference_key
+    from hllm.verify.gate import GateThresholds, gate_scores
+    from hllm.verify.reference import load_reference, reference_key
 
     art = resolve(std)
     slates = read_slates(os.environ.get("HLLM_EVAL_SLATES", "data/amazon-beauty/eval.jsonl.gz"))[:n]
@@ -55,7 +56,7 @@ def main(std, n, ref_path, work, out, engines):
                for m in ("quality", "strict")}
         doc["engines"][name] = rep
         doc.update(slates=n, export="SmolLM2-135M + LoRA merged, flavour standard",
-                   reference="OpenVINO f32 scores (hllm.verify.gate.save_reference)",
+                   reference="OpenVINO f32 scores (hllm.verify.reference.save_reference)",
                    machine=describe_machine(shared=True, note="2 cores shared with other jobs"))
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 

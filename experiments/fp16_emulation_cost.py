@@ -9,7 +9,7 @@ import numpy as np
 from hllm.calibration.precision_debug import ranking_figures
 from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, load_onnx, save_onnx
-from hllm.machine import describe_machine
+from hllm.measure import describe_machine
 from hllm.runtime.artefact import resolve
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 from hllm.runtime.slates import read_slates

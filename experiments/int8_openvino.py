@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="work/precision-int8")
     ap.add_argument("--reference", default="torch", choices=["torch", "openvino_fp32"])
     a = ap.parse_args(argv)
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.calibration.openvino_int8 import calibration_feeds
     from hllm.calibration.openvino_int8 import quantize_openvino
     from hllm.engines.openvino import OpenVinoEngine

@@ -3,7 +3,9 @@
 The base package needs only numpy; everything else is an extra (``pyproject.toml``,
 ``[project.optional-dependencies]``). The CLI (:func:`hllm.cli.main`) turns a
 :class:`ModuleNotFoundError` for a module listed here into that install line and exit code 2;
-code that imports an optional library on demand calls :func:`require`. Imports nothing optional.
+code that imports an optional library on demand calls :func:`require` (the library is needed: a missing one
+is an error naming its extra) or :func:`optional` (the library is used when present: a missing one gives None).
+These two are the one way hllm loads an optional dependency; imports nothing optional itself.
 """
 
 from __future__ import annotations
@@ -68,10 +70,11 @@ def missing_message(err: ModuleNotFoundError) -> str | None:
     return f"{err.name} is not installed; it comes with the {extra!r} extra: {install_line(extra)}"
 
 
-def require(module: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingExtraError` with the extra's install line.
+def require(module: str, error: type[Exception] = MissingExtraError) -> ModuleType:
+    """Import ``module`` or raise ``error`` (default :class:`MissingExtraError`) with the extra's install line.
 
-    Raises: MissingExtraError (the module or one it needs is missing and belongs to an extra);
+    ``error`` lets a caller keep its own error type (e.g. an engine raises EngineError) with the one message.
+    Raises: ``error`` (the module or one it needs is missing and belongs to an extra);
     ModuleNotFoundError for a missing module that no extra provides.
     """
     try:
@@ -80,4 +83,20 @@ def require(module: str) -> ModuleType:
         msg = missing_message(e)
         if msg is None:
             raise
-        raise MissingExtraError(msg) from None
+        raise error(msg) from None
+
+
+def optional(module: str) -> ModuleType | None:
+    """Import ``module`` when it is installed, else return None (a feature that is used only when present,
+    e.g. timing ``torch.mm`` beside numpy, or a GPU list from ONNX Runtime's providers).
+
+    Only a missing ``module`` itself gives None (``ModuleNotFoundError.name`` is it or a parent package);
+    a module that is installed but fails to import raises as usual (a broken install is not hidden).
+    Source: Python docs, "importlib.import_module" and "ModuleNotFoundError".
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            return None
+        raise

@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from hllm.machine import describe_machine
+from hllm.measure import describe_machine
 from hllm.files import atomic_write_json
 from hllm.runtime.slates import read_slates
 from hllm.teacher import ArRanker

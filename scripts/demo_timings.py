@@ -8,12 +8,12 @@ Usage (in a checkout, ideally a fresh ``git clone``)::
 The Makefile's demo prints ``== k/5 …`` before each step; this script stamps every output line with
 the wall clock, so a step's seconds are the time from its marker to the next one (setup is the time
 before the first marker). It records the exit status, the total wall time, the children's peak RSS
-(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the machine (:func:`hllm.machine.describe_machine`),
+(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the machine (:func:`hllm.measure.describe_machine`),
 the 1-minute load average at the start and end (other jobs inflate the times), the commit and whether
 the tree was clean (None outside git), then the proofs the demo wrote during this run: the merge's max
 |ΔM| (from its output line), the export's validation and the parity report (files older than the run
 are left out). Paths are checked before make starts and nothing existing is replaced; Ctrl-C stops the
-demo and still writes the record (rc 130). Standard library + ``hllm.machine`` (standard library only); it needs ``make`` and the Makefile.
+demo and still writes the record (rc 130). Standard library + ``hllm.measure`` (standard library only); it needs ``make`` and the Makefile.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # hllm.machine is standard-library only: usable before `make setup`
-from hllm.machine import describe_machine  # noqa: E402
+sys.path.insert(0, str(ROOT))  # hllm.measure is standard-library only: usable before `make setup`
+from hllm.measure import describe_machine  # noqa: E402
 
 
 def git(*args: str) -> str | None:

@@ -2,7 +2,7 @@
 given export (today's graph, the cleaned standard graph, the fused ort-cpu graph).
 
 Every engine is loaded once and timed interleaved on the same encoded slate (round r runs each engine
-once, rotating the order: :func:`hllm.timing.time_interleaved`), warm-up rounds discarded, so
+once, rotating the order: :func:`hllm.measure.time_interleaved`), warm-up rounds discarded, so
 the ratios are fair on cores shared with other work. Same intra-op threads for all. Prints the median
 engine time, the speed ratio vs PyTorch eager (> 1 = faster), GFLOP/s and the fraction of the fp32
 GEMM peak measured in the same run, max |ΔM| vs eager and whether the LAPJV permutation is identical;
@@ -48,11 +48,11 @@ def _slate(path: str, index: int, items: int) -> dict:
 
 def engines_side_by_side(args) -> dict:
     """Interleaved engine timings on one slate, with agreement vs PyTorch eager."""
-    from hllm.machine import matmul_peak, prefill_flops
+    from hllm.bench.peak import matmul_peak
     from hllm.bench.stages import model_dims
-    from hllm.timing import summarize, time_interleaved
+    from hllm.measure import prefill_flops, summarize, time_interleaved
     from hllm.runtime.decode import decode
-    from hllm.verify.gate import cpu_ranker
+    from hllm.verify.reference import cpu_ranker
 
     paths = _contenders(args)
     rankers = {k: cpu_ranker(p, threads=args.threads) for k, p in paths.items()}
@@ -121,7 +121,7 @@ def attention_alone(args, seq: int) -> dict:
     import onnxruntime as ort
 
     from hllm.bench.stages import model_dims
-    from hllm.timing import summarize, time_interleaved
+    from hllm.measure import summarize, time_interleaved
 
     d = model_dims(args.torch)
     h, hkv, dh = d.num_heads, d.num_kv_heads, d.head_dim
@@ -169,7 +169,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     from hllm.formats.provenance import library_versions
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
 
     t0 = time.time()
     machine = describe_machine(shared=True, note="2 shared cores, background jobs running")

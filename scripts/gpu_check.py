@@ -129,7 +129,7 @@ def _forward_ms(model, builder, slates, n_items: int, warmup: int, runs: int, de
     """Median/p90 of a CUDA-synchronised forward of one slate of ``n_items`` (warm-up discarded)."""
     import torch
 
-    from hllm.timing import summarize
+    from hllm.measure import summarize
 
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     samples = []
@@ -229,7 +229,7 @@ def cmd_paper_latency(args) -> int:
         return rc
     import torch
 
-    from hllm.timing import summarize
+    from hllm.measure import summarize
     from hllm.files import atomic_write_json
 
     dev, n, s = args.device, args.n_items, args.seq

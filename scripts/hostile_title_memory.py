@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("-o", "--out", default=str(REPO / "results" / "hardening" / "hostile_title_memory.json"))
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING
 
     with tempfile.TemporaryDirectory() as tmp:

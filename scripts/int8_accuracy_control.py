@@ -5,10 +5,10 @@ validation function (per-slate regret / tau / AUC / NDCG@10), calibration from t
 validation on eval slates kept apart from the judged ones; writes the INT8 export (f32 hint) and its
 mixed INT8 + bf16 twin (the same IR, bf16 hint: the ops left in float run in bf16).
 
-Judge: the gate (:func:`hllm.verify.gate.run_gate`, stopping a variant once it can no longer pass unless
+Judge: the gate (:func:`hllm.verify.sequential.run_gate`, stopping a variant once it can no longer pass unless
 ``--no-fail-fast``) of each variant against the FP32 reference scores of the judged eval slates (a
-reference-score cache, :func:`hllm.verify.gate.load_reference`, or computed here with OpenVINO fp32), and engine time per slate as the median of interleaved rounds
-(:func:`hllm.timing.time_interleaved`) against OpenVINO fp32 and, with ``--torch CKPT``, PyTorch fp32 eager.
+reference-score cache, :func:`hllm.verify.reference.load_reference`, or computed here with OpenVINO fp32), and engine time per slate as the median of interleaved rounds
+(:func:`hllm.measure.time_interleaved`) against OpenVINO fp32 and, with ``--torch CKPT``, PyTorch fp32 eager.
 
 Usage:
     python scripts/int8_accuracy_control.py STD_EXPORT WORK_DIR OUT_JSON --eval EVAL --train TRAIN
@@ -110,13 +110,14 @@ def main(argv=None) -> int:
 
 
 def judge(a) -> dict:
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.runtime.artefact import open_engine, resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.runtime.ranker import slate_scores
     from hllm.runtime.slates import read_slates
-    from hllm.timing import time_interleaved
-    from hllm.verify.gate import GateThresholds, run_gate
+    from hllm.measure import time_interleaved
+    from hllm.verify.gate import GateThresholds
+    from hllm.verify.sequential import run_gate
 
     slates = read_slates(a.eval, limit=a.judge)
     art = resolve(a.export)
@@ -127,7 +128,7 @@ def judge(a) -> dict:
                "openvino-fp32": open_engine(art, engine="openvino", threads=a.threads)}
     ref = None
     if a.reference_scores is not None:
-        from hllm.verify.gate import load_reference, reference_key
+        from hllm.verify.reference import load_reference, reference_key
 
         ref = load_reference(a.reference_scores, reference_key(art, slates))
         log(f"reference: {a.reference_scores}")

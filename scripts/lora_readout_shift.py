@@ -31,7 +31,7 @@ import torch
 from hllm.errors import CheckpointError, HllmError, OutputError, SlateError
 from hllm.files import atomic_write_json, refuse_overlap
 from hllm.formats.checkpoint import load_manifest
-from hllm.machine import describe_machine
+from hllm.measure import describe_machine
 from hllm.model.hllm import gather_context, gather_readout, load_model
 from hllm.runtime.decode import decode
 from hllm.runtime.slates import read_slates

@@ -72,7 +72,7 @@ def main() -> None:
         impl, model, slates, n, out, workers, bs = a.child
         return child(impl, model, slates, int(n), out, int(workers), int(bs))
 
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.files import atomic_write_json
     from hllm.runtime.slates import iter_slates, subslate, write_jsonl
     from hllm.testing import tiny_export

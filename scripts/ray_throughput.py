@@ -69,7 +69,8 @@ def main() -> None:
     from ray import serve
 
     from hllm.formats.provenance import library_versions
-    from hllm.machine import describe_machine, matmul_peak
+    from hllm.bench.peak import matmul_peak
+    from hllm.measure import describe_machine
     from hllm.files import atomic_write_json
     from hllm.runtime.ray_data import rank_file
     from hllm.runtime.slates import read_slates, write_jsonl

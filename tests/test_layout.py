@@ -84,8 +84,8 @@ def _hllm_imports(path: Path) -> set[str]:
 
 
 def test_pipeline_parts_do_not_import_the_benchmarks():
-    """Benchmarks use the pipeline, never the other way round (machine facts live in hllm.machine, timing
-    statistics in hllm.timing)."""
+    """Benchmarks use the pipeline, never the other way round (machine facts live in hllm.measure, timing
+    statistics in hllm.measure)."""
     for part in ("exporter", "calibration", "checkpoint", "engines", "formats", "runtime", "serve", "verify"):
         for path in (PACKAGE / part).rglob("*.py"):
             bad = {m for m in _hllm_imports(path) if m == "hllm.bench" or m.startswith("hllm.bench.")}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hllm.errors import HllmError
+from hllm.extras import require
 from hllm.files import atomic_path
 
 _STAGE_LABELS = (("prompt", "prompt + tokenize"), ("engine", "engine (prefill + head)"),
@@ -81,14 +82,8 @@ def _fmt_ms(v: float) -> str:
 
 
 def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise HllmError("the chart needs matplotlib: pip install 'hllm[bench]'") from None
-    return plt
+    require("matplotlib").use("Agg")
+    return require("matplotlib.pyplot")
 
 
 def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict | None = None,

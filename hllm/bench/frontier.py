@@ -2,14 +2,14 @@
 
 For each contender (PyTorch fp32 eager on the checkpoint = the reference, ONNX Runtime on the fused and
 the standard export, OpenVINO fp32 / bf16 / INT8 …) the engine call on the same encoded slates (batch 1)
-is timed interleaved (:func:`hllm.timing.time_interleaved`: round r runs every engine once, order
+is timed interleaved (:func:`hllm.measure.time_interleaved`: round r runs every engine once, order
 rotated), warm-up rounds discarded; the table reports the median seconds per slate, the ratio to PyTorch
 fp32 eager (higher = faster), and the fraction of the GEMM peak *of its dtype* measured in the same run
-(prefill FLOPs of :func:`hllm.machine.prefill_flops` / median time / peak). Contenders this CPU
+(prefill FLOPs of :func:`hllm.measure.prefill_flops` / median time / peak). Contenders this CPU
 cannot run (bf16 without AVX512_BF16 / AMX) are listed with the reason instead of a time. Gate figures
 (top-1, tau, ΔRecall@10 … on labelled eval slates) are attached from the JSON files that measured them.
 
-Peaks: fp32 ``torch.mm`` / numpy (:func:`hllm.machine.matmul_peak`); int8 ``torch._int_mm``
+Peaks: fp32 ``torch.mm`` / numpy (:func:`hllm.bench.peak.matmul_peak`); int8 ``torch._int_mm``
 (int8 × int8 → int32); bf16 ``torch.mm`` in bfloat16, only where the CPU has bf16 instructions.
 """
 
@@ -81,7 +81,8 @@ def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
     instructions), n}``."""
     import torch
 
-    from hllm.machine import bf16_support, best_gflops, matmul_peak
+    from hllm.bench.peak import best_gflops, matmul_peak
+    from hllm.measure import bf16_support
 
     def best(fn) -> float:
         return best_gflops(fn, 2.0 * n**3, runs)
@@ -118,8 +119,7 @@ def frontier(checkpoint: str, contenders: Sequence[Contender], slates: Sequence[
         peaks, flops_per_slate, rounds, warmup, slates, threads, seq_lens, items}``.
     Raises: EngineError / CheckpointError for an artefact that cannot be opened.
     """
-    from hllm.machine import prefill_flops
-    from hllm.timing import summarize, time_interleaved
+    from hllm.measure import prefill_flops, summarize, time_interleaved
     from hllm.errors import EngineError
     from hllm.formats.checkpoint import load_manifest
     from hllm.runtime.artefact import resolve

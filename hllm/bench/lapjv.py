@@ -1,7 +1,7 @@
 """LAP solver comparison for the decode step (paper Table 5: LAPJV 0.008 ms at N=50), torch-free.
 
 Times each available solver on the same square N×N score matrices, interleaved (see
-:func:`hllm.timing.time_interleaved`), for float32 and float64 cost arrays, and checks that
+:func:`hllm.measure.time_interleaved`), for float32 and float64 cost arrays, and checks that
 every solver reaches the same optimal objective (ties may give different permutations). Also times
 the runtime's real call path, :func:`hllm.runtime.decode.decode` on a float32 ``[N, K]`` engine
 output (conversion, finiteness check, solve, permutation check), and :func:`decode_batch` per slate.
@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from hllm.timing import summarize, time_interleaved
+from hllm.measure import summarize, time_interleaved
 
 FAMILIES = ("gaussian", "planted", "rank1")
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from hllm.timing import summarize
+from hllm.measure import summarize
 from hllm.errors import HllmError
 
 #: The routes the load test can drive.
@@ -138,7 +138,7 @@ def run_load(url: str, slates: Sequence[dict], clients: int, requests: int, max_
 
     Request i carries ``slates[i % len(slates)]``; no request starts after ``max_seconds``. Latency is
     client-side wall time per request (ms). Returns: requests, ok, errors (by HTTP status or transport
-    error), wall_s, throughput_rps, latency_ms (:func:`hllm.timing.summarize` of successful requests: median/p90/p99/mean/min/max), the
+    error), wall_s, throughput_rps, latency_ms (:func:`hllm.measure.summarize` of successful requests: median/p90/p99/mean/min/max), the
     server's mean stage times, the batch sizes the server reported, and ``orders`` (request index →
     ranking order) for comparisons.
     Raises: HllmError for a non-loopback URL or bad bounds.
@@ -260,10 +260,10 @@ def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, 
 
 
 def environment() -> dict:
-    """Hardware (CPU model and flags, cores, memory, load: :func:`hllm.machine.describe_machine`) and library
+    """Hardware (CPU model and flags, cores, memory, load: :func:`hllm.measure.describe_machine`) and library
     versions for the result JSON."""
     from hllm.formats.provenance import library_versions
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
 
     host = {k: v for k, v in describe_machine().items() if k not in ("shared", "note")}
     return {**host, "cpu_count": os.cpu_count(), "machine": platform.machine(), "versions": library_versions()}

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from hllm.bench import SCHEMA_VERSION
-from hllm.machine import describe_machine
+from hllm.measure import describe_machine
 from hllm.formats.provenance import library_versions
 from hllm.files import atomic_write_json
 

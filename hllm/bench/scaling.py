@@ -4,7 +4,7 @@ Real Beauty slates stop near 1,400 tokens (50 candidates × ≤ 32 tokens + hist
 alone is timed on synthetic inputs of exactly ``S`` tokens (random ids of the model's vocabulary, N
 readout positions spread over the second half, the context position before them): the prefill cost
 depends on S and N, not on which tokens they are. Contenders run interleaved (round r runs each
-once, rotating the order; :func:`hllm.timing.time_interleaved`) after discarded warm-up rounds,
+once, rotating the order; :func:`hllm.measure.time_interleaved`) after discarded warm-up rounds,
 and every one gets the same arrays. Per contender and S: median engine ms, its ratio to the first
 contender (the reference, usually the PyTorch checkpoint), GFLOP/s of the prefill and the fraction of
 the fp32 GEMM peak measured in the same run.
@@ -18,8 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
-from hllm.machine import prefill_flops
-from hllm.timing import summarize, time_interleaved
+from hllm.measure import prefill_flops, summarize, time_interleaved
 
 
 def synthetic_inputs(seq_len: int, n_items: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:

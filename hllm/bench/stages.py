@@ -16,7 +16,7 @@ model once, rotating the order) after separate warm-up calls, so their ratios ar
 machine. ``overhead_fraction`` = (prompt + decode_output + engine_io) / total, from medians.
 
 Throughput: ``tokens_per_s`` = real prompt tokens / engine seconds; ``gflops`` = prefill FLOPs of the
-real tokens (:func:`hllm.machine.prefill_flops`) / engine seconds, compared with the fp32
+real tokens (:func:`hllm.measure.prefill_flops`) / engine seconds, compared with the fp32
 GEMM peak measured in the same run (``peak_fraction``).
 """
 
@@ -31,9 +31,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
-from hllm.machine import prefill_flops
+from hllm.measure import prefill_flops, summarize
 from hllm.runtime.slates import subslate
-from hllm.timing import summarize
 
 STAGES = ("prompt", "engine", "decode_output", "total")
 

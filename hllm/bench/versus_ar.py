@@ -21,7 +21,7 @@ import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
 from hllm.runtime.slates import subslate
-from hllm.timing import summarize
+from hllm.measure import summarize
 
 #: Candidates of the warm-up slate (a short one: the warm-up loads kernels, it is not measured).
 WARMUP_ITEMS = 10

@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.errors import EngineError
+from hllm.extras import optional
 
 #: Sidecar key of a typed bf16 export (islands, conversion counts, the fp32 graph it came from).
 SIDECAR_KEY = "bf16_gemm"
@@ -53,16 +54,12 @@ def bf16_runner(choice: str = "auto") -> str:
     Raises: EngineError for an unknown choice, or ``openvino`` on a CPU without bf16 instructions / without
         OpenVINO (naming what is missing).
     """
-    from hllm.machine import bf16_support
+    from hllm.measure import bf16_support
 
     if choice not in RUNNERS:
         raise EngineError(f"unknown bf16 runner {choice!r}; one of {RUNNERS}")
     ok, what = bf16_support()
-    try:
-        import openvino  # noqa: F401
-        have_ov = True
-    except ImportError:
-        have_ov = False
+    have_ov = optional("openvino") is not None
     if choice == "openvino":
         if not ok:
             raise EngineError(f"real bf16 needs AVX512_BF16 or AMX-BF16; {what}. use the emulation (emulate)")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.errors import SlateError
+from hllm.extras import optional
 from hllm.formats.calibration_report import REPORT_NAME, CalibrationResult
 from hllm.formats.precision import Precision
 from hllm.verify.gate import GateThresholds
@@ -146,9 +147,7 @@ def fp32_engines(art, threads: int | None = None) -> dict:
 
     out = {"onnxruntime-fp32": cpu_ranker(art, threads)}
     if art.flavour == "standard":
-        try:
-            import openvino  # noqa: F401
-        except ImportError:
+        if optional("openvino") is None:
             return out
         out["openvino-fp32"] = Ranker.from_path(art, engine="openvino", inference_precision="f32", threads=threads)
     return out
@@ -360,7 +359,7 @@ def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, a
 
 def _speed(req: CalibrateRequest, staging: Path, say: Say) -> tuple[dict, float, dict]:
     """(speed record, speed-up over FP32, machine) of the interleaved timing run."""
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.calibration.speed import compare_speed
 
     p = req.options.precision

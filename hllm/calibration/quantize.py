@@ -133,7 +133,7 @@ class QuantOptions:
         if self.backend not in BACKENDS:
             raise EngineError(f"unknown quantization backend {self.backend!r}; one of {list(BACKENDS)}")
         if self.precision is Precision.BF16:
-            from hllm.machine import bf16_support
+            from hllm.measure import bf16_support
 
             ok, what = bf16_support()
             raise EngineError(f"bf16 on CPU needs AVX512_BF16 or AMX; {what}. " + (
@@ -174,7 +174,7 @@ def check_target(precision: "Precision | str", target: str) -> None:
         EngineError: fp8 for a target below compute capability 8.9 (e.g. A100 = 8.0: no FP8 tensor
             cores; TensorRT FP8 needs Ada / Hopper or later), or fp8 for ``cpu``.
     """
-    from hllm.formats.plan import compute_capability
+    from hllm.engines.tensorrt.targets import compute_capability
 
     cc = compute_capability(target)
     if precision == Precision.FP8:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.errors import EngineError
+from hllm.extras import optional
 
 Say = Callable[[str], None]
 
@@ -89,7 +90,7 @@ BASELINE = CANDIDATES[0].name
 def refusal(c: Candidate, flavour: str, features: Sequence[str], has_calibration: bool,
             openvino_installed: bool) -> str | None:
     """Why ``c`` cannot be built here (None = it can): the export's flavour, the CPU's instruction sets
-    (``features`` as :func:`hllm.machine.cpu_flags` names them), missing calibration data or OpenVINO."""
+    (``features`` as :func:`hllm.measure.cpu_flags` names them), missing calibration data or OpenVINO."""
     if c.flavour is not None and flavour != c.flavour:
         return f"needs an export of flavour {c.flavour} (this one is {flavour}; `hllm export --flavour {c.flavour}`)"
     if c.isa and not set(c.isa) & set(features):
@@ -226,18 +227,14 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_line
     from hllm.files import _staging_prefix, atomic_write_json, promote_dir
     from hllm.formats.export import read_export
-    from hllm.machine import cpu_flags, describe_machine
+    from hllm.measure import cpu_flags, describe_machine
 
     t_start, load_start = time.perf_counter(), _load_1m()
     progress = progress or (lambda d, n: (lambda k: None))
     meta = read_export(req.export_dir)
     check_start(meta, req.only)
     flavour, features = meta.flavour, cpu_flags()
-    try:
-        import openvino  # noqa: F401
-        have_ov = True
-    except ImportError:
-        have_ov = False
+    have_ov = optional("openvino") is not None
     ref_info: dict = {}
     ref, _ = fp32_reference(CalibrateRequest(req.export_dir, req.out_dir, None, req.thresholds, req.eval_slates, "",
                                              threads=req.threads, reference_cache=req.reference_cache),

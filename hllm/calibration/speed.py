@@ -1,7 +1,7 @@
 """Side-by-side CPU speed of a quantized export vs its FP32 export (torch-free).
 
 Both engines are loaded once and timed *interleaved* on the same encoded slates (round r runs every
-engine once on slate r mod len(slates), rotating the order: :func:`hllm.timing.time_interleaved`),
+engine once on slate r mod len(slates), rotating the order: :func:`hllm.measure.time_interleaved`),
 warm-up rounds discarded, so their ratio is fair on cores shared with other processes. Only the
 engine call is timed (prompt building and LAPJV decode are the same for both).
 """
@@ -32,8 +32,8 @@ def compare_speed(
     Raises: ValueError if ``baseline`` is not among the artefacts.
     """
     from hllm.formats.provenance import library_versions
-    from hllm.timing import summarize, time_interleaved
-    from hllm.verify.gate import cpu_ranker
+    from hllm.measure import summarize, time_interleaved
+    from hllm.verify.reference import cpu_ranker
 
     if baseline not in artefacts:
         raise ValueError(f"baseline {baseline!r} not in {list(artefacts)}")

@@ -63,7 +63,7 @@ def stages_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """Per-stage latency (prompt, engine, LAPJV decode, total) on real sub-slates, with the GEMM peak."""
-    from hllm.machine import matmul_peak
+    from hllm.bench.peak import matmul_peak
     from hllm.bench.report import document
     from hllm.bench.stages import bench_stages
 
@@ -210,7 +210,7 @@ def scaling_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """Engine time against prompt length (synthetic prompts of exactly S tokens), contenders interleaved."""
-    from hllm.machine import matmul_peak
+    from hllm.bench.peak import matmul_peak
     from hllm.bench.report import document
     from hllm.bench.scaling import bench_scaling
     from hllm.runtime.artefact import resolve

@@ -34,8 +34,9 @@ def build_cmd(
     max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
     """Build a strongly typed TensorRT plan (TensorRT 10.x / 11.x) with optimization profiles and a metadata sidecar."""
-    from hllm.engines.tensorrt.builder import check_standard_graph
-    from hllm.formats.profiles import Profile, default_profile, validate_profiles
+    from hllm.exporter.plan import check_standard_graph
+    from hllm.engines.tensorrt.profiles import default_profile, validate_profiles
+    from hllm.formats.profiles import Profile
     from hllm.runtime.artefact import resolve
 
     batch_size = pick(batch_size, max_batch, 8)
@@ -55,7 +56,7 @@ def build_cmd(
         return
     if plan.exists() and not overwrite:
         raise FileExistsError(f"{plan} already exists (pass --overwrite to replace it)")
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     with step(f"building TensorRT plan ({precision}, {len(profiles)} profile(s))"):
         meta = build_plan(art.path, plan, profiles, timing_cache=timing_cache, opt_level=opt_level,
@@ -70,8 +71,8 @@ def build_cmd(
 def _dry_run(art, plan: Path, profiles: list, precision: str, target: Optional[str], hardware_compat: Optional[str],
              timing_cache: Optional[Path], opt_level: int, workspace_gb: Optional[float], json_out: bool) -> None:
     """Print what ``hllm build`` would do and the trtexec / polygraphy convert lines that build the same plan."""
-    from hllm.formats.interop import polygraphy_convert_command, trtexec_command
-    from hllm.formats.plan import target_settings
+    from hllm.engines.tensorrt.interop import polygraphy_convert_command, trtexec_command
+    from hllm.engines.tensorrt.targets import target_settings
 
     settings = target_settings(target, None, hardware_compat, precision)
     hc = settings["hardware_compatibility"]

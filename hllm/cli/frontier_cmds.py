@@ -44,7 +44,7 @@ def frontier_cmd(
 ) -> None:
     """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags."""
     from hllm.bench.frontier import frontier
-    from hllm.machine import describe_machine
+    from hllm.measure import describe_machine
     from hllm.formats.provenance import library_versions
 
     quiet_libraries()

@@ -20,7 +20,7 @@ def info_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """What an artefact is: kind, shapes, precision, flavour, K, prompt spec, sizes and provenance."""
-    from hllm.formats.describe import describe
+    from hllm.cli.describe import describe
 
     data_to_stdout(json_out)
     d = describe(artefact)
@@ -69,7 +69,7 @@ def encode_cmd(
     """Encode slates into engine inputs (input_ids, readout_positions, item_mask[, context_positions]) for
     Polygraphy / trtexec-style debugging: one feed dict per batch, JSON as polygraphy.json.save_json writes it."""
     from hllm.files import atomic_write_text
-    from hllm.formats.interop import polygraphy_inputs_json
+    from hllm.engines.tensorrt.interop import polygraphy_inputs_json
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 

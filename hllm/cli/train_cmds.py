@@ -14,7 +14,7 @@ from hllm.cli.app import (MAX_ITEMS, MAX_SEQ, app, batch_opt, check_output_dir, 
                           slates_source, threads_opt, write_json_out)
 from hllm.errors import HllmError
 from hllm.formats.checkpoint import HEAD_KINDS
-from hllm.formats.choices import AGGREGATIONS, OBJECTIVES
+from hllm.training.choices import AGGREGATIONS, OBJECTIVES
 
 
 def _legacy_positionals(slates: Optional[Path], out: Optional[Path], legacy: List[Path], new_form: str) -> tuple[Path, Path]:
@@ -321,7 +321,7 @@ def eval_cmd(
     from rich.table import Table
 
     from hllm.files import atomic_write_json
-    from hllm.verify.eval import evaluate_rankers, parse_spec
+    from hllm.training.eval import evaluate_rankers, parse_spec
     from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED
 
     quiet_libraries()

@@ -2,7 +2,7 @@
 
 Backend modules are imported on demand so that importing this package pulls in neither torch nor
 onnxruntime nor tensorrt: ``hllm.engines.reference``, ``hllm.engines.ort``,
-``hllm.engines.tensorrt.runner`` (its builder beside it in ``hllm.engines.tensorrt.builder``).
+``hllm.engines.tensorrt.runner`` (plans are built by ``hllm.exporter.plan``).
 """
 
 from hllm.engines.base import Engine, check_inputs

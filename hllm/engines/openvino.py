@@ -6,7 +6,7 @@ such as ``com.microsoft.GroupQueryAttention``): such a graph is refused with the
 
 Precision: ``f32`` runs every op in float32 (``INFERENCE_PRECISION_HINT=f32``); ``bf16`` lets the CPU
 plugin run matrix multiplications in bfloat16 — only on a CPU with AVX512_BF16 or AMX-BF16
-(:func:`hllm.machine.bf16_support`), refused elsewhere because the plugin would otherwise fall back
+(:func:`hllm.measure.bf16_support`), refused elsewhere because the plugin would otherwise fall back
 or emulate silently. The ``bf16`` hint runs nearly every op in bfloat16 and ignores per-node runtime info;
 fp32 islands are honoured through an explicitly typed graph instead (:mod:`hllm.exporter.bf16`: bfloat16
 ``MatMul`` nodes only where wanted, compiled with ``f32``). An INT8 IR (``model.xml`` written by :func:`hllm.calibration.openvino_int8.quantize_openvino`)
@@ -27,6 +27,7 @@ import numpy as np
 
 from hllm.engines.base import Engine
 from hllm.errors import EngineError
+from hllm.extras import require
 from hllm.formats.graph import OUTPUT_NAME, input_names
 from hllm.formats.precision import Precision
 
@@ -44,7 +45,7 @@ def check_inference_precision(value: str) -> str:
     if v not in INFERENCE_PRECISIONS:
         raise EngineError(f"OpenVINO inference precision {value!r} is not one of {INFERENCE_PRECISIONS}")
     if v == "bf16":
-        from hllm.machine import bf16_support
+        from hllm.measure import bf16_support
 
         ok, what = bf16_support()
         if not ok:
@@ -98,10 +99,7 @@ class OpenVinoEngine(Engine):
         return cfg
 
     def _activate(self) -> None:
-        try:
-            import openvino as ov
-        except ImportError:
-            raise EngineError("the OpenVINO engine needs openvino: pip install 'hllm[openvino]'") from None
+        ov = require("openvino", EngineError)
         if not self.model_path.is_file():
             raise EngineError(f"model not found: {self.model_path}")
         core = ov.Core()

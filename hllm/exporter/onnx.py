@@ -48,7 +48,7 @@ from hllm.errors import CheckpointError, ExportError, HllmError
 from hllm.files import atomic_dir, sha256_file, sha256_tree
 from hllm.formats.export import Fp16Check, ShapeCheck, write_export
 from hllm.formats.precision import Precision
-from hllm.formats.interop import onnx_metadata_props
+from hllm.formats.export import onnx_metadata_props
 from hllm.formats.provenance import library_versions
 from hllm.model.hllm import load_model
 from hllm.exporter.validate import synthetic_batch, validate_against_torch, validate_fp16_emulation, validation_batches
@@ -255,7 +255,7 @@ def checkpoint_hash(root: Path) -> str:
 def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, flavour: str = "standard",
             num_layers: int | None = None, metadata: dict[str, str] | None = None) -> dict:
     """Trace ``model`` (causal SDPA patch on), rewrite it into ``flavour`` and save it to ``path`` with the
-    model-level ``metadata_props`` ``metadata`` (:func:`hllm.formats.interop.onnx_metadata_props`).
+    model-level ``metadata_props`` ``metadata`` (:func:`hllm.formats.export.onnx_metadata_props`).
     Returns the rewrite and op counts. Raises ExportError if tracing fails, a ``standard`` graph holds a
     non-standard op or an ``IsNaN``, or the fused graph lacks one GroupQueryAttention per decoder layer."""
     from torch.export import Dim

@@ -39,13 +39,15 @@ records them (older sidecars without the keys still load):
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hllm import __version__
 from hllm.errors import EngineError, HllmError
 from hllm.files import atomic_write_json, contained_path, read_json, sha256_file
-from hllm.formats.graph import check_tensor_specs, describe_value
+from hllm.formats.graph import check_tensor_specs, describe_value, input_names
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
@@ -305,3 +307,26 @@ def write_export(root: str | os.PathLike, d: dict) -> Path:
     d = {"format": FORMAT, **d}
     parse_export(d, root)
     return atomic_write_json(Path(root) / SIDECAR, d)
+
+
+#: Keys of the ONNX ``metadata_props`` that ``hllm export`` writes (:func:`onnx_metadata_props`).
+METADATA_KEYS = ("hllm.format", "hllm.num_positions", "hllm.flavour", "hllm.context", "hllm.inputs", "hllm.pad_id",
+                 "hllm.prompt", "hllm.prompt_format", "hllm.version")
+
+
+def onnx_metadata_props(num_positions: int, flavour: str, prompt: dict, context: bool, pad_id: int) -> dict[str, str]:
+    """The ONNX model-level ``metadata_props`` of an hllm export, so the graph alone says how to feed it
+    (Netron, ``polygraphy inspect model``, ``onnx.load(...).metadata_props``): format, K, flavour, whether it
+    reads the user context, its input names, the pad token id, the prompt spec (JSON) and where the encoding
+    is specified (docs/prompt-format.md). Values are strings (ONNX ``StringStringEntryProto``)."""
+    return {
+        "hllm.format": FORMAT,
+        "hllm.num_positions": str(int(num_positions)),
+        "hllm.flavour": flavour,
+        "hllm.context": "true" if context else "false",
+        "hllm.inputs": ",".join(input_names(context)),
+        "hllm.pad_id": str(int(pad_id)),
+        "hllm.prompt": json.dumps(prompt, sort_keys=True, ensure_ascii=False),
+        "hllm.prompt_format": "docs/prompt-format.md (hllm): segments tokenized separately, concatenated, right-padded",
+        "hllm.version": __version__,
+    }

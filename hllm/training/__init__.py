@@ -3,5 +3,6 @@
 Modules: :mod:`.sinkhorn` (operator + loss), :mod:`.targets` (target matrices), :mod:`.config`
 (:class:`TrainConfig`), :mod:`.data` (slates, targets, the trained part's inputs), :mod:`.state`
 (pickle-free training state), :mod:`.features` (hidden-state caches), :mod:`.trainer`
-(``train(TrainConfig)``). Imports torch; never imported by :mod:`hllm.runtime`.
+(``train(TrainConfig)``), :mod:`.choices` (the objectives and teacher aggregations the CLI offers),
+:mod:`.eval` (rankers evaluated over slates). Imports torch; never imported by :mod:`hllm.runtime`.
 """

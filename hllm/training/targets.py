@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import SlateError
-from hllm.formats.choices import OBJECTIVES as TARGET_KINDS
+from hllm.training.choices import OBJECTIVES as TARGET_KINDS
 
 
 def permutation_target(order: Sequence[int], n: int) -> np.ndarray:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from hllm.bench.lapjv import FAMILIES, available_solvers, bench_solvers, score_matrices
-from hllm.machine import describe_machine, matmul_peak, prefill_flops
+from hllm.bench.peak import matmul_peak
+from hllm.measure import describe_machine, prefill_flops, summarize, time_interleaved
 from hllm.formats.provenance import library_versions
 from hllm.runtime.slates import subslate
-from hllm.timing import summarize, time_interleaved
 from hllm.errors import DecodeError, HllmError, SlateError
 from hllm.runtime.decode import assignment_scores, decode, decode_batch
 

@@ -37,7 +37,7 @@ def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_expo
     out, rep = tmp_path / "selected", tmp_path / "selection.json"
     # in a child process: OpenVINO / NNCF loaded into the pytest process make a later test's SIGTERM-to-self
     # crash it (native threads); the CPU flags are faked there the same way
-    code = (f"from hllm import machine; machine.cpu_flags = lambda: {['avx2', 'avx512f', 'avx512_vnni']!r}\n"
+    code = (f"from hllm import measure; measure.cpu_flags = lambda: {['avx2', 'avx512f', 'avx512_vnni']!r}\n"
             "import sys; from hllm.cli import main; main(sys.argv[1:])")
     argv = ["calibrate", str(standard_export_dir), str(out), "--backend", "auto", "-s", str(tmp_path / "eval.jsonl"),
             "--calib-slates", str(tmp_path / "train.jsonl"), "--calib-count", "4", "--bench-runs", "3",

@@ -107,7 +107,7 @@ def test_calibration_set_without_context_positions_is_refused(context_export_dir
 
 def test_encode_writes_all_four_inputs(context_export_dir, files, tmp_path, capsys):
     from hllm.engines.ort import OnnxRuntimeEngine
-    from hllm.formats.interop import read_polygraphy_inputs
+    from hllm.engines.tensorrt.interop import read_polygraphy_inputs
 
     code, out, err = _run(["encode", context_export_dir, "-s", files["eval"], "-o", tmp_path / "in.json", "-b", "4",
                            "--json"], capsys)

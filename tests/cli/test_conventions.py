@@ -100,7 +100,7 @@ def test_choice_lists_match_the_library():
     from hllm.teacher.embedding import AGGREGATIONS as LIB_AGG
     from hllm.training.targets import TARGET_KINDS
 
-    assert OBJECTIVES is TARGET_KINDS and AGGREGATIONS is LIB_AGG  # one definition (hllm.formats.choices)
+    assert OBJECTIVES is TARGET_KINDS and AGGREGATIONS is LIB_AGG  # one definition (hllm.training.choices)
 
 
 def test_version_and_completion(capsys):
@@ -310,7 +310,7 @@ def test_info_checkpoint_export_and_onnx_metadata(lora_checkpoint, merged_checkp
 def test_info_plan_calibration_set_feature_cache_backbone_slates(standard_export_dir, qwen3_backbone, tmp_path, capsys):
     from hllm.formats.calibration_set import CalibrationSet, FORMAT
     from hllm.formats.plan import write_sidecar
-    from hllm.formats.profiles import default_profile
+    from hllm.engines.tensorrt.profiles import default_profile
 
     side = json.loads((standard_export_dir / "export.json").read_text())
     plan = tmp_path / "m.plan"
@@ -344,7 +344,7 @@ def test_info_plan_calibration_set_feature_cache_backbone_slates(standard_export
 def test_info_is_torch_free():
     import subprocess
 
-    code = ("import sys; from hllm.formats.describe import describe; import hllm.formats.interop; "
+    code = ("import sys; from hllm.cli.describe import describe; import hllm.engines.tensorrt.interop; "
             "print('torch' in sys.modules or 'transformers' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
@@ -393,7 +393,7 @@ def test_encode_writes_polygraphy_inputs(export_dir, tmp_path, capsys):
 
 
 def test_polygraphy_json_round_trip():
-    from hllm.formats.interop import polygraphy_inputs_json, read_polygraphy_inputs
+    from hllm.engines.tensorrt.interop import polygraphy_inputs_json, read_polygraphy_inputs
 
     feeds = [{"a": np.arange(6, dtype=np.int64).reshape(2, 3), "m": np.array([[True, False]])}]
     text = polygraphy_inputs_json(feeds)

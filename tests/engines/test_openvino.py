@@ -69,12 +69,12 @@ def test_openvino_refuses_the_fused_flavour_and_a_wrong_context(exports, tmp_pat
 
 
 def test_bf16_is_refused_without_bf16_instructions(monkeypatch):
-    from hllm import machine
+    from hllm import measure
 
-    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
     with pytest.raises(EngineError, match="AVX512_BF16 or AMX-BF16.*avx512_vnni"):
         check_inference_precision("bf16")
-    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx512f", "avx512_bf16"])
+    monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx512f", "avx512_bf16"])
     assert check_inference_precision("bf16") == "bf16"
     assert check_inference_precision("fp32") == "f32"
     with pytest.raises(EngineError, match="not one of"):
@@ -119,7 +119,7 @@ def test_nncf_int8_export_opens_with_openvino_and_keeps_named_parts_in_fp32(expo
 
 
 def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsys, monkeypatch):
-    from hllm import machine
+    from hllm import measure
     from hllm.cli.app import run
     from hllm.testing import tiny_slates
 
@@ -136,26 +136,37 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
     assert run(["info", str(export), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["engine"] == "onnxruntime" and info["engines"] == ["onnxruntime", "openvino"]
-    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
     assert run(["debug", "precision", str(export), "--precision", "bf16", "--bf16-runner", "openvino", "-o", str(tmp_path / "i.json"),
                 "-s", str(src)]) == 2
     assert "AVX512_BF16 or AMX-BF16" in capsys.readouterr().err and not (tmp_path / "i.json").exists()
 
 
 def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypatch):
-    from hllm import machine
+    from hllm import measure
     from hllm.bench.frontier import Contender, frontier, markdown_table
     from hllm.testing import tiny_slates
 
     ckpt, export = exports["qwen2"]
-    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_vnni"])
+    # the engines really run; the seconds per slate are set here, so the expected ratios are known
+    real, ran, per_slate_s = measure.time_interleaved, {}, {"PyTorch fp32 eager": 0.006, "ort": 0.002, "ov": 0.003}
+
+    def timed(calls, rounds, warmup=1, unit=1e3):
+        counting = {k: (lambda r, k=k, fn=fn: (ran.__setitem__(k, ran.get(k, 0) + 1), fn(r))) for k, fn in calls.items()}
+        real(counting, rounds=rounds, warmup=warmup, unit=unit)
+        return {k: [per_slate_s[k]] * rounds for k in calls}
+
+    monkeypatch.setattr(measure, "time_interleaved", timed)
     cs = [Contender("ort", str(export), "onnxruntime"), Contender("ov", str(export), "openvino"),
           Contender("ov-bf16", str(export), "openvino", "bf16", "bf16", gate={"top1_agreement": 0.9})]
     res = frontier(str(ckpt), cs, tiny_slates(2, (3, K), seed=2), rounds=2, warmup=0, threads=1, peak_n=128)
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"PyTorch fp32 eager", "ort", "ov", "ov-bf16"}
-    assert rows["PyTorch fp32 eager"]["vs_torch_fp32"] == 1.0
-    assert rows["ov"]["engine_name"] == "openvino" and len(rows["ov"]["samples_s"]) == 2
+    assert ran == {"PyTorch fp32 eager": 2, "ort": 2, "ov": 2}  # the refused contender never runs
+    assert [rows[n]["vs_torch_fp32"] for n in ("PyTorch fp32 eager", "ort", "ov")] == [1.0, 3.0, 2.0]
+    print("FRAC", rows["ort"]["gemm_peak_fraction"], rows["ov"]["gemm_peak_fraction"], res["flops_per_slate"], res["peaks_gflops"])
+    assert rows["ov"]["engine_name"] == "openvino" and rows["ov"]["samples_s"] == [0.003, 0.003]
     assert 0 < rows["ort"]["gemm_peak_fraction"] and rows["ort"]["s_per_slate"] > 0
     assert "AVX512_BF16" in rows["ov-bf16"]["refused"] and rows["ov-bf16"]["gate"] == {"top1_agreement": 0.9}
     assert res["peaks_gflops"]["fp32"] > 0 and res["peaks_gflops"]["bf16"] is None

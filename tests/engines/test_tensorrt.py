@@ -24,9 +24,10 @@ import sys
 import numpy as np
 import pytest
 
-from hllm.formats.plan import (DeviceInfo, check_compatible, read_sidecar, sidecar_path, target_settings,
-                                    write_sidecar)
-from hllm.formats.profiles import DimRange, Profile, default_profile, select_profile, validate_profiles
+from hllm.engines.tensorrt.profiles import default_profile, select_profile, validate_profiles
+from hllm.engines.tensorrt.targets import DeviceInfo, check_compatible, target_settings
+from hllm.formats.plan import read_sidecar, sidecar_path, write_sidecar
+from hllm.formats.profiles import DimRange, Profile
 from hllm.errors import EngineError
 from tests.engines.fake_tensorrt import FakeCudart, make_tensorrt
 
@@ -258,7 +259,7 @@ def test_build_recipe_through_polygraphy(fake_trt, standard_export_dir, tmp_path
     """Polygraphy asks TensorRT for a strongly typed network (flag on 10.x, none on 11.x), no precision
     flag, one optimization profile per hllm profile with min/opt/max per input, the optimization level,
     hardware compatibility, the workspace pool limit and the timing cache (read, then merged back)."""
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     trt, rec, cudart = fake_trt(version)  # the build GPU: the fake libcudart's H100 (sm_90)
     cache = tmp_path / "timing.cache"
@@ -312,7 +313,7 @@ def _batch(seed, lengths, items, vocab=300):
 def test_runner_feeds_every_input_and_returns_scores(fake_trt, standard_export_dir, tmp_path):
     """TrtRunner (Polygraphy) does the buffers, copies and execution; hllm picks the profile by slate
     shape. Scores equal ONNX Runtime's on the same graph; a profile switch happens only when needed."""
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
     from hllm.runtime import Ranker
 
@@ -363,7 +364,7 @@ def context_export(tiny_dir, qwen3_backbone):
 
 
 def test_context_head_profile_and_feed(fake_trt, context_export, tmp_path):
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
     from hllm.runtime import Ranker
 
@@ -385,7 +386,7 @@ def test_context_head_profile_and_feed(fake_trt, context_export, tmp_path):
 
 
 def test_runner_refuses_other_gpu_or_tensorrt(fake_trt, standard_export_dir, tmp_path):
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
 
     fake_trt("10.13.0")  # built on the fake H100, hardware compatibility none
@@ -403,7 +404,7 @@ def test_runner_refuses_other_gpu_or_tensorrt(fake_trt, standard_export_dir, tmp
 def test_build_failure_is_one_engine_error_and_stdout_stays_clean(fake_trt, standard_export_dir, tmp_path, capsys):
     """A failed TensorRT build (``build_serialized_network`` returns None) reaches the caller as one
     EngineError with Polygraphy's message; nothing is written; Polygraphy's output is not on stdout."""
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     trt, rec, _ = fake_trt("10.13.0")
     trt.Builder.build_serialized_network = lambda self, network, config: None
@@ -420,7 +421,7 @@ def test_no_cuda_runtime_is_one_engine_error(fake_trt, standard_export_dir, tmp_
     """TensorRT importable but no libcudart (no GPU stack): one EngineError, not an OSError traceback."""
     from polygraphy.cuda import cuda as pg_cuda
 
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     fake_trt("10.13.0")
     monkeypatch.setattr(pg_cuda, "G_CUDA", None)
@@ -435,7 +436,7 @@ def test_no_cuda_runtime_is_one_engine_error(fake_trt, standard_export_dir, tmp_
 
 
 def test_build_refuses_bad_profile_before_tensorrt(fake_trt, standard_export_dir, tmp_path):
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     _, rec, _ = fake_trt("10.13.0")
     with pytest.raises(EngineError, match="exceeds the head's K=8"):
@@ -445,7 +446,7 @@ def test_build_refuses_bad_profile_before_tensorrt(fake_trt, standard_export_dir
 
 def test_build_refuses_a_fused_graph_before_tensorrt(fake_trt, export_dir, tmp_path):
     """The default export (flavour ort-cpu) holds ONNX Runtime contrib ops: build names them and the fix."""
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     assert json.loads((export_dir / "export.json").read_text())["flavour"] == "ort-cpu"
     _, rec, _ = fake_trt("10.13.0")
@@ -467,7 +468,7 @@ def test_cli_build_refuses_a_fused_graph(export_dir):
 
 
 def test_build_refuses_existing_plan(fake_trt, standard_export_dir, tmp_path):
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     fake_trt("11.4.0")
     plan = tmp_path / "x.plan"
@@ -479,7 +480,7 @@ def test_build_refuses_existing_plan(fake_trt, standard_export_dir, tmp_path):
 
 @pytest.mark.skipif(_trt_importable(), reason="checks the message shown when tensorrt is missing")
 def test_engine_without_tensorrt_says_how_to_install(fake_trt, standard_export_dir, tmp_path, monkeypatch):
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
 
     fake_trt("10.13.0")
@@ -544,7 +545,7 @@ def test_dry_run_commands_name_the_sidecar_profiles(fake_trt, context_export, tm
     from typer.testing import CliRunner
 
     from hllm.cli import app
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
 
     profiles = ["1:1:4/2:64:128/1:8:8", "1:2:2/2:256:512/1:8:8"]
     fake_trt("10.13.0")
@@ -572,7 +573,7 @@ def test_polygraphy_convert_line_parses_in_polygraphy():
     from polygraphy.tools.args import TrtConfigArgs, TrtLoadNetworkArgs
     from polygraphy.tools.convert.convert import Convert
 
-    from hllm.formats.interop import polygraphy_convert_command
+    from hllm.engines.tensorrt.interop import polygraphy_convert_command
 
     profiles = [Profile.parse(p) for p in TWO_PROFILES]
     argv = polygraphy_convert_command("m.onnx", "m.plan", profiles, context=True, opt_level=4, timing_cache="tc",
@@ -598,7 +599,7 @@ def test_polygraphy_convert_line_parses_in_polygraphy():
 @pytest.mark.skipif(not (_trt_importable() and _gpu_present()), reason="needs an NVIDIA GPU with tensorrt and polygraphy")
 def test_tiny_fp16_plan_matches_reference(tmp_path, merged_checkpoint, slates):
     from hllm.exporter.onnx import export_onnx
-    from hllm.engines.tensorrt.builder import build_plan
+    from hllm.exporter.plan import build_plan
     from hllm.verify.parity import Thresholds, run_parity
 
     exp = tmp_path / "export16"

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from hllm.machine import bf16_support
+from hllm.measure import bf16_support
 
 HAS_BF16, BF16_WHAT = bf16_support()
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason=f"real bf16 kernels need AVX512_BF16 / AMX-BF16; {BF16_WHAT}")
@@ -200,11 +200,11 @@ def test_emulation_is_the_twin_of_real_bf16(setup):
 
 
 def test_runner_choice_and_refusal(monkeypatch):
-    from hllm import machine
+    from hllm import measure
     from hllm.calibration.bf16_islands import bf16_runner
     from hllm.errors import EngineError
 
-    monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f"])
+    monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f"])
     assert bf16_runner("auto") == "emulate" and bf16_runner("emulate") == "emulate"
     with pytest.raises(EngineError, match="AVX512_BF16 or AMX-BF16"):
         bf16_runner("openvino")
@@ -213,7 +213,7 @@ def test_runner_choice_and_refusal(monkeypatch):
 
 
 def test_bf16_export_is_refused_without_bf16_and_runs_with_it(setup, tmp_path, monkeypatch):
-    from hllm import machine
+    from hllm import measure
     from hllm.calibration.bf16_islands import build_bf16_export
     from hllm.errors import EngineError
     from hllm.formats.export import read_export
@@ -228,11 +228,11 @@ def test_bf16_export_is_refused_without_bf16_and_runs_with_it(setup, tmp_path, m
     with pytest.raises(FileExistsError):
         build_bf16_export(export_dir, tmp_path / "bf16")
     if _ov_installed():
-        real = machine.cpu_flags
-        monkeypatch.setattr(machine, "cpu_flags", lambda: ["avx2", "avx512f"])
+        real = measure.cpu_flags
+        monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f"])
         with pytest.raises(EngineError, match="AVX512_BF16 or AMX-BF16"):
             open_engine(resolve(tmp_path / "bf16"))
-        monkeypatch.setattr(machine, "cpu_flags", real)
+        monkeypatch.setattr(measure, "cpu_flags", real)
         if HAS_BF16:
             b = batches[0]
             with open_engine(resolve(tmp_path / "bf16"), threads=1) as eng:

@@ -115,6 +115,6 @@ def test_teacher_outputs_name_id_less_slates_by_the_same_rule(tmp_path):
     run_embedding_teacher(Emb(), rows, tmp_path / "emb.jsonl")
     for f in ("ar.jsonl", "emb.jsonl"):
         assert [json.loads(ln)["slate_id"] for ln in (tmp_path / f).read_text().splitlines()] == want
-    from hllm.verify.eval import jsonl_orders
+    from hllm.training.eval import jsonl_orders
 
     assert jsonl_orders(tmp_path / "emb.jsonl", rows) == [[2, 1, 0]] * 3

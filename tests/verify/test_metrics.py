@@ -88,7 +88,7 @@ def test_eval_pairs_every_ranker_with_the_first(tmp_path):
     import json
 
     from hllm.testing import tiny_slates
-    from hllm.verify.eval import evaluate_rankers
+    from hllm.training.eval import evaluate_rankers
 
     slates = tiny_slates(30, 6, seed=3)
     best = tmp_path / "best.jsonl"  # positives first: AUC 1 on every slate

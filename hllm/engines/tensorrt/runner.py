@@ -1,4 +1,4 @@
-"""TensorRT runner: load a plan built by :mod:`hllm.engines.tensorrt.builder` and run it through
+"""TensorRT runner: load a plan built by :mod:`hllm.exporter.plan` and run it through
 Polygraphy (torch-free).
 
 One recipe for TensorRT 10.x and 11.x (TensorRT "Migrating from 10.x to 11.x": 11 removed
@@ -15,7 +15,7 @@ The TensorRT and CUDA work is Polygraphy's (``polygraphy.backend.trt``, 0.53.6; 
 https://docs.nvidia.com/deeplearning/tensorrt/polygraphy/docs/): ``EngineFromBytes`` deserializes the
 plan, ``TrtRunner`` owns the execution context, its CUDA stream, the device input buffers and the
 output allocator; per call hllm picks the optimization profile by slate shape
-(:func:`hllm.formats.profiles.select_profile`), switches with ``TrtRunner.set_profile`` when it
+(:func:`hllm.engines.tensorrt.profiles.select_profile`), switches with ``TrtRunner.set_profile`` when it
 changes, and calls ``TrtRunner.infer(feed_dict, copy_outputs_to_host=True)`` (``set_input_shape``,
 host→device copies, ``execute_async_v3``, device→host copy and one stream synchronize, all inside
 Polygraphy). hllm keeps its own parts: the sidecar and compatibility check (:mod:`hllm.formats.plan`),
@@ -39,11 +39,13 @@ from pathlib import Path
 import numpy as np
 
 from hllm.engines.base import Engine
+from hllm.engines.tensorrt.profiles import select_profile
+from hllm.engines.tensorrt.targets import DeviceInfo, check_compatible
 from hllm.errors import EngineError
 from hllm.formats.graph import OUTPUT_NAME, input_names, sidecar_reads_context
-from hllm.formats.plan import DeviceInfo, check_compatible, profiles as sidecar_profiles, read_sidecar
+from hllm.formats.plan import profiles as sidecar_profiles, read_sidecar
 from hllm.formats.precision import Precision
-from hllm.formats.profiles import Profile, select_profile
+from hllm.formats.profiles import Profile
 
 MIN_MAJOR = 10
 INSTALL_HINT = ("install TensorRT from NVIDIA's package index and Polygraphy, e.g. "
@@ -174,7 +176,7 @@ def device_info(device: int = 0) -> DeviceInfo:
 
 # -- run -------------------------------------------------------------------------------------------------
 class TensorRTEngine(Engine):
-    """Runs a plan built by :func:`hllm.engines.tensorrt.builder.build_plan` on one GPU (Polygraphy ``TrtRunner``).
+    """Runs a plan built by :func:`hllm.exporter.plan.build_plan` on one GPU (Polygraphy ``TrtRunner``).
 
     Args:
         plan_path: the ``.plan`` file.

@@ -6,7 +6,7 @@
   (Polygraphy ``polygraphy/json/serde.py``, ``Encoder.register(np.ndarray)``; ``constants.TYPE_MARKER``
   is ``"polygraphy_class"``; docs "Using Custom Input Data", ``--load-inputs``). No pickle anywhere.
 * :func:`trtexec_command` / :func:`polygraphy_convert_command`: the command lines that build the same
-  plan as ``hllm build`` (:func:`hllm.engines.tensorrt.builder.build_plan`): the ONNX graph, one optimization
+  plan as ``hllm build`` (:func:`hllm.exporter.plan.build_plan`): the ONNX graph, one optimization
   profile per :class:`hllm.formats.profiles.Profile` (min/opt/max shapes per input), strongly typed,
   builder optimization level, timing cache, hardware compatibility level, workspace pool limit.
   Flags from TensorRT ``samples/common/sampleOptions.cpp`` (trtexec: ``--profile=I`` before each extra
@@ -119,29 +119,3 @@ def polygraphy_convert_command(onnx: str | os.PathLike, plan: str | os.PathLike,
     if workspace_gb:
         argv += ["--pool-limit", f"workspace:{int(workspace_gb * 1024**3)}"]
     return argv
-
-
-#: Keys of the ONNX ``metadata_props`` that ``hllm export`` writes (:func:`onnx_metadata_props`).
-METADATA_KEYS = ("hllm.format", "hllm.num_positions", "hllm.flavour", "hllm.context", "hllm.inputs", "hllm.pad_id",
-                 "hllm.prompt", "hllm.prompt_format", "hllm.version")
-
-
-def onnx_metadata_props(num_positions: int, flavour: str, prompt: dict, context: bool, pad_id: int) -> dict[str, str]:
-    """The ONNX model-level ``metadata_props`` of an hllm export, so the graph alone says how to feed it
-    (Netron, ``polygraphy inspect model``, ``onnx.load(...).metadata_props``): format, K, flavour, whether it
-    reads the user context, its input names, the pad token id, the prompt spec (JSON) and where the encoding
-    is specified (docs/prompt-format.md). Values are strings (ONNX ``StringStringEntryProto``)."""
-    from hllm import __version__
-    from hllm.formats.graph import input_names
-
-    return {
-        "hllm.format": "hllm-onnx",
-        "hllm.num_positions": str(int(num_positions)),
-        "hllm.flavour": flavour,
-        "hllm.context": "true" if context else "false",
-        "hllm.inputs": ",".join(input_names(context)),
-        "hllm.pad_id": str(int(pad_id)),
-        "hllm.prompt": json.dumps(prompt, sort_keys=True, ensure_ascii=False),
-        "hllm.prompt_format": "docs/prompt-format.md (hllm): segments tokenized separately, concatenated, right-padded",
-        "hllm.version": __version__,
-    }

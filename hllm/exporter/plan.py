@@ -21,13 +21,16 @@ import shutil
 import time
 from pathlib import Path
 
+from hllm.engines.tensorrt.profiles import validate_profiles
 from hllm.engines.tensorrt.runner import device_info, import_tensorrt, polygraphy_calls, trt_api
+from hllm.engines.tensorrt.targets import DeviceInfo, target_settings
 from hllm.errors import EngineError
 from hllm.files import atomic_path, sha256_file
 from hllm.formats.graph import sidecar_reads_context
+from hllm.formats.plan import write_sidecar
 from hllm.formats.precision import Precision
-from hllm.formats.plan import DeviceInfo, target_settings, write_sidecar
-from hllm.formats.profiles import Profile, validate_profiles
+from hllm.formats.profiles import Profile
+from hllm.runtime.artefact import resolve
 
 HARDWARE_LEVELS = {"ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
 
@@ -75,15 +78,13 @@ def build_plan(
         timing_cache: file read when present and written back (merged) after the build.
         opt_level: ``builder_optimization_level`` 0..5 (TensorRT default 3).
         hardware_compat: ``none`` | ``ampere_plus`` | ``same_compute_capability``.
-        target: e.g. ``a100``: see :func:`hllm.formats.plan.target_settings`.
+        target: e.g. ``a100``: see :func:`hllm.engines.tensorrt.targets.target_settings`.
         workspace_gb: workspace memory-pool limit in GiB (default: TensorRT's, the device memory).
         device: the build GPU (default: :func:`hllm.engines.tensorrt.runner.device_info`).
     Returns: the sidecar dict written.
     Raises: EngineError (TensorRT / Polygraphy missing, not a standard-ONNX export, bad profile,
         parse or build failure), FileExistsError.
     """
-    from hllm.runtime.artefact import resolve
-
     say = progress or (lambda msg: None)
     art = resolve(model)
     check_standard_graph(art)

@@ -1,4 +1,5 @@
-"""What an hllm artefact is, from its manifest or sidecar (``hllm info``; like ``polygraphy inspect model``).
+"""What an hllm artefact is, from its manifest or sidecar: the library behind ``hllm info``
+(:mod:`hllm.cli.inspect_cmds`; like ``polygraphy inspect model``).
 
 Torch-free and TensorRT-free: :func:`describe` reads only JSON manifests, sidecars and file sizes (plus,
 for an ONNX graph when the ``onnx`` package is installed, the graph's header: opset imports, producer,
@@ -22,12 +23,19 @@ Raises :class:`hllm.errors.HllmError` for a path that is none of these.
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 from hllm.errors import HllmError
-from hllm.files import read_json
+from hllm.extras import optional
+from hllm.files import read_json, sha256_file
+from hllm.formats.architectures import backbone_dims, read_config
 from hllm.formats.calibration_set import FORMAT as CALIBRATION_FORMAT
-from hllm.formats.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from hllm.formats.checkpoint import FORMAT as CHECKPOINT_FORMAT, load_manifest
+from hllm.formats.export import read_export
+from hllm.formats.plan import profiles, read_sidecar, sidecar_path
+from hllm.runtime.artefact import artefact_kind
+from hllm.runtime.slates import read_slates
 
 FEATURE_META = "meta.json"
 FEATURE_PARTIAL = "partial.json"
@@ -44,8 +52,6 @@ def describe(path: str | os.PathLike) -> dict:
 
 
 def _describe(path: str | os.PathLike) -> dict:
-    from hllm.formats.kind import artefact_kind
-
     p = Path(path)
     if not p.exists():
         raise HllmError(f"not found: {p}")
@@ -74,11 +80,6 @@ def _bytes(p: Path) -> int:
 
 def describe_checkpoint(p: Path) -> dict:
     """A checkpoint directory: head, K, backbone, adapter, prompt, sizes, training provenance."""
-    from dataclasses import asdict
-
-    from hllm.files import sha256_file
-    from hllm.formats.checkpoint import load_manifest
-
     m = load_manifest(p)
     adapter = None
     if m.adapter_path is not None:
@@ -106,8 +107,6 @@ def _summary(d: dict, keep: int = 40) -> dict:
 
 def describe_export(p: Path) -> dict:
     """An export directory or its ``.onnx``: flavour, precision, K, graph I/O, opset, prompt, provenance."""
-    from hllm.formats.export import read_export
-
     meta = read_export(p)
     raw = meta.raw
     files = {q.name: q.stat().st_size for q in sorted(meta.root.iterdir()) if q.is_file()}
@@ -137,9 +136,8 @@ def describe_export(p: Path) -> dict:
 def onnx_header(path: Path) -> dict | None:
     """Opset imports, producer, IR version, ``metadata_props`` and declared graph inputs/outputs of an ONNX
     file, read with the ``onnx`` package without external weights; None when ``onnx`` is not installed."""
-    try:
-        import onnx
-    except ImportError:
+    onnx = optional("onnx")
+    if onnx is None:
         return None
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -163,8 +161,6 @@ def onnx_header(path: Path) -> dict | None:
 
 def describe_plan(p: Path) -> dict:
     """A TensorRT plan: precision, profiles, TensorRT / GPU it was built with, compatibility, sizes."""
-    from hllm.formats.plan import profiles, read_sidecar, sidecar_path
-
     meta = read_sidecar(p)
     keys = ("tensorrt_version", "cuda_runtime_version", "cuda_driver_version", "gpu_name", "compute_capability",
             "hardware_compatibility", "version_compatible", "builder_optimization_level", "target", "build_seconds",
@@ -228,10 +224,6 @@ def describe_feature_cache(p: Path) -> dict:
 
 def describe_backbone(p: Path) -> dict:
     """A Hugging Face model directory: architecture dimensions, weight files, tokenizer."""
-    from dataclasses import asdict
-
-    from hllm.formats.architectures import backbone_dims, read_config
-
     dims = backbone_dims(read_config(p))
     weights = {q.name: q.stat().st_size for q in sorted(p.glob("*.safetensors"))}
     return {"kind": "backbone", "path": str(p), "bytes": _bytes(p), **asdict(dims), "weights": weights,
@@ -240,8 +232,6 @@ def describe_backbone(p: Path) -> dict:
 
 def describe_slates(p: Path) -> dict:
     """A slates file: count, candidates per slate, history lengths, labels (every line validated)."""
-    from hllm.runtime.slates import read_slates
-
     rows = read_slates(p)
     if not rows:
         raise HllmError(f"{p}: no slates")

@@ -1,11 +1,18 @@
-"""Machine description, library versions and the measured matrix-multiply peak (torch optional).
+"""Measurement facts, in one place: the machine a figure came from and the statistics of repeated timings.
 
-:func:`describe_machine` and :func:`cpu_flags` need the standard library only (no numpy), so a script
-can describe the machine before the project's environment exists.
+* :func:`describe_machine`, :func:`cpu_flags`, :func:`bf16_support`, :func:`int8_dot_support` — the hardware
+  and OS (standard library only, no numpy: a script can describe the machine before the project's
+  environment exists);
+* :func:`summarize` and :func:`time_interleaved` — statistics of repeated timings;
+* :func:`prefill_flops` — the FLOP count a throughput figure is judged by.
 
-A latency figure means little without the hardware it came from and the physical limit it is
-judged against; every benchmark JSON embeds :func:`describe_machine` and :func:`hllm.formats.provenance.library_versions`,
-and the stage benchmark the fp32 GEMM peak measured in the same run (:func:`matmul_peak`).
+A latency figure means little without the hardware it came from and the physical limit it is judged
+against; every benchmark JSON embeds :func:`describe_machine` and :func:`hllm.formats.provenance.library_versions`.
+The measured GEMM peak (it times torch when installed) belongs to the benchmarks: :mod:`hllm.bench.peak`.
+
+Percentiles use numpy's default linear interpolation between order statistics
+(``numpy.percentile(..., method="linear")``); with few runs p90/p99 lie between the two largest
+samples, which the JSON states through ``runs``.
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ from __future__ import annotations
 import os
 import platform
 import time
+from typing import Callable, Sequence
 
+from hllm.errors import HllmError
+from hllm.extras import optional
 
 
 def _cpu_model() -> str:
@@ -73,12 +83,8 @@ def _memory_gb() -> float | None:
 
 
 def _gpus() -> list[str]:
-    try:
-        import onnxruntime as ort
-
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            return []
-    except ImportError:
+    ort = optional("onnxruntime")
+    if ort is None or "CUDAExecutionProvider" not in ort.get_available_providers():
         return []
     try:
         import subprocess
@@ -121,51 +127,6 @@ def describe_machine(shared: bool | None = None, note: str | None = None) -> dic
     }
 
 
-def best_gflops(fn, flop: float, runs: int = 3, warmup: int = 1) -> float:
-    """Best throughput of ``runs`` timed calls of ``fn()`` (after ``warmup`` untimed ones), in G(FL)OP/s for
-    ``flop`` operations per call, rounded to 4 significant digits (a tiny size on a busy core stays > 0).
-    The one timing loop behind every GEMM peak figure (fp32 here, int8 / bf16 in ``hllm bench frontier``)."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(f"{flop / min(ts) / 1e9:.4g}")
-
-
-def matmul_peak(n: int = 2048, runs: int = 3, warmup: int = 1) -> dict:
-    """Best achieved fp32 GEMM throughput on this machine, in GFLOP/s (``2·n³`` FLOP per product).
-
-    Measures ``numpy.matmul`` (its BLAS) and, when torch is importable, ``torch.mm`` (the
-    backend of the PyTorch engine); the peak is the best sample of either. Source of the FLOP count:
-    an n×n by n×n product does n³ multiply-adds.
-
-    Returns: ``{n, runs, numpy_gflops, torch_gflops (or None), peak_gflops}`` (best of ``runs``, 4 significant
-    digits).
-    """
-    import numpy as np  # here, so the machine description needs the standard library only (scripts/demo_timings.py)
-
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-
-    def best(fn) -> float:
-        return best_gflops(fn, 2.0 * n**3, runs, warmup)
-
-    out = {"n": n, "runs": runs, "numpy_gflops": best(lambda: a @ b), "torch_gflops": None}
-    try:
-        import torch
-
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        out["torch_gflops"] = best(lambda: torch.mm(ta, tb))
-    except ImportError:
-        pass
-    out["peak_gflops"] = max(v for v in (out["numpy_gflops"], out["torch_gflops"]) if v is not None)
-    return out
-
-
 def prefill_flops(dims, seq_len: int) -> float:
     """FLOPs of one causal prefill of ``seq_len`` tokens through the decoder layers (no LM head).
 
@@ -178,3 +139,55 @@ def prefill_flops(dims, seq_len: int) -> float:
     linear = 2.0 * dims.non_embedding_params() * s
     attention = 2.0 * dims.num_layers * s * s * dims.num_heads * dims.head_dim
     return linear + attention
+
+
+def summarize(samples: Sequence[float], digits: int = 4) -> dict:
+    """``{runs, median, p90, p99, mean, min, max}`` of ``samples`` (same unit as the input).
+
+    Raises: HllmError if ``samples`` is empty or holds a non-finite value.
+    """
+    import numpy as np  # here: the machine description above needs the standard library only
+
+    a = np.asarray(samples, dtype=np.float64)
+    if a.size == 0:
+        raise HllmError("no timing samples to summarize")
+    if not np.isfinite(a).all():
+        raise HllmError("timing samples contain a non-finite value")
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    r = lambda v: round(float(v), digits)  # noqa: E731
+    return {
+        "runs": int(a.size),
+        "median": r(p50),
+        "p90": r(p90),
+        "p99": r(p99),
+        "mean": r(a.mean()),
+        "min": r(a.min()),
+        "max": r(a.max()),
+    }
+
+
+def time_interleaved(
+    calls: dict[str, Callable[[int], object]], rounds: int, warmup: int = 1, unit: float = 1e3
+) -> dict[str, list[float]]:
+    """Time several callables interleaved: round r calls each ``fn(r)`` once, rotating the order.
+
+    Interleaving spreads machine noise (other processes on shared cores, frequency changes) evenly
+    over the candidates, so their ratios are fair even when absolute times drift.
+
+    Args:
+        calls: ``{name: fn}``; ``fn(i)`` receives the round index (to pick the i-th input).
+        rounds: measured rounds; ``warmup`` more rounds run first and are discarded.
+        unit: multiplier from seconds (1e3 → milliseconds, 1e6 → microseconds).
+    Returns: ``{name: [sample per measured round]}``.
+    """
+    names = list(calls)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(warmup + rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            calls[name](r)
+            dt = time.perf_counter() - t0
+            if r >= warmup:
+                out[name].append(dt * unit)
+    return out
