@@ -9,9 +9,12 @@ the real Polygraphy (``polygraphy.backend.trt``: ``NetworkFromOnnxPath``, ``Crea
 (:mod:`tests.engines.fake_tensorrt`): the fakes record what Polygraphy asks TensorRT for (network flags,
 profiles, pool limits, hardware compatibility, timing cache, profile switches, input shapes, copies), and
 the fake execution context computes ``scores`` with ONNX Runtime from the bytes Polygraphy copied, so the
-runner's outputs are compared with ONNX Runtime's. Where ``tensorrt`` imports, ``test_real_tensorrt_dispatch``
-checks the real module. Running a real plan needs a GPU: those tests are marked ``gpu``/``tensorrt`` and
-skip with the reason.
+runner's outputs come back through the copies Polygraphy made. These tests are named ``test_plumbing_…``:
+they check what hllm and Polygraphy ask of TensorRT and that the bytes travel, never TensorRT's numerics
+(equal scores there prove the bindings and copies, because the fake computes them with ONNX Runtime). Where
+``tensorrt`` imports, ``test_real_tensorrt_dispatch`` checks the real module. The real parity test,
+``test_tiny_fp16_plan_matches_reference``, builds and runs a plan on a GPU: it is marked ``gpu``/``tensorrt``
+and skips with the reason elsewhere.
 """
 
 from __future__ import annotations
@@ -221,7 +224,9 @@ def fake_trt(monkeypatch):
     _reset_polygraphy_trt()
 
 
-def test_version_dispatch_10_and_11():
+def test_plumbing_version_dispatch_10_and_11():
+    """Plumbing (fake ``tensorrt`` modules): the major version decides the network flags; a TensorRT older
+    than 10, or a 10.x without STRONGLY_TYPED, is refused."""
     from hllm.engines.tensorrt.runner import trt_api
 
     t10 = trt_api(make_tensorrt("10.13.0.35", []))
@@ -255,8 +260,8 @@ def _calls(rec, kind):
 
 
 @pytest.mark.parametrize("version, flags", [("10.13.0", 2), ("11.4.0", 0)])
-def test_build_recipe_through_polygraphy(fake_trt, standard_export_dir, tmp_path, version, flags):
-    """Polygraphy asks TensorRT for a strongly typed network (flag on 10.x, none on 11.x), no precision
+def test_plumbing_build_recipe_through_polygraphy(fake_trt, standard_export_dir, tmp_path, version, flags):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): Polygraphy asks TensorRT for a strongly typed network (flag on 10.x, none on 11.x), no precision
     flag, one optimization profile per hllm profile with min/opt/max per input, the optimization level,
     hardware compatibility, the workspace pool limit and the timing cache (read, then merged back)."""
     from hllm.exporter.plan import build_plan
@@ -310,9 +315,11 @@ def _batch(seed, lengths, items, vocab=300):
     return synthetic_batch(np.random.default_rng(seed), vocab, lengths, items)
 
 
-def test_runner_feeds_every_input_and_returns_scores(fake_trt, standard_export_dir, tmp_path):
-    """TrtRunner (Polygraphy) does the buffers, copies and execution; hllm picks the profile by slate
-    shape. Scores equal ONNX Runtime's on the same graph; a profile switch happens only when needed."""
+def test_plumbing_runner_feeds_every_input_and_copies_scores_back(fake_trt, standard_export_dir, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): TrtRunner
+    does the buffers, copies and execution; hllm picks the profile by slate shape and switches only when
+    needed. The fake context computes scores with ONNX Runtime from the copied bytes, so equal scores prove
+    the feeds and copies, not TensorRT."""
     from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
     from hllm.runtime import Ranker
@@ -363,7 +370,9 @@ def context_export(tiny_dir, qwen3_backbone):
     return tiny_dir / "export-context-trt"
 
 
-def test_context_head_profile_and_feed(fake_trt, context_export, tmp_path):
+def test_plumbing_context_head_profile_and_feed(fake_trt, context_export, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): a context head's
+    plan has a ``context_positions`` profile and the runner feeds it."""
     from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
     from hllm.runtime import Ranker
@@ -385,7 +394,9 @@ def test_context_head_profile_and_feed(fake_trt, context_export, tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-def test_runner_refuses_other_gpu_or_tensorrt(fake_trt, standard_export_dir, tmp_path):
+def test_plumbing_runner_refuses_other_gpu_or_tensorrt(fake_trt, standard_export_dir, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): a plan built
+    for another GPU or TensorRT version is refused from its sidecar before TensorRT loads it."""
     from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
 
@@ -401,8 +412,8 @@ def test_runner_refuses_other_gpu_or_tensorrt(fake_trt, standard_export_dir, tmp
     assert _calls(rec, "deserialize_cuda_engine") == []  # refused before TensorRT reads the plan
 
 
-def test_build_failure_is_one_engine_error_and_stdout_stays_clean(fake_trt, standard_export_dir, tmp_path, capsys):
-    """A failed TensorRT build (``build_serialized_network`` returns None) reaches the caller as one
+def test_plumbing_build_failure_is_one_engine_error_and_stdout_stays_clean(fake_trt, standard_export_dir, tmp_path, capsys):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): a failed TensorRT build (``build_serialized_network`` returns None) reaches the caller as one
     EngineError with Polygraphy's message; nothing is written; Polygraphy's output is not on stdout."""
     from hllm.exporter.plan import build_plan
 
@@ -417,8 +428,8 @@ def test_build_failure_is_one_engine_error_and_stdout_stays_clean(fake_trt, stan
     assert capsys.readouterr().out == ""
 
 
-def test_no_cuda_runtime_is_one_engine_error(fake_trt, standard_export_dir, tmp_path, monkeypatch):
-    """TensorRT importable but no libcudart (no GPU stack): one EngineError, not an OSError traceback."""
+def test_plumbing_no_cuda_runtime_is_one_engine_error(fake_trt, standard_export_dir, tmp_path, monkeypatch):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): TensorRT importable but no libcudart (no GPU stack): one EngineError, not an OSError traceback."""
     from polygraphy.cuda import cuda as pg_cuda
 
     from hllm.exporter.plan import build_plan
@@ -435,7 +446,9 @@ def test_no_cuda_runtime_is_one_engine_error(fake_trt, standard_export_dir, tmp_
     assert not (tmp_path / "x.plan").exists()
 
 
-def test_build_refuses_bad_profile_before_tensorrt(fake_trt, standard_export_dir, tmp_path):
+def test_plumbing_build_refuses_bad_profile_before_tensorrt(fake_trt, standard_export_dir, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): a profile
+    beyond the head's K is refused before anything is asked of TensorRT."""
     from hllm.exporter.plan import build_plan
 
     _, rec, _ = fake_trt("10.13.0")
@@ -444,8 +457,8 @@ def test_build_refuses_bad_profile_before_tensorrt(fake_trt, standard_export_dir
     assert rec == [] and not (tmp_path / "x.plan").exists()
 
 
-def test_build_refuses_a_fused_graph_before_tensorrt(fake_trt, export_dir, tmp_path):
-    """The default export (flavour ort-cpu) holds ONNX Runtime contrib ops: build names them and the fix."""
+def test_plumbing_build_refuses_a_fused_graph_before_tensorrt(fake_trt, export_dir, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): the default export (flavour ort-cpu) holds ONNX Runtime contrib ops: build names them and the fix."""
     from hllm.exporter.plan import build_plan
 
     assert json.loads((export_dir / "export.json").read_text())["flavour"] == "ort-cpu"
@@ -467,7 +480,9 @@ def test_cli_build_refuses_a_fused_graph(export_dir):
     assert "--flavour standard" in str(r.exception)
 
 
-def test_build_refuses_existing_plan(fake_trt, standard_export_dir, tmp_path):
+def test_plumbing_build_refuses_existing_plan(fake_trt, standard_export_dir, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): an existing plan
+    is not replaced without ``overwrite``."""
     from hllm.exporter.plan import build_plan
 
     fake_trt("11.4.0")
@@ -479,7 +494,10 @@ def test_build_refuses_existing_plan(fake_trt, standard_export_dir, tmp_path):
 
 
 @pytest.mark.skipif(_trt_importable(), reason="checks the message shown when tensorrt is missing")
-def test_engine_without_tensorrt_says_how_to_install(fake_trt, standard_export_dir, tmp_path, monkeypatch):
+def test_plumbing_engine_without_tensorrt_says_how_to_install(fake_trt, standard_export_dir, tmp_path, monkeypatch):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): a plan built
+    with the fake, opened where ``tensorrt`` is missing, is an error that says how to install it; a missing
+    plan is "not found"."""
     from hllm.exporter.plan import build_plan
     from hllm.engines.tensorrt.runner import TensorRTEngine
 
@@ -539,8 +557,8 @@ def _polygraphy_profiles(argv: list[str]) -> list[dict]:
     return [{k: tuple(v) for k, v in p.items()} for p in out]
 
 
-def test_dry_run_commands_name_the_sidecar_profiles(fake_trt, context_export, tmp_path):
-    """`hllm build --dry-run` prints trtexec and polygraphy convert lines whose profiles are those the
+def test_plumbing_dry_run_commands_name_the_sidecar_profiles(fake_trt, context_export, tmp_path):
+    """Plumbing (TensorRT faked at the module boundary, Polygraphy real): `hllm build --dry-run` prints trtexec and polygraphy convert lines whose profiles are those the
     sidecar of the real build lists (context_positions included for a context head)."""
     from typer.testing import CliRunner
 
