@@ -8,7 +8,8 @@ import numpy as np
 
 from hllm.calibration.precision_debug import ranking_figures
 from hllm.engines.ort import OnnxRuntimeEngine
-from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, load_onnx, save_onnx
+from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16
+from hllm.exporter.onnx_io import load_onnx, save_onnx
 from hllm.measure import describe_machine
 from hllm.runtime.artefact import resolve
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer

@@ -1,4 +1,4 @@
-"""Atomic file writes, output-path checks and content hashes.
+"""Atomic file writes and output-path checks (reading JSON and content hashes: :mod:`hllm.reading`).
 
 Every artefact hllm writes goes to a temporary name in the destination folder and is renamed into
 place only when complete, so an interrupted or failed command never leaves a partial file where a
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -47,39 +46,6 @@ from hllm.errors import OutputError
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 #: errno values that mean "this place cannot be written".
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-class DuplicateKeyError(ValueError):
-    """A JSON object with the same key twice (valid JSON per RFC 8259 §4, which says names SHOULD be
-    unique; Python keeps the last silently). hllm refuses it: which one was meant is unknowable."""
-
-
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """``object_pairs_hook`` for ``json.loads`` that refuses duplicate keys (:class:`DuplicateKeyError`)."""
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise DuplicateKeyError(f"duplicate key {dup!r} in a JSON object")
-    return d
-
-
-#: What reading a JSON file can raise: unreadable (OSError), not UTF-8, malformed, nested too deeply
-#: for the parser (RecursionError), a duplicate key, an integer over the digit limit (ValueError).
-JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError)
-
-
-def read_json(path: str | os.PathLike, error: type[Exception] = ValueError,
-              message: str = "cannot read {path}: {reason}") -> Any:
-    """The JSON document in the UTF-8 file ``path`` (the one reader of hllm's JSON sidecars and manifests).
-    Duplicate keys in an object are refused (:func:`no_duplicate_keys`).
-
-    Raises: ``error(message.format(path=path, reason=...))`` for any of :data:`JSON_READ_ERRORS`.
-    """
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=no_duplicate_keys)
-    except JSON_READ_ERRORS as e:
-        raise error(message.format(path=path, reason=e)) from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -461,55 +427,3 @@ def copy_files(src: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[st
         shutil.copy2(f, dst / f.name)
         names.append(f.name)
     return names
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of one file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_tree(path: str | os.PathLike) -> str:
-    """Hex sha256 over a directory: every regular file's relative path and bytes, in sorted order.
-
-    Hidden files (names starting with '.') are skipped. A file path hashes as ``sha256_file``.
-    """
-    path = Path(path)
-    if path.is_file():
-        return sha256_file(path)
-    h = hashlib.sha256()
-    for p in sorted(q for q in path.rglob("*") if q.is_file()):
-        rel = p.relative_to(path)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        h.update(str(rel).encode())
-        h.update(b"\0")
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()
-
-
-def contained_path(root: str | os.PathLike, name: object, what: str, error: type[Exception] = ValueError) -> Path:
-    """``root / name`` for a file named in a manifest or sidecar, refusing names that escape ``root``.
-
-    A name must be a non-empty relative path string that stays inside ``root`` after resolving ``..``
-    and symbolic links (a crafted ``"../evil/head.safetensors"`` or an absolute path is refused), so a
-    manifest can never make hllm read or write outside its own directory.
-
-    Args:
-        root: the directory holding the manifest. name: the value read from it. what: the field, for
-            the message (e.g. ``"head.file"``). error: the exception class to raise.
-    Raises: ``error`` naming the field and the value.
-    """
-    if not isinstance(name, str) or not name.strip():
-        raise error(f"{what} must be a file name (a non-empty string), got {name!r}")
-    p = Path(name)
-    base = Path(root).resolve()
-    if p.is_absolute():
-        raise error(f"{what} must be relative to {base}, got the absolute path {name!r}")
-    full = (base / p).resolve()
-    if full != base and base not in full.parents:
-        raise error(f"{what} {name!r} points outside {base}")
-    return full

@@ -17,7 +17,8 @@ import time
 
 from hllm.calibration.activation_ranges import activation_ranges
 from hllm.calibration.data import choose_slates
-from hllm.files import atomic_write_json, sha256_file
+from hllm.files import atomic_write_json
+from hllm.reading import sha256_file
 from hllm.runtime.slates import read_slates
 
 

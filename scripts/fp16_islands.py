@@ -40,9 +40,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hllm.engines.ort import OnnxRuntimeEngine
     from hllm.formats.provenance import library_versions
-    from hllm.exporter.fp16 import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16, island_precision,
-                                         load_onnx, save_onnx)
-    from hllm.files import atomic_write_json, sha256_file
+    from hllm.exporter.fp16 import (DEFAULT_ISLANDS, PrecisionReport, convert_to_fp16, emulate_fp16,
+                                    island_precision)
+    from hllm.exporter.onnx_io import load_onnx, save_onnx
+    from hllm.files import atomic_write_json
+    from hllm.reading import sha256_file
     from hllm.verify.parity import ParityReport, Thresholds, compare_slate
     from hllm.runtime import Ranker, read_slates
 

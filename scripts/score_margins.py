@@ -45,7 +45,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.reference:
         z = np.load(a.reference, allow_pickle=False)
-        mats = [z[f"scores/{i}"] for i in range(len(z["slate_ids"]))]  # layout of hllm.verify.gate.save_reference
+        mats = [z[f"scores/{i}"] for i in range(len(z["slate_ids"]))]  # layout of hllm.verify.reference.save_reference
     elif a.checkpoint and a.features and a.slates:
         from hllm.runtime.slates import read_slates
         from hllm.training.features import FeatureCache, scores_from_cache

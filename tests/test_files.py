@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import hllm.files as files
+import hllm.reading as reading
 from hllm.errors import HllmError, OutputError
 from hllm.files import (atomic_dir, atomic_path, atomic_write_text, check_writable, output_target,
                         sweep_stale_staging)
@@ -306,18 +307,18 @@ def test_read_json_raises_the_given_error_with_the_reason(tmp_path, content, rea
     p = tmp_path / "x.json"
     p.write_bytes(content)
     if reason is None:
-        assert files.read_json(p) == {"a": [1, 2]}
+        assert reading.read_json(p) == {"a": [1, 2]}
         return
     with pytest.raises(OutputError, match=f"^{p} is bad: .*{reason}"):
-        files.read_json(p, OutputError, "{path} is bad: {reason}")
+        reading.read_json(p, OutputError, "{path} is bad: {reason}")
     with pytest.raises(ValueError, match=f"^cannot read {p}: "):
-        files.read_json(p)
+        reading.read_json(p)
 
 
 def test_read_json_of_a_missing_file_or_a_directory(tmp_path):
     for p in (tmp_path / "missing.json", tmp_path):
         with pytest.raises(HllmError, match=f"cannot read {p}: .*(No such file|Is a directory)"):
-            files.read_json(p, HllmError)
+            reading.read_json(p, HllmError)
 
 
 def test_backbone_config_not_utf8_is_a_checkpoint_error(tmp_path):

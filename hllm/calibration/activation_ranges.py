@@ -12,7 +12,7 @@ needs it is read from three figures per activation tensor, measured here on real
   the channel's abs-max (≫ 1: a few channels carry the range, the SmoothQuant case).
 
 Tensors: the activation input of every weight ``MatMul`` / ``Gemm`` of the decoder blocks (module paths
-``…layers.I…`` from the exporter's node metadata, :func:`hllm.calibration.quantize.module_path`); one entry
+``…layers.I…`` from the exporter's node metadata, :func:`hllm.exporter.scopes.module_path`); one entry
 per tensor with the MatMuls it feeds (q/k/v share the normed hidden state, gate/up the MLP input). The
 FP32 export is run with ONNX Runtime (CPU) with those tensors added as graph outputs; pad positions
 (``≥ lengths[b]``) are left out. Percentiles come from a histogram of |x| keyed by the top 16 bits of the
@@ -43,18 +43,19 @@ def decoder_matmul_inputs(model) -> dict[str, dict]:
 
     Raises: EngineError if the graph carries no module metadata (no decoder MatMul found).
     """
-    from hllm.calibration.quantize import _BLOCK_RE, module_path, weight_matmuls
+    from hllm.calibration.parts import weight_matmuls
+    from hllm.exporter.scopes import block_index, module_path
 
     consts = {i.name for i in model.graph.initializer}
     consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     out: dict[str, dict] = {}
     for n in weight_matmuls(model):
         path = module_path(n)
-        m = _BLOCK_RE.search(path)
-        if m is None or path.startswith("head"):
+        layer = block_index(path)
+        if layer is None:
             continue
         x = next(i for i in n.input if i not in consts)
-        entry = out.setdefault(x, {"layer": int(m.group(1)), "matmuls": []})
+        entry = out.setdefault(x, {"layer": layer, "matmuls": []})
         entry["matmuls"].append(path)
     if not out:
         raise EngineError("no decoder-block MatMul with module metadata in this graph (export it with `hllm export`)")

@@ -82,8 +82,9 @@ def build_bf16_export(export_dir, dst, islands: Sequence[str] | None = None) -> 
         (unknown island), FileExistsError (``dst`` exists).
     """
     from hllm.exporter.bf16 import DEFAULT_ISLANDS, convert_to_bf16, parse_islands
-    from hllm.exporter.fp16 import load_onnx, save_onnx
-    from hllm.files import copy_files, sha256_file
+    from hllm.exporter.onnx_io import load_onnx, save_onnx
+    from hllm.files import copy_files
+    from hllm.reading import sha256_file
     from hllm.formats.export import read_export, write_export
 
     meta = read_export(export_dir)
@@ -162,7 +163,7 @@ class Bf16Variants:
     def model(self):
         """The float32 export's ONNX model (loaded once)."""
         if self._model is None:
-            from hllm.exporter.fp16 import load_onnx
+            from hllm.exporter.onnx_io import load_onnx
 
             self._model = load_onnx(self.meta.onnx_path)
         return self._model
@@ -183,7 +184,7 @@ class Bf16Variants:
     def engine(self, islands: Sequence[str]):
         """An engine (not yet activated) for the typed graph with ``islands`` on this runner."""
         from hllm.exporter.bf16 import convert_to_bf16, emulate_bf16
-        from hllm.exporter.fp16 import save_onnx
+        from hllm.exporter.onnx_io import save_onnx
         from hllm.formats.precision import Precision
 
         typed, _ = convert_to_bf16(self.model(), islands)

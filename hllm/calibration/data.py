@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import SlateError
-from hllm.files import sha256_file
+from hllm.reading import sha256_file
 from hllm.formats.calibration_set import FORMAT, CalibrationSet, arrays_sha256
 from hllm.formats.graph import INPUT_NAMES, declared_inputs
 

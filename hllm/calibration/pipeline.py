@@ -7,8 +7,8 @@ Steps (each a function below, the CLI only parses options and prints):
 2. :func:`fp32_reference` — the FP32 export's score matrices on the evaluation slates, computed once
    (optionally cached in an ``.npz`` keyed by the graph's sha256).
 3. :class:`Attempts` — one quantize (:func:`hllm.calibration.quantize.quantize_export`) + gate
-   (:func:`hllm.verify.gate.run_gate`) per set of parts kept in float; with ``auto`` the
-   :func:`hllm.calibration.quantize.sensitivity_ladder` adds parts one at a time
+   (:func:`hllm.verify.sequential.run_gate`) per set of parts kept in float; with ``auto`` the
+   :func:`hllm.calibration.parts.sensitivity_ladder` adds parts one at a time
    (:func:`hllm.calibration.quantize.auto_exclude`) until the gate passes.
 4. Optional interleaved speed run against FP32 (:func:`hllm.calibration.speed.compare_speed`).
 5. The candidate directory is promoted to ``out_dir`` if it passed, else to ``out_dir.FAILED``, with
@@ -124,7 +124,7 @@ def check_calibration_tokenizer(meta: dict, tokenizer_path: Path, pad_id: int, w
 
     Raises: SlateError naming the set and both fingerprints.
     """
-    from hllm.files import sha256_file
+    from hllm.reading import sha256_file
 
     want = sha256_file(tokenizer_path)
     got = meta.get("tokenizer_sha256")
@@ -143,7 +143,7 @@ def fp32_engines(art, threads: int | None = None) -> dict:
     Returns: ``{name: Ranker}`` (engines constructed, not activated).
     """
     from hllm.runtime.ranker import Ranker
-    from hllm.verify.gate import cpu_ranker
+    from hllm.verify.reference import cpu_ranker
 
     out = {"onnxruntime-fp32": cpu_ranker(art, threads)}
     if art.flavour == "standard":
@@ -189,7 +189,7 @@ def fp32_reference(req: CalibrateRequest, progress: Progress = _no_bar, say: Say
     """FP32 score matrices on the evaluation slates (from ``req.reference_cache`` when it exists), computed
     by the fastest fp32 engine of the export (:func:`fastest_fp32`).
 
-    A cache is keyed by content (:func:`hllm.verify.gate.reference_key`: the graph file's sha256, K, and
+    A cache is keyed by content (:func:`hllm.verify.reference.reference_key`: the graph file's sha256, K, and
     the hash of each slate's encoded inputs) and used only when it proves it holds those; a fresh
     reference is written to it only when every score is finite.
     ``info``, when given, receives ``engine`` (the engine that computed the scores; None from a cache),
@@ -200,7 +200,7 @@ def fp32_reference(req: CalibrateRequest, progress: Progress = _no_bar, say: Say
     import numpy as np
 
     from hllm.runtime.artefact import resolve
-    from hllm.verify.gate import load_reference, reference_key, reference_scores, save_reference
+    from hllm.verify.reference import load_reference, reference_key, reference_scores, save_reference
 
     t0 = time.perf_counter()
     info = {} if info is None else info
@@ -255,8 +255,9 @@ class Attempts:
     reports: dict = field(default_factory=dict)
 
     def attempt(self, parts: tuple[str, ...]) -> tuple[bool, dict]:
-        from hllm.calibration.quantize import NothingToQuantize, QuantOptions, quantize_export
-        from hllm.verify.gate import run_gate
+        from hllm.calibration.options import NothingToQuantize, QuantOptions
+        from hllm.calibration.quantize import quantize_export
+        from hllm.verify.sequential import run_gate
 
         req, o = self.req, self.req.options
         opts = QuantOptions(**{**o.__dict__, "exclude": tuple(parts)})
@@ -287,7 +288,10 @@ class Attempts:
         auto record or {}). Raises NothingToQuantize when no try produced a graph."""
         import onnx
 
-        from hllm.calibration.quantize import NothingToQuantize, auto_exclude, calibration_ranges, sensitivity_ladder
+        from hllm.calibration.options import NothingToQuantize
+        from hllm.calibration.ort_quantize import calibration_ranges
+        from hllm.calibration.parts import sensitivity_ladder
+        from hllm.calibration.quantize import auto_exclude
 
         req, start = self.req, tuple(self.req.options.exclude)
         ok, rec = self.attempt(start)
@@ -314,7 +318,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     Raises: FileExistsError never (the caller checks ``--overwrite``); SlateError / EngineError /
         ExportError / NothingToQuantize from the steps.
     """
-    from hllm.calibration.quantize import QuantOptions
+    from hllm.calibration.options import QuantOptions
     import tempfile
 
     from hllm.files import _staging_prefix, atomic_write_json, promote_dir

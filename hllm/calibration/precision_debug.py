@@ -229,7 +229,8 @@ class VariantRunner:
         ctx = "context_positions" in str(self.meta.raw.get("inputs"))
         if self.target == "fp16":
             from hllm.engines.ort import OnnxRuntimeEngine
-            from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, save_onnx
+            from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16
+            from hllm.exporter.onnx_io import save_onnx
 
             if self._fp32 is None:
                 import onnx

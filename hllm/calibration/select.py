@@ -18,6 +18,8 @@ name                          engine      precision  needs
 ============================  ==========  =========  ===========================================
 
 A candidate the CPU or the export cannot run is listed with the reason (``refused``) and never built.
+The accuracy-control candidates (:data:`ACCURACY_CONTROL`) let NNCF validate on ``validation_slates``,
+which must not be gate slates (:func:`check_validation`); without them they are refused.
 The FP32 reference scores on the evaluation slates come from the fastest fp32 engine of the export
 (:func:`hllm.calibration.pipeline.fastest_fp32`), or from the ``--reference-scores`` cache. An fp32
 candidate computes the same function in another order of summation, so it is checked by tensor parity
@@ -25,7 +27,7 @@ on the first :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| �
 finite) instead of a ranking gate over every slate. A reduced-precision candidate is judged by the gate
 (:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor by default, ``strict`` on request)
 on all the slates, scored in chunks and stopped as soon as it can no longer pass
-(:func:`hllm.verify.gate.hopeless`). Those that pass are timed interleaved
+(:func:`hllm.verify.sequential.hopeless`). Those that pass are timed interleaved
 (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the fastest is
 promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
 ``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline passes its parity check unless an
@@ -87,6 +89,28 @@ CANDIDATES: tuple[Candidate, ...] = (
 BASELINE = CANDIDATES[0].name
 
 
+#: Candidates built by NNCF's accuracy control: their ``validation_fn`` runs on slates of their own, which
+#: must not be the gate's (a search tuned on the slates that then judge it would pass by selection).
+ACCURACY_CONTROL = ("openvino-int8", "openvino-int8-bf16")
+NO_VALIDATION = ("needs validation slates apart from the gate's for NNCF's accuracy control (`hllm calibrate` "
+                 "takes the slates after --limit in --slates: give a file with more slates than --limit)")
+
+
+def check_validation(validation: Sequence[dict], eval_slates: Sequence[dict]) -> None:
+    """Refuse validation slates of NNCF's accuracy control that are also gate slates (same ``slate_id``).
+
+    Args: validation / eval_slates: slate dicts (``slate_id`` strings; a slate without one is compared as "").
+    Raises: SlateError naming how many overlap and a few of their ids.
+    """
+    from hllm.errors import SlateError
+
+    gate_ids = {str(s.get("slate_id", "")) for s in eval_slates}
+    both = sorted({str(s.get("slate_id", "")) for s in validation} & gate_ids)
+    if both:
+        raise SlateError(f"{len(both)} validation slate(s) of the accuracy control are also gate slates (e.g. "
+                         f"{both[:3]}): NNCF must validate on other slates than those that judge its result")
+
+
 def refusal(c: Candidate, flavour: str, features: Sequence[str], has_calibration: bool,
             openvino_installed: bool) -> str | None:
     """Why ``c`` cannot be built here (None = it can): the export's flavour, the CPU's instruction sets
@@ -122,6 +146,7 @@ class SelectRequest:
     reference_cache: Path | None = None
     overwrite: bool = False
     bf16_islands: Path | None = None  # islands file of `hllm debug precision --precision bf16` (None = base islands)
+    validation_slates: list[dict] = field(default_factory=list)  # NNCF accuracy control's: disjoint from eval_slates
 
 
 @dataclass
@@ -181,8 +206,9 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_isla
     """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
 
     Fused fp32: :func:`hllm.exporter.fusion.fuse_export`. fp32 / bf16 OpenVINO: the export's files with a sidecar that says ``engine: openvino`` and the
-    inference precision. INT8: NNCF with accuracy control on OpenVINO (:func:`hllm.calibration.openvino_int8.build_candidate`:
-    NNCF validates on the first of the ``validation`` slates — the gate's — with a ``max_drop`` from ``thresholds``)
+    inference precision. INT8: NNCF with accuracy control on OpenVINO (:func:`hllm.calibration.accuracy_control.build_candidate`:
+    NNCF validates on the ``validation`` slates — held out from the gate's, :func:`check_validation` — with a
+    ``max_drop`` from ``thresholds``)
     or ``onnxruntime.quantization`` (dynamic / static).
     Raises: EngineError / NothingToQuantize from the quantizers.
     """
@@ -203,13 +229,14 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_isla
         raw = read_export(export_dir).raw
         write_export(dst, {**raw, "engine": "openvino",
                            "openvino": {"inference_precision": "f32" if c.precision == "fp32" else "bf16"}})
-    elif c.name in ("openvino-int8", "openvino-int8-bf16"):  # NNCF accuracy control on the gate's first slates
-        from hllm.calibration.openvino_int8 import build_candidate
+    elif c.name in ACCURACY_CONTROL:  # NNCF accuracy control on validation slates apart from the gate's
+        from hllm.calibration.accuracy_control import build_candidate
 
         build_candidate(export_dir, dst, calibration, validation, thresholds,
                         inference_precision="bf16" if c.name.endswith("bf16") else "f32")
     else:
-        from hllm.calibration.quantize import QuantOptions, quantize_export
+        from hllm.calibration.options import QuantOptions
+        from hllm.calibration.quantize import quantize_export
 
         backend = "ort-dynamic" if c.name.endswith("dynamic") else "ort-static"
         quantize_export(export_dir, dst, QuantOptions(backend=backend, precision="int8"), calibration)
@@ -233,6 +260,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     progress = progress or (lambda d, n: (lambda k: None))
     meta = read_export(req.export_dir)
     check_start(meta, req.only)
+    check_validation(req.validation_slates, req.eval_slates)
     flavour, features = meta.flavour, cpu_flags()
     have_ov = optional("openvino") is not None
     ref_info: dict = {}
@@ -248,7 +276,8 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             rec = {"name": c.name, "engine": c.engine, "precision": c.precision}
             records.append(rec)
             why = "not requested (--candidate)" if req.only and c.name not in req.only and c.name != BASELINE else \
-                refusal(c, flavour, features, req.calibration is not None, have_ov)
+                refusal(c, flavour, features, req.calibration is not None, have_ov) or \
+                (NO_VALIDATION if c.name in ACCURACY_CONTROL and not req.validation_slates else None)
             if why:
                 rec["refused"] = why
                 say(f"{c.name}: refused — {why}")
@@ -256,7 +285,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             t0 = time.perf_counter()
             try:
                 path = build(c, req.export_dir, work / c.name, req.calibration, bf16_islands=req.bf16_islands,
-                             validation=req.eval_slates, thresholds=req.thresholds)
+                             validation=req.validation_slates, thresholds=req.thresholds)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
                 t0 = time.perf_counter()
                 if c.precision == "fp32" and c.name == ref_info.get("engine"):
@@ -303,12 +332,12 @@ def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, thre
                    chunk: int = 10, on_progress=None):
     """Gate the export at ``path`` against the reference scores ``ref`` (one ``[n_i, K]`` float32 array per
     slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass
-    (:func:`hllm.verify.gate.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
+    (:func:`hllm.verify.sequential.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
     report over fewer slates than given is a failure whatever its figures.
 
     Raises: EngineError / SlateError from loading or running the engine.
     """
-    from hllm.verify.gate import run_gate
+    from hllm.verify.sequential import run_gate
 
     rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress)
     return rep, len(rep.records)
@@ -322,7 +351,7 @@ def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None
 
     Returns: :class:`hllm.verify.parity.ParityReport`. Raises: EngineError / SlateError from the engine.
     """
-    from hllm.verify.gate import cpu_ranker, ranker_scores
+    from hllm.verify.reference import cpu_ranker, ranker_scores
     from hllm.verify.parity import ParityReport, Thresholds, compare_slate
 
     part = list(slates[:count])

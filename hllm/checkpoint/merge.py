@@ -2,7 +2,7 @@
 
 Nothing is written outside ``out_dir``: the manifest's ``head.file`` is checked to lie inside the
 source checkpoint when it is loaded and again inside the output when copied
-(:func:`hllm.files.contained_path`). The merged checkpoint is standalone: ``CKPT_OUT/backbone`` is a plain Hugging Face directory with
+(:func:`hllm.reading.contained_path`). The merged checkpoint is standalone: ``CKPT_OUT/backbone`` is a plain Hugging Face directory with
 no adapter files (a stray ``adapter_config.json`` would make some loaders silently re-apply an
 adapter), the head is copied, and the manifest has ``adapter: null``. The merge proves itself: the
 score matrix M of the merged model, reloaded from disk, is compared with the adapter model's on
@@ -22,7 +22,8 @@ import numpy as np
 
 from hllm.formats.checkpoint import load_manifest, manifest_dict, write_manifest
 from hllm.errors import CheckpointError, ParityError
-from hllm.files import atomic_dir, contained_path, sha256_tree
+from hllm.files import atomic_dir
+from hllm.reading import contained_path, sha256_tree
 from hllm.engines.reference import TorchEngine
 from hllm.model.hllm import load_model
 from hllm.verify.scoring import score_slates

@@ -8,9 +8,10 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, app, check_output_file, console, data_to_stdout, emit_json, finish_report,
-                          hidden_alias, json_opt, limit_opt, load_slates, out, pick, progress, quiet_libraries,
-                          slates_opt, slates_source, threads_opt)
+from hllm.cli.app import app, console, out, progress, quiet_libraries
+from hllm.cli.io import check_output_file, data_to_stdout, emit_json, finish_report, load_slates, slates_source
+from hllm.cli.options import hidden_alias, json_opt, limit_opt, pick, slates_opt, threads_opt
+from hllm.formats.graph import MAX_BATCH, MAX_ITEMS
 from hllm.errors import HllmError
 
 bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM vs autoregressive.", no_args_is_help=True,
@@ -321,7 +322,7 @@ def chart_cmd(
 def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
     """A benchmark JSON of one of ``kinds`` with a list of records. Raises HllmError naming the file."""
     from hllm.errors import HllmError
-    from hllm.files import read_json
+    from hllm.reading import read_json
 
     doc = read_json(p, HllmError)
     if not isinstance(doc, dict) or doc.get("kind") not in kinds or not isinstance(doc.get("records"), list):

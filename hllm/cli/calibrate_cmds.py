@@ -9,10 +9,13 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console, data_to_stdout, deprecated,
-                          finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
-                          progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
-from hllm.calibration.quantize import BACKENDS, PRECISIONS
+from hllm.cli.app import app, console, out, progress, quiet_libraries
+from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, finish_report, load_slates, slates_file,
+                         slates_source)
+from hllm.cli.options import (choice_opt, deprecated, hidden_alias, json_opt, limit_opt, overwrite_opt, pick,
+                              slates_opt, threads_opt)
+from hllm.formats.graph import MAX_BATCH
+from hllm.calibration.options import BACKENDS, PRECISIONS
 from hllm.errors import EngineError, OutputError, SlateError
 
 
@@ -29,7 +32,7 @@ def calibrate_cmd(
     calib_seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Seed of the calibration draw."),
     calib_batch_size: int = typer.Option(1, min=1, max=MAX_BATCH, help="Slates per calibration batch."),
     slates: Optional[Path] = slates_opt(help="Held-out slates for the gate (never calibration slates; '-' = stdin)."),
-    limit: Optional[int] = limit_opt(100, "Gate on the first LIMIT slates of --slates."),
+    limit: Optional[int] = limit_opt(100, "Gate on the first LIMIT slates of --slates (--backend auto: the next 24 validate NNCF's accuracy control)."),
     exclude: List[str] = typer.Option([], "--exclude", "-x", help="Part kept in float: head, norms, attention, mlp, first, last, block:I, or a module path. Repeatable."),
     exclude_node: List[str] = typer.Option([], help="Node name kept in float. Repeatable."),
     auto: bool = typer.Option(False, help="Exclude the most sensitive parts one at a time until the gate passes."),
@@ -69,7 +72,7 @@ def calibrate_cmd(
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     from hllm.calibration.pipeline import CalibrateRequest, prepare_calibration
-    from hllm.calibration.quantize import QuantOptions
+    from hllm.calibration.options import QuantOptions
 
     quiet_libraries()
     if out_alias is not None:
@@ -167,7 +170,11 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
         from hllm.calibration.bf16_islands import read_islands
 
         read_islands(bf16_islands)
-    evals = load_slates(slates, limit=limit)
+    from hllm.calibration.accuracy_control import CANDIDATE_SETTINGS
+
+    # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own
+    loaded = load_slates(slates, limit=limit + CANDIDATE_SETTINGS["validation_slates"])
+    evals, validation = loaded[:limit], loaded[limit:]
     warn_unlabelled(evals)
     cal = None
     if calibration is not None or calib_slates is not None:
@@ -175,7 +182,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
             cal = prepare_calibration(art, builder, "ort-static", calibration, calib_slates, count, seed, batch,
                                       [str(s.get("slate_id", "")) for s in evals])
     req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
-                        reference_cache, overwrite, bf16_islands=bf16_islands)
+                        reference_cache, overwrite, bf16_islands=bf16_islands, validation_slates=validation)
     with progress_lines(progress()) as bar:
         result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
     finish_report(report, result.to_dict(), json_out, show=_print_selection)

@@ -8,9 +8,11 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import (MAX_SEQ, app, check_output_dir, choice_opt, console, data_to_stdout, emit_json,
-                          hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick, positions_opt,
-                          quiet_libraries, slates_opt, step)
+from hllm.cli.app import app, console, out, quiet_libraries, step
+from hllm.cli.io import check_output_dir, data_to_stdout, emit_json, load_slates
+from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, overwrite_opt, pick, positions_opt,
+                              slates_opt)
+from hllm.formats.graph import MAX_SEQ
 from hllm.errors import HllmError
 from hllm.formats.checkpoint import HEAD_KINDS
 from hllm.formats.export import FLAVOURS
@@ -33,7 +35,7 @@ def convert_gguf_cmd(
     Cached: if OUT_DIR already holds a conversion of the same GGUF file, nothing is done.
     """
     from hllm.checkpoint.gguf import convert_gguf, smollm2_gguf_path
-    from hllm.files import sha256_file
+    from hllm.reading import sha256_file
 
     if gguf is not None and not gguf.is_file():
         raise HllmError(f"GGUF file not found: {gguf}")

@@ -8,8 +8,9 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import (app, check_output_file, choice_opt, data_to_stdout, finish_report, json_opt, limit_opt, load_slates, out,
-                          quiet_libraries, slates_opt, threads_opt, write_json_out)
+from hllm.cli.app import app, out, quiet_libraries
+from hllm.cli.io import check_output_file, data_to_stdout, finish_report, load_slates, write_json_out
+from hllm.cli.options import choice_opt, json_opt, limit_opt, slates_opt, threads_opt
 
 debug_app = typer.Typer(help="Debugging tools judged by rankings (like `polygraphy debug`).", no_args_is_help=True)
 app.add_typer(debug_app, name="debug")
@@ -94,7 +95,7 @@ def precision_cmd(
                                  settings, groups=groups, refine=refine, base=base_islands, say=out.print)
             res["runner"] = v.runner
         elif target == "int8":  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
-            from hllm.calibration.openvino_int8 import debug_int8
+            from hllm.calibration.accuracy_control import debug_int8
             from hllm.runtime.artefact import open_engine
 
             res = debug_int8(export_dir, data, ref, runner.calibration, settings,

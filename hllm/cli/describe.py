@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hllm.errors import HllmError
 from hllm.extras import optional
-from hllm.files import read_json, sha256_file
+from hllm.reading import read_json, sha256_file
 from hllm.formats.architectures import backbone_dims, read_config
 from hllm.formats.calibration_set import FORMAT as CALIBRATION_FORMAT
 from hllm.formats.checkpoint import FORMAT as CHECKPOINT_FORMAT, load_manifest

@@ -8,8 +8,10 @@ from typing import List, Optional
 
 import typer
 
-from hllm.cli.app import (MAX_BATCH, app, check_output_file, choice_opt, data_to_stdout, emit_json, hidden_alias,
-                          json_opt, out, overwrite_opt, pick, step)
+from hllm.cli.app import app, out, step
+from hllm.cli.io import check_output_file, data_to_stdout, emit_json
+from hllm.cli.options import choice_opt, hidden_alias, json_opt, overwrite_opt, pick
+from hllm.formats.graph import MAX_BATCH
 from hllm.formats.plan import HARDWARE_COMPAT
 
 

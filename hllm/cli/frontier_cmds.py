@@ -8,7 +8,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import check_output_file, data_to_stdout, finish_report, json_opt, limit_opt, load_slates, out, quiet_libraries, slates_opt, threads_opt
+from hllm.cli.app import out, quiet_libraries
+from hllm.cli.io import check_output_file, data_to_stdout, finish_report, load_slates
+from hllm.cli.options import json_opt, limit_opt, slates_opt, threads_opt
 from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
 
 

@@ -9,8 +9,9 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (app, batch_opt, check_output_file, data_to_stdout, emit_json, json_opt, limit_opt,
-                          load_slates, out, out_opt, slates_opt)
+from hllm.cli.app import app, out
+from hllm.cli.io import check_output_file, data_to_stdout, emit_json, load_slates
+from hllm.cli.options import batch_opt, json_opt, limit_opt, out_opt, slates_opt
 
 
 @app.command("info")

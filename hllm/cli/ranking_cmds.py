@@ -10,9 +10,11 @@ from typing import Callable, Iterable, Iterator, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_WORKERS, app, batch_opt, check_output_file, console, data_to_stdout, emit_json,
-                          finish_report, hidden_alias, iter_input_slates, json_opt, limit_opt, load_slates, out, out_opt, pick, progress,
-                          quiet_libraries, slates_file, slates_opt, slates_source, threads_opt, write_records)
+from hllm.cli.app import app, console, out, progress, quiet_libraries
+from hllm.cli.io import (check_output_file, data_to_stdout, emit_json, finish_report, iter_input_slates, load_slates,
+                         slates_file, slates_source, write_records)
+from hllm.cli.options import (MAX_WORKERS, batch_opt, hidden_alias, json_opt, limit_opt, out_opt, pick, slates_opt,
+                              threads_opt)
 from hllm.errors import HllmError
 
 MODEL_HELP = "Checkpoint dir, export dir / .onnx, or TensorRT .plan."

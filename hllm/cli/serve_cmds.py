@@ -8,9 +8,12 @@ from typing import Optional
 
 import typer
 
-from hllm.cli.app import (MAX_BATCH, MAX_ITEMS, Terminated, app, check_output_dir, check_output_file, choice_opt,
-                          console, data_to_stdout, emit_json, finish_report, hidden_alias, json_opt, limit_opt, load_slates, out,
-                          out_opt, overwrite_opt, pick, quiet_libraries, slates_opt, slates_source, threads_opt)
+from hllm.cli.app import Terminated, app, console, out, quiet_libraries
+from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, emit_json, finish_report, load_slates,
+                         slates_source)
+from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, out_opt, overwrite_opt, pick, slates_opt,
+                              threads_opt)
+from hllm.formats.graph import MAX_BATCH, MAX_ITEMS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 

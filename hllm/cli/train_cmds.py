@@ -8,10 +8,12 @@ from typing import List, Optional
 
 import typer
 
-from hllm.cli.app import (MAX_ITEMS, MAX_SEQ, app, batch_opt, check_output_dir, check_output_file, choice_opt,
-                          console, data_to_stdout, deprecated, emit_json, hidden_alias, json_opt, limit_opt, load_slates, out,
-                          out_opt, pick, positions_opt, progress, quiet_libraries, slates_file, slates_opt,
-                          slates_source, threads_opt, write_json_out)
+from hllm.cli.app import app, console, out, progress, quiet_libraries
+from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, emit_json, load_slates, slates_file,
+                         slates_source, write_json_out)
+from hllm.cli.options import (batch_opt, choice_opt, deprecated, hidden_alias, json_opt, limit_opt, out_opt, pick,
+                              positions_opt, slates_opt, threads_opt)
+from hllm.formats.graph import MAX_ITEMS, MAX_SEQ
 from hllm.errors import HllmError
 from hllm.formats.checkpoint import HEAD_KINDS
 from hllm.training.choices import AGGREGATIONS, OBJECTIVES

@@ -38,7 +38,6 @@ multiplies bf16-valued inputs with float32 accumulation — the bf16 GEMM above,
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -46,6 +45,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from hllm.errors import ExportError
+from hllm.exporter.onnx_io import model_like, tensor_types
+from hllm.exporter.scopes import module_scopes
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
@@ -90,25 +91,12 @@ def parse_islands(text: str | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _meta(node) -> dict:
-    return {p.key: p.value for p in node.metadata_props}
-
-
-def _scopes(node) -> list[str]:
-    text = _meta(node).get("pkg.torch.onnx.name_scopes")
-    try:
-        v = ast.literal_eval(text) if text else []
-    except (ValueError, SyntaxError):
-        return []
-    return [str(x) for x in v] if isinstance(v, (list, tuple)) else []
-
-
 def node_site(node) -> tuple[str | None, str | None]:
     """``(op class, module path)`` of a matrix-product node from the exporter's module scopes, e.g.
     ``("q_proj", "backbone.layers.3.self_attn.q_proj")``, ``("attention", "backbone.layers.3.self_attn.attention")``,
     ``("head", "head.blocks.0.ff1")``; ``(None, None)`` when the node carries no scope (not from
     :func:`hllm.exporter.onnx.export_onnx`)."""
-    sc = _scopes(node)[:-1]  # the last scope is the op itself
+    sc = module_scopes(node)
     if not sc:
         return None, None
     mod = sc[-1]
@@ -168,7 +156,7 @@ def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS):
 
     islands = parse_islands(list(islands) or "none")
     g = model.graph
-    types = _float_types(model)
+    types = tensor_types(model)
     inits = {t.name: t for t in g.initializer}
     rep = Bf16Report(islands=list(islands))
     nodes, new_inits, casts = [], {}, {}
@@ -231,10 +219,9 @@ def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS):
     used = {x for n in nodes for x in n.input}
     keep = [t for t in g.initializer if t.name in used] + [t for k, t in new_inits.items() if k in used]
     graph = helper.make_graph(nodes, g.name, list(g.input), list(g.output), keep, value_info=list(g.value_info))
-    out = _model_like(model, graph)
-    for k, v in (("hllm.precision", "bf16-gemm"), ("hllm.fp32_islands", ",".join(islands) or "none")):
-        p = out.metadata_props.add()
-        p.key, p.value = k, v
+    out = model_like(model, graph, "bf16-gemm")
+    p = out.metadata_props.add()
+    p.key, p.value = "hllm.fp32_islands", ",".join(islands) or "none"
     return out, rep
 
 
@@ -264,30 +251,6 @@ def _round_then_cast(nodes: list, name: str) -> str:
               helper.make_node("Sub", [t, name], [d], name=f"hllm_bf16_{d}"),
               helper.make_node("Sub", [t, d], [r], name=f"hllm_bf16_{r}"),
               helper.make_node("Cast", [r], [out], to=BFLOAT16, name=f"hllm_bf16_{out}")]
-    return out
-
-
-def _float_types(model) -> dict[str, int]:
-    import onnx
-
-    g = model.graph
-    if not g.value_info:
-        g = onnx.shape_inference.infer_shapes(model).graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.input) + list(g.output)
-             if vi.type.HasField("tensor_type")}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    return types
-
-
-def _model_like(model, graph):
-    import onnx
-
-    out = onnx.ModelProto()
-    out.ir_version = model.ir_version
-    out.producer_name = model.producer_name
-    out.producer_version = model.producer_version
-    out.opset_import.extend(model.opset_import)
-    out.graph.CopyFrom(graph)
     return out
 
 
@@ -332,11 +295,8 @@ def emulate_bf16(model):
         if vi.type.tensor_type.elem_type == BFLOAT16:
             continue
         value_info.append(vi)
-    out = _model_like(model, helper.make_graph(nodes, g.name, list(g.input), list(g.output), inits,
-                                               value_info=value_info))
-    p = out.metadata_props.add()
-    p.key, p.value = "hllm.precision", "bf16-gemm-emulated-fp32"
-    return out
+    return model_like(model, helper.make_graph(nodes, g.name, list(g.input), list(g.output), inits,
+                                               value_info=value_info), "bf16-gemm-emulated-fp32")
 
 
 def gemm_flops(model, feeds: dict) -> dict[str, float]:

@@ -29,8 +29,8 @@ float32) — what ``hllm debug precision`` writes into an islands file. ``--fp32
 ``islands`` list of such a file (:func:`read_islands_file`).
 
 Nodes are assigned to islands from the module path the dynamo exporter records on each node
-(``pkg.torch.onnx.class_hierarchy`` / ``pkg.torch.onnx.name_scopes`` metadata), so the pass needs an
-export made by :func:`hllm.exporter.onnx.export_onnx`.
+(read by :mod:`hllm.exporter.scopes`), so the pass needs an export made by
+:func:`hllm.exporter.onnx.export_onnx`. Loading and saving graphs: :mod:`hllm.exporter.onnx_io`.
 
 Why our own pass and not ModelOpt AutoCast (``modelopt.onnx.autocast``): see ``docs/tensorrt.md``
 (measured); in short, AutoCast pins onnx 1.21 / onnxruntime-gpu and decides by data magnitudes,
@@ -47,7 +47,6 @@ cores with float32 accumulate do).
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 from dataclasses import dataclass, field
@@ -57,9 +56,9 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import ExportError
+from hllm.exporter.onnx_io import FLOAT, FLOAT16, as_float32, model_like, tensor_types
+from hllm.exporter.scopes import class_hierarchy, in_module, module_scopes
 
-FLOAT = 1  # onnx.TensorProto.FLOAT
-FLOAT16 = 10  # onnx.TensorProto.FLOAT16
 FP16_MAX = 65504.0
 
 ISLANDS = ("rmsnorm", "rotary", "softmax", "layernorm", "scores", "residual")
@@ -119,28 +118,7 @@ def read_islands_file(path: str | os.PathLike) -> tuple[str, ...]:
 
 def module_island_of(node, islands: Sequence[str]) -> str | None:
     """The first module-path island of ``islands`` that ``node`` lies in (its recorded module scopes), or None."""
-    mods = [m for m in islands if is_module_island(m)]
-    if not mods:
-        return None
-    scopes = _literal_list(_meta(node).get("pkg.torch.onnx.name_scopes"))[:-1]
-    for m in mods:
-        if any(sc == m or sc.startswith(m + ".") for sc in scopes):
-            return m
-    return None
-
-
-def _meta(node) -> dict:
-    return {p.key: p.value for p in node.metadata_props}
-
-
-def _literal_list(text: str | None) -> list[str]:
-    if not text:
-        return []
-    try:
-        v = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return []
-    return [str(x) for x in v] if isinstance(v, (list, tuple)) else []
+    return next((m for m in islands if is_module_island(m) and in_module(node, m)), None)
 
 
 def island_of(node) -> str | None:
@@ -152,17 +130,15 @@ def island_of(node) -> str | None:
         return "layernorm"
     if node.op_type == "Softmax":
         return "softmax"
-    md = _meta(node)
-    classes = _literal_list(md.get("pkg.torch.onnx.class_hierarchy"))
+    classes = class_hierarchy(node)
     if any(c.endswith("RMSNorm") for c in classes):
         return "rmsnorm"
     if any(c.endswith("RotaryEmbedding") for c in classes):
         return "rotary"
     if node.op_type == "Add" and len(classes) >= 2 and classes[-2].endswith("DecoderLayer"):
         return "residual"
-    scopes = _literal_list(md.get("pkg.torch.onnx.name_scopes"))
-    # scopes = ['', 'head', 'head.out', 'linear_27']: modules are all but the last (the op itself).
-    if len(scopes) >= 2 and scopes[-2] in ("head", "head.out"):
+    scopes = module_scopes(node)  # ['', 'head', 'head.out'] for the head's output projection
+    if scopes and scopes[-1] in ("head", "head.out"):
         return "scores"
     return None
 
@@ -183,22 +159,6 @@ class PrecisionReport:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def _value_types(model) -> dict[str, int]:
-    import onnx
-
-    g = model.graph
-    if not g.value_info:
-        model = onnx.shape_inference.infer_shapes(model)
-        g = model.graph
-    types = {}
-    for vi in list(g.value_info) + list(g.input) + list(g.output):
-        if vi.type.HasField("tensor_type"):
-            types[vi.name] = vi.type.tensor_type.elem_type
-    for t in g.initializer:
-        types[t.name] = t.data_type
-    return types
 
 
 def convert_to_fp16(model, islands: tuple[str, ...] = DEFAULT_ISLANDS):
@@ -225,7 +185,7 @@ class _Fp16Rewrite:
 
     def __init__(self, model, islands: tuple[str, ...]):
         self.model, self.islands = model, islands
-        self.types = _value_types(model)
+        self.types = tensor_types(model)
         g = model.graph
         self.rep = PrecisionReport(islands=list(islands))
         self.inits = {t.name: t for t in g.initializer}
@@ -361,7 +321,7 @@ class _Fp16Rewrite:
         self.rep.initializers_fp16 = sum(1 for k in self.new_inits if k in used)
         self.rep.initializers_fp32 = sum(1 for t in keep if t.data_type == FLOAT)
         graph = helper.make_graph(self.nodes, g.name, list(g.input), list(g.output), keep, value_info=self.value_info())
-        out = _model_like(self.model, graph, "fp16")
+        out = model_like(self.model, graph, "fp16")
         meta = out.metadata_props.add()
         meta.key, meta.value = "hllm.fp32_islands", ",".join(self.islands) or "none"
         return out, self.rep
@@ -410,63 +370,10 @@ def emulate_fp16(model):
             inits.append(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
         else:
             inits.append(t)
-    value_info = _as_float32(g.value_info)
-    outputs = _as_float32(g.output)
-    return _model_like(model, helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info),
+    value_info = as_float32(g.value_info)
+    outputs = as_float32(g.output)
+    return model_like(model, helper.make_graph(nodes, g.name, list(g.input), outputs, inits, value_info=value_info),
                        "fp16-emulated-fp32")
-
-
-def _as_float32(infos) -> list:
-    """Copies of ONNX ValueInfoProtos with float16 element types turned into float32."""
-    import onnx
-
-    out = []
-    for vi in infos:
-        v = onnx.ValueInfoProto()
-        v.CopyFrom(vi)
-        if v.type.tensor_type.elem_type == FLOAT16:
-            v.type.tensor_type.elem_type = FLOAT
-        out.append(v)
-    return out
-
-
-def _model_like(model, graph, precision: str):
-    """A new ModelProto with ``model``'s IR version, producer and opsets, the given graph, and the
-    metadata property ``hllm.precision`` = ``precision``."""
-    import onnx
-
-    out = onnx.ModelProto()
-    out.ir_version = model.ir_version
-    out.producer_name = model.producer_name
-    out.producer_version = model.producer_version
-    out.opset_import.extend(model.opset_import)
-    out.graph.CopyFrom(graph)
-    meta = out.metadata_props.add()
-    meta.key, meta.value = "hllm.precision", precision
-    return out
-
-
-def save_onnx(model, path: str | os.PathLike) -> None:
-    """Save an ONNX model; weights go to ``<name>.data`` beside it when the model is ≥ 2 GB."""
-    import onnx
-
-    path = Path(path)
-    size = sum(len(t.raw_data) for t in model.graph.initializer)
-    if size >= 2 * 1024**3 - 64 * 1024**2:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
-
-
-def load_onnx(path: str | os.PathLike):
-    """Load an ONNX model with its external data (if any)."""
-    import onnx
-
-    try:
-        return onnx.load(str(path))
-    except Exception as e:
-        raise ExportError(f"cannot load ONNX model {path}: {e}") from None
 
 
 def fp32_islands_check(model) -> list[str]:

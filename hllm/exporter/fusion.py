@@ -321,7 +321,8 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     from pathlib import Path
 
     from hllm.errors import ExportError
-    from hllm.files import copy_files, sha256_file
+    from hllm.files import copy_files
+    from hllm.reading import sha256_file
     from hllm.formats.export import read_export, write_export
 
     meta = read_export(src)

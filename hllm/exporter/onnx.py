@@ -45,7 +45,8 @@ from hllm.formats.checkpoint import Manifest, load_manifest
 from hllm.formats.graph import MAX_BATCH, MAX_ITEMS, MAX_SEQ, MIN_SEQ, graph_io_specs
 from hllm.exporter.fusion import FLAVOURS
 from hllm.errors import CheckpointError, ExportError, HllmError
-from hllm.files import atomic_dir, sha256_file, sha256_tree
+from hllm.files import atomic_dir
+from hllm.reading import sha256_file, sha256_tree
 from hllm.formats.export import Fp16Check, ShapeCheck, write_export
 from hllm.formats.precision import Precision
 from hllm.formats.export import onnx_metadata_props
@@ -199,8 +200,8 @@ def _sidecar(m, tmp: Path, onnx_path: Path, precision: Precision, flavour: str, 
 
 def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: bool = False) -> Fp16Check:
     """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
-    from hllm.exporter.fp16 import (DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
-                                         load_onnx, save_onnx)
+    from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check
+    from hllm.exporter.onnx_io import load_onnx, save_onnx
     islands = tuple(DEFAULT_ISLANDS if islands is None else islands)
     src = load_onnx(onnx_path)
     fp16, rep = convert_to_fp16(src, islands)

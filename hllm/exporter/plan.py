@@ -25,7 +25,8 @@ from hllm.engines.tensorrt.profiles import validate_profiles
 from hllm.engines.tensorrt.runner import device_info, import_tensorrt, polygraphy_calls, trt_api
 from hllm.engines.tensorrt.targets import DeviceInfo, target_settings
 from hllm.errors import EngineError
-from hllm.files import atomic_path, sha256_file
+from hllm.files import atomic_path
+from hllm.reading import sha256_file
 from hllm.formats.graph import sidecar_reads_context
 from hllm.formats.plan import write_sidecar
 from hllm.formats.precision import Precision

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hllm.errors import CheckpointError
-from hllm.files import read_json
+from hllm.reading import read_json
 
 #: model_type values of config.json that hllm supports.
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")

@@ -25,7 +25,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from hllm.errors import HllmError, SlateError
-from hllm.files import atomic_path, atomic_write_json, read_json
+from hllm.files import atomic_path, atomic_write_json
+from hllm.reading import read_json
 from hllm.formats.graph import INPUT_DTYPES, INPUT_NAMES, declared_inputs
 from hllm.formats.npz import CheckedNpz
 

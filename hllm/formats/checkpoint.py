@@ -26,7 +26,7 @@ wrong type (a list where an object goes, a number where a path goes, K as a stri
 
 Paths: ``head.file`` and ``adapter.path`` name files *of the checkpoint*: they must
 be relative and stay inside ``CKPT`` after resolving ``..`` and symbolic links
-(:func:`hllm.files.contained_path`), so a crafted manifest can neither make hllm read weights from
+(:func:`hllm.reading.contained_path`), so a crafted manifest can neither make hllm read weights from
 elsewhere nor make ``hllm merge`` (which copies the head file into its output) write outside its
 output directory. ``backbone.path`` is different by design: a checkpoint *refers* to a backbone it
 does not contain (usually a shared Hugging Face directory, e.g. ``../../work/smollm2``), so it may be
@@ -42,7 +42,8 @@ from pathlib import Path
 
 from hllm.formats.architectures import BackboneDims, backbone_dims, read_config
 from hllm.errors import CheckpointError
-from hllm.files import atomic_write_json, contained_path, read_json
+from hllm.files import atomic_write_json
+from hllm.reading import contained_path, read_json
 from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
 

@@ -46,7 +46,8 @@ from pathlib import Path
 
 from hllm import __version__
 from hllm.errors import EngineError, HllmError
-from hllm.files import atomic_write_json, contained_path, read_json, sha256_file
+from hllm.files import atomic_write_json
+from hllm.reading import contained_path, read_json, sha256_file
 from hllm.formats.graph import check_tensor_specs, describe_value, input_names
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec

@@ -24,8 +24,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hllm.errors import EngineError
-from hllm.files import atomic_write_json, read_json
+from hllm.errors import EngineError, HllmError
+from hllm.files import atomic_write_json
+from hllm.reading import contained_path, read_json, sha256_file
+from hllm.formats.graph import check_tensor_specs, sidecar_reads_context
 from hllm.formats.precision import Precision
 from hllm.formats.profiles import Profile
 from hllm.formats.prompt import PromptSpec
@@ -107,10 +109,6 @@ def read_plan(plan: str | os.PathLike) -> PlanMeta:
     Raises: EngineError naming the sidecar and the field (missing, malformed, a tokenizer outside its
         directory, an unknown precision or prompt field).
     """
-    from hllm.errors import HllmError
-    from hllm.files import contained_path
-    from hllm.formats.graph import sidecar_reads_context
-
     meta = read_sidecar(plan)
     side = sidecar_path(plan)
     tok = contained_path(side.parent, meta["tokenizer"], f"{side}: tokenizer", EngineError)
@@ -137,8 +135,6 @@ def verify_plan(plan: str | os.PathLike, meta: dict, verify_hash: bool = False) 
         raise EngineError(f"{p} is {p.stat().st_size} bytes but its sidecar records {want}: the plan was replaced "
                           "or truncated; rebuild it with `hllm build`")
     if verify_hash and meta.get("plan_sha256") is not None:
-        from hllm.files import sha256_file
-
         got = sha256_file(p)
         if got != meta["plan_sha256"]:
             raise EngineError(f"{p} has sha256 {got[:12]}…, its sidecar records {meta['plan_sha256'][:12]}…: "
@@ -172,8 +168,6 @@ def _check_keys(meta: dict, where) -> None:
         raise EngineError(f"{where}: hardware_compatibility {hc!r} not one of {HARDWARE_COMPAT}")
     parse_cc(meta["compute_capability"])
     profiles(meta)
-    from hllm.formats.graph import check_tensor_specs
-
     for key in ("inputs", "outputs"):  # copied from the export's sidecar; the runtime and Triton read them
         if meta.get(key) is not None:
             check_tensor_specs(meta[key], str(where), key, EngineError)

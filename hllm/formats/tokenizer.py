@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from hllm.errors import HllmError
-from hllm.files import read_json, sha256_file
+from hllm.reading import read_json, sha256_file
 
 
 def tokenizer_id_count(path: str | os.PathLike, error: type[Exception] = HllmError) -> int:

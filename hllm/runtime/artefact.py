@@ -17,7 +17,7 @@ loaded by name through :func:`hllm.extras.require` (it needs the ``export`` extr
 no import of torch code, which the ``forbidden`` contract in ``pyproject.toml`` checks.
 
 Every file name read from a sidecar must lie in the sidecar's directory
-(:func:`hllm.files.contained_path`), and the files must be the ones recorded: the tokenizer's
+(:func:`hllm.reading.contained_path`), and the files must be the ones recorded: the tokenizer's
 fingerprint and vocabulary and the graph's / plan's size always, their sha256 with
 ``verify_hash=True`` (:func:`hllm.formats.export.verify_export`, :func:`hllm.formats.plan.verify_plan`).
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from hllm.errors import EngineError
 from hllm.extras import require
-from hllm.files import contained_path
+from hllm.reading import contained_path
 from hllm.formats.checkpoint import MANIFEST, load_manifest
 from hllm.formats.export import SIDECAR, OpenVinoSettings, read_export
 from hllm.formats.graph import declared_inputs, input_names, sidecar_reads_context

@@ -7,7 +7,7 @@ A slate is one JSON object per line, the format of the Amazon Beauty data (prove
      "labels": [0|1, ...]}   # labels optional
 
 :func:`validate_slate` is the ONE slate validator: ``hllm rank`` and every command reading slates
-(:func:`iter_slates`), the HTTP server (:func:`hllm.serve.app.parse_rank_body`) and Triton's
+(:func:`iter_slates`), the HTTP server (:func:`hllm.serve.protocol.parse_rank_body`) and Triton's
 pre-processing model use it, and :func:`loads_json` is the one JSON parser in front of it. Every
 message names where (``FILE:LINE`` or ``slates[i]``), the ``slate_id`` when there is one, the field
 (``candidates[3].item_id``) and the type it got. Policies:
@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence
 
 from hllm.errors import SlateError
-from hllm.files import atomic_path, no_duplicate_keys
+from hllm.files import atomic_path
+from hllm.reading import no_duplicate_keys
 
 
 def _refuse_constant(name: str):
@@ -59,7 +60,7 @@ def _refuse_constant(name: str):
 def loads_json(text: str | bytes, where: str = "input") -> Any:
     """Parse JSON strictly: SlateError (naming ``where``) for malformed JSON, ``NaN`` / ``Infinity``
     literals, nesting too deep for the parser, integers too long to convert, or an object with a duplicate
-    key (:func:`hllm.files.no_duplicate_keys`) — never an internal error."""
+    key (:func:`hllm.reading.no_duplicate_keys`) — never an internal error."""
     try:
         return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as e:

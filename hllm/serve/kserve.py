@@ -34,13 +34,20 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Annotated, Any, Optional, Sequence
+import time
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from hllm.errors import SlateError
 from hllm.runtime.slates import loads_json, validate_slate
+from hllm.serve.protocol import ApiError, read_body
+
+if TYPE_CHECKING:
+    from hllm.serve.app import RankService
 
 #: The model name (that of the Triton ensemble written by ``hllm triton-repo``) and its one version.
 MODEL_NAME = "hllm_ranker"
@@ -333,3 +340,77 @@ def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str) ->
     if not blobs:
         return head, {"content-type": "application/json"}
     return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+
+
+# -- the endpoints on `hllm serve` ----------------------------------------------------------------------
+
+def add_kserve_routes(app: FastAPI, service: RankService) -> None:
+    """Register the Open Inference Protocol (KServe v2) endpoints of :mod:`hllm.serve.kserve` on ``app``."""
+    app.add_exception_handler(KServeError, service.kserve_error)
+    tags = ["Open Inference Protocol (KServe v2)"]
+    app.get("/v2/health/live", tags=tags, summary="The server is alive")(service.v2_live)
+    app.get("/v2/health/ready", tags=tags, summary="The model is ready")(service.v2_ready)
+    app.get("/v2", tags=tags, summary="Server metadata")(service.v2_server)
+    for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        app.get(base, tags=tags, summary="Model metadata")(service.v2_model)
+        app.get(base + "/ready", tags=tags, summary="The model is ready")(service.v2_model_ready)
+        app.get(base + "/config", tags=tags, summary="Model configuration (Triton extension)")(service.v2_model_config)
+        app.post(base + "/infer", tags=tags, summary="Rank slates (BYTES input 'slates' [B, 1])")(service.v2_infer)
+
+
+class KServeEndpoints:
+    """The Open Inference Protocol endpoints (mixed into :class:`hllm.serve.app.RankService`, whose ``state``,
+    ``batcher``, ``metrics``, ``ranker``, ``options`` and ``submit`` they use)."""
+
+    async def kserve_error(self, request: Request, e: KServeError):
+        self.metrics.error(e.kind)
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
+    def _v2_check_ready(self) -> None:
+        if not self.state.ready or self.state.draining or self.batcher.closing:
+            raise KServeError(503, "model hllm_ranker is not ready", "not_ready")
+
+    async def v2_live(self):
+        return Response(status_code=200)
+
+    async def v2_ready(self):
+        self._v2_check_ready()
+        return Response(status_code=200)
+
+    async def v2_server(self):
+        import hllm
+
+        return {"name": "hllm", "version": hllm.__version__, "extensions": ["binary_tensor_data"]}
+
+    async def v2_model(self, model_name: str, model_version: str | None = None):
+        check_model(model_name, model_version)
+        return model_metadata(self.ranker.engine.num_positions, self.ranker.engine.name)
+
+    async def v2_model_config(self, model_name: str, model_version: str | None = None):
+        check_model(model_name, model_version)
+        return model_config(self.ranker.engine.num_positions, self.options.max_slates_per_request)
+
+    async def v2_model_ready(self, model_name: str, model_version: str | None = None):
+        check_model(model_name, model_version)
+        self._v2_check_ready()
+        return Response(status_code=200)
+
+    async def v2_infer(self, request: Request, model_name: str, model_version: str | None = None):
+        """``POST /v2/models/{name}/infer``: the slates of the BYTES input → ranking, scores, truncated."""
+        t0 = time.perf_counter()
+        check_model(model_name, model_version)
+        self._v2_check_ready()
+        try:
+            body = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
+        except ApiError as e:
+            raise KServeError(e.status, e.message, e.kind) from None
+        doc, blob = split_request(body, request.headers.get(HEADER_LENGTH.lower()))
+        slates = request_slates(doc, blob, self.options.max_slates_per_request)
+        try:
+            res, _ = await self.submit(slates, None, t0)
+        except ApiError as e:
+            raise KServeError(400 if e.status == 422 else e.status, e.message, e.kind) from None
+        outputs = output_arrays(res.rankings, res.scores, self.ranker.engine.num_positions)
+        rid = doc.get("id") if isinstance(doc.get("id"), str) else request.state.request_id
+        body, headers = response_body(doc, outputs, rid)
+        return Response(body, headers=headers)

@@ -54,6 +54,7 @@ from starlette.concurrency import run_in_threadpool
 from hllm.errors import SlateError
 from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING, PromptBuilder
 from hllm.runtime.slates import _text, loads_json
+from hllm.serve.protocol import ERROR_RESPONSES, JSON_TYPES, ApiError, read_body
 
 #: The model name a request may give (that of the Open Inference Protocol model, :data:`hllm.serve.kserve.MODEL_NAME`).
 SERVED_MODEL = "hllm_ranker"
@@ -136,8 +137,6 @@ class RerankQuery:
 
 
 def _fail(message: str, kind: str = "bad_request", status: int = 400):
-    from hllm.serve.app import ApiError
-
     raise ApiError(status, kind, message)
 
 
@@ -178,8 +177,6 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
         mistyped field, no documents, more documents than K, top_n or max_tokens_per_doc < 1, a query over
         the character limit) — every message names the field.
     """
-    from hllm.serve.app import JSON_TYPES
-
     ctype = content_type.split(";")[0].strip().lower()
     if ctype not in JSON_TYPES:
         _fail(f"content type {ctype!r} not supported (use application/json)", "unsupported_media_type", 415)
@@ -363,8 +360,6 @@ def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, r
 def add_rerank_routes(app, service) -> None:
     """Register ``POST /v1/rerank``, ``/v2/rerank`` and ``/rerank`` on the app of :func:`hllm.serve.app.create_app`
     (``service``: its :class:`hllm.serve.app.RankService`)."""
-    from hllm.serve.app import _ERRORS, read_body
-
     cache: list[BuilderCache] = []
 
     def builder_cache() -> BuilderCache:
@@ -387,9 +382,9 @@ def add_rerank_routes(app, service) -> None:
                                          route, timing))
         return rerank
 
-    errors = {**{c: v for c, v in _ERRORS.items() if c != 422}, 400: {**_ERRORS[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "
+    errors = {**{c: v for c, v in ERROR_RESPONSES.items() if c != 422}, 400: {**ERROR_RESPONSES[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "
                                                              "missing or of the wrong type, no documents, more than K."},
-              404: {**_ERRORS[400], "description": "Another model than the one served."}}
+              404: {**ERROR_RESPONSES[400], "description": "Another model than the one served."}}
     for route, default in ROUTES.items():
         app.post(route, summary=f"Rerank documents for a query (Cohere / Jina; return_documents defaults to "
                                 f"{str(default).lower()})", tags=["Rerank (Cohere / Jina)"], response_model=RerankResponse,

@@ -1,6 +1,6 @@
 """Pydantic models of the HTTP API, used for the OpenAPI schema (``GET /openapi.json``).
 
-Request bodies are parsed and checked by :func:`hllm.serve.app.parse_rank_body` with the runtime's
+Request bodies are parsed and checked by :func:`hllm.serve.protocol.parse_rank_body` with the runtime's
 slate validator (one set of slate rules); these models document the same format.
 """
 

@@ -13,7 +13,7 @@ is held, so none is held without progress. The limits come from the app's
   a connection opens and whenever it waits for the next request's headers; headers still incomplete
   when it fires (a client that connects and sends nothing, or dribbles a header byte at a time) get
   a JSON 408 and the connection is closed;
-* ``body_timeout_s`` — the app reads the body under a deadline (408, :func:`hllm.serve.app.read_body`);
+* ``body_timeout_s`` — the app reads the body under a deadline (408, :func:`hllm.serve.protocol.read_body`);
 * ``keep_alive_s`` — uvicorn ``timeout_keep_alive``: idle keep-alive connections are closed;
 * ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once.
 

@@ -52,7 +52,7 @@ class CachedSlate:
 
 
 def _backbone_config(backbone: str | os.PathLike) -> dict:
-    from hllm.files import read_json
+    from hllm.reading import read_json
 
     cfg = read_json(Path(backbone) / "config.json", CheckpointError)
     return cfg if isinstance(cfg, dict) else {}
@@ -95,7 +95,7 @@ class FeatureCache:
         """Open ``root``. Raises CheckpointError when it is missing, incomplete, of another version, or its
         ``meta.json`` is unreadable (not UTF-8, malformed, nested too deeply) or of the wrong types
         (``0 ≤ layer ≤ num_layers`` integers, ``slate_ids`` a list, ``prompt`` an object)."""
-        from hllm.files import read_json
+        from hllm.reading import read_json
 
         root = Path(root)
         meta_path = root / META

@@ -28,26 +28,16 @@ labelled slates, with a tolerance and an interval — the way NNCF's ``quantize_
 (:meth:`GateReport.criteria_report`: value, interval, the number compared, limit, passed, ``missed_by``);
 the mode decides which ones the verdict requires.
 
-Sequential fail-fast (:func:`hopeless`, used by :func:`run_gate` with ``fail_fast``): a candidate is
-scored in chunks and stopped as soon as it can no longer pass. Exact rules (whatever the slates still
-to come): a non-finite score; mean tau below the floor even if every remaining slate had tau 1; p95
-regret above the limit even if every remaining slate had regret 0; (strict) more top-1 misses than the
-rule allows over all slates. One statistical futility rule (quality mode): at the looks after 25%, 50%
-and 75% of the slates (at least 20 labelled ones), stop when the one-sided upper confidence bound of a
-mean difference is already below −margin, at a per-test level of ``futility_alpha`` / (3 looks × 3
-metrics) (Bonferroni), so a non-inferior candidate is stopped wrongly with probability ≤
-``futility_alpha`` (1%). A stop can only fail a candidate, never pass one: passing always needs every
-slate, so the 5% error of (a) is that of the fixed-sample test.
-
-The reference's scores are computed once (:func:`reference_scores`) and may be cached
-(:func:`save_reference` / :func:`load_reference`).
+Sequential fail-fast, stopping a candidate once it can no longer pass: :mod:`hllm.verify.sequential`
+(:func:`~hllm.verify.sequential.run_gate` scores an artefact and gates it). The reference's scores are computed
+once and may be cached: :mod:`hllm.verify.reference`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -155,168 +145,6 @@ def check_disjoint(calibration_ids: Sequence[str], eval_slates: Sequence[dict]) 
         )
 
 
-def cpu_ranker(path, threads: int | None = None):
-    """The :class:`hllm.runtime.Ranker` the gate runs an export with: ONNX Runtime, CPU provider only
-    (a quantized graph is compared on the CPU that calibrated it; FP8 graphs get ``basic`` graph
-    optimizations in :func:`hllm.runtime.artefact.open_engine`). ``path``: an export path or an already
-    resolved :class:`hllm.runtime.artefact.Artefact`."""
-    from hllm.runtime.ranker import Ranker
-
-    return Ranker.from_path(path, providers=["CPUExecutionProvider"], threads=threads)
-
-
-def ranker_scores(ranker, slates: Sequence[dict], batch_size: int = 1, on_progress=None) -> list[np.ndarray]:
-    """Per-slate score matrices ``[n_i, K]`` float32 of one :class:`hllm.runtime.Ranker` (its builder)."""
-    from hllm.verify.scoring import score_slates
-
-    with ranker:
-        return score_slates([ranker.engine], ranker.builder, slates, batch_size, on_progress)[0]
-
-
-def reference_scores(reference, slates: Sequence[dict], batch_size: int = 1, on_progress=None) -> list[np.ndarray]:
-    """Scores of the FP32 reference (path or Ranker), computed once per gate run."""
-    from hllm.runtime.ranker import Ranker
-
-    ref = reference if isinstance(reference, Ranker) else cpu_ranker(reference)
-    return ranker_scores(ref, slates, batch_size, on_progress)
-
-
-#: The layout of a reference-score cache (``calibrate --reference-scores``); other files are refused.
-REFERENCE_FORMAT = "hllm-reference-scores/2"
-
-
-@dataclass(frozen=True)
-class ReferenceKey:
-    """What reference scores were computed from — a cache is used only when all of it matches.
-
-    Attributes:
-        graph_sha256: sha256 (hex) of the graph file that produced the scores (``model.onnx``; the same
-            hash as the export sidecar's ``onnx_sha256``). Never empty.
-        num_positions: K, the second dimension of every score matrix.
-        slate_keys: per slate, the sha256 (hex) of its encoded graph inputs (:func:`input_key`): the token
-            ids, readout positions, item mask (and context position) the graph reads for that slate alone.
-        slate_ids: per slate, its id (:func:`hllm.runtime.slates.slate_id`), for messages only.
-        n_items: per slate, its number of candidates (the first dimension of its score matrix).
-    """
-
-    graph_sha256: str
-    num_positions: int
-    slate_keys: tuple[str, ...]
-    slate_ids: tuple[str, ...]
-    n_items: tuple[int, ...]
-
-
-def input_key(feeds: dict) -> str:
-    """sha256 (hex) of one slate's encoded graph inputs ``{name: array}`` (name, dtype, shape and bytes of
-    each, in the graph's input order): equal keys mean the graph sees the same inputs."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name, a in feeds.items():
-        a = np.ascontiguousarray(a)
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def reference_key(artefact, slates: Sequence[dict]) -> ReferenceKey:
-    """The :class:`ReferenceKey` of ``slates`` run through the export ``artefact``
-    (:class:`hllm.runtime.artefact.Artefact`): the graph file's sha256, K, and each slate encoded alone
-    by the export's prompt builder and tokenizer, hashed as the graph would read it
-    (:func:`hllm.formats.graph.feed_dict`).
-
-    Raises: SlateError (a slate that does not encode), CheckpointError (tokenizer).
-    """
-    from hllm.files import sha256_file
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
-    from hllm.runtime.slates import slate_ids
-
-    builder = PromptBuilder(load_tokenizer(artefact.tokenizer_path), artefact.prompt, max_items=artefact.num_positions)
-    keys = tuple(input_key(builder.encode([s]).inputs(artefact.graph_inputs)) for s in slates)
-    return ReferenceKey(sha256_file(artefact.path), int(artefact.num_positions), keys, tuple(slate_ids(slates)),
-                        tuple(len(s["candidates"]) for s in slates))
-
-
-def save_reference(path, scores: Sequence[np.ndarray], key: ReferenceKey) -> None:
-    """Save reference score matrices (one ``[n_i, K]`` float32 per slate of ``key``) with what they were
-    computed from (:class:`ReferenceKey`: graph hash, K, each slate's input hash, its id) as an ``.npz``
-    of layout :data:`REFERENCE_FORMAT`, written atomically, so later gate runs can skip the FP32 pass.
-
-    Raises: ValueError if ``scores`` do not match ``key`` (count, shape) or hold a non-finite value (such a
-        reference is never cached); OSError from writing.
-    """
-    from hllm.files import atomic_path
-
-    if not key.graph_sha256:
-        raise ValueError("reference scores need the graph's sha256 to be cached")
-    if len(scores) != len(key.slate_keys):
-        raise ValueError(f"{len(scores)} score matrices for {len(key.slate_keys)} slates")
-    arrays = {}
-    for i, (a, n) in enumerate(zip(scores, key.n_items)):
-        a = np.asarray(a, dtype=np.float32)
-        if a.shape != (n, key.num_positions) or not np.isfinite(a).all():
-            raise ValueError(f"slate {key.slate_ids[i]}: scores of shape {a.shape} (expected {(n, key.num_positions)}) "
-                             "or with non-finite values are not cached")
-        arrays[f"scores/{i}"] = a
-    arrays.update(format=np.array(REFERENCE_FORMAT), graph_sha256=np.array(key.graph_sha256),
-                  num_positions=np.array(key.num_positions, dtype=np.int64),
-                  slate_keys=np.array(key.slate_keys, dtype=str), slate_ids=np.array(key.slate_ids, dtype=str))
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-
-
-def load_reference(path, key: ReferenceKey) -> list[np.ndarray]:
-    """The cached reference scores of the slates of ``key``, found by the hash of each slate's inputs (any
-    subset of the saved slates, in ``key``'s order), after proving the cache holds what is asked for.
-
-    Returns: one ``[n_i, K]`` float32 matrix per slate of ``key``.
-    Raises: ParityError naming the cache file (never the export) when it is not a readable ``.npz`` of
-        layout :data:`REFERENCE_FORMAT` (each member's header is checked before it is read:
-        :class:`hllm.formats.npz.CheckedNpz`), records no or another graph hash, another K, has no scores
-        for some slate's inputs (other slates, the same ids with other candidates, another prompt or
-        tokenizer, a cache cut short), a matrix of another shape, or a non-finite score.
-    """
-    from hllm.errors import ParityError
-    from hllm.formats.npz import CheckedNpz
-
-    fix = "delete it to recompute the reference, or pass another --reference-scores file"
-    where = f"reference-score cache {path}"
-    with CheckedNpz(path, ParityError) as z:  # headers checked before anything is decompressed
-        fmt = str(z.get("format", ndim=0)) if "format" in z else None
-        if fmt != REFERENCE_FORMAT:
-            raise ParityError(f"{where}: not a reference-score cache of layout {REFERENCE_FORMAT!r} (format "
-                              f"{fmt!r}: written by an older hllm, or another file); {fix}")
-        k = z.get("num_positions", ndim=0)
-        if k.dtype.kind not in "iu" or int(k) != key.num_positions:
-            raise ParityError(f"{where}: holds scores for K={k.item()!r}, the export ranks K={key.num_positions}; {fix}")
-        sha = str(z.get("graph_sha256", ndim=0))
-        if not sha:
-            raise ParityError(f"{where}: records no graph hash, so it cannot prove which graph made it; {fix}")
-        if sha != key.graph_sha256:
-            raise ParityError(f"{where}: comes from another graph (sha256 {sha[:12]}…, the export's graph is "
-                              f"{key.graph_sha256[:12]}…); {fix}")
-        saved = z.get("slate_keys", ndim=1)
-        if saved.dtype.kind != "U":
-            raise ParityError(f"{where}: slate_keys is {saved.dtype}, not text; {fix}")
-        index = {str(x): i for i, x in enumerate(saved.tolist())}
-        missing = [sid for sid, h in zip(key.slate_ids, key.slate_keys) if h not in index]
-        if missing:
-            raise ParityError(f"{where}: holds no scores for the inputs of {len(missing)} of the {len(key.slate_keys)} "
-                              f"evaluation slates (first: slate {missing[0]}): it was computed for other slates, "
-                              f"other candidates, another prompt or tokenizer, or is cut short; {fix}")
-        out = []
-        for sid, h, n in zip(key.slate_ids, key.slate_keys, key.n_items):
-            m = z.get(f"scores/{index[h]}", (n, key.num_positions))
-            if not np.issubdtype(m.dtype, np.floating):
-                raise ParityError(f"{where}: scores/{index[h]} is {m.dtype}, not floating point; {fix}")
-            if not np.isfinite(m).all():
-                raise ParityError(f"{where}: the scores of slate {sid} hold {int((~np.isfinite(m)).sum())} non-finite "
-                                  f"value(s) (a reference never caches them); {fix}")
-            out.append(m.astype(np.float32, copy=False))
-        return out
-
-
 def assignment_regret(ref: np.ndarray, ref_order: Sequence[int], test_order: Sequence[int] | None) -> float:
     """Assignment regret of a candidate's ranking of one slate, judged by the reference's scores.
 
@@ -346,8 +174,9 @@ def assignment_regret(ref: np.ndarray, ref_order: Sequence[int], test_order: Seq
     return max(0.0, (best - got) / span)
 
 
-def _p95(values: Sequence[float]) -> float:
-    """95th percentile (numpy's linear interpolation) of values that may hold +inf (then inf, never NaN)."""
+def p95(values: Sequence[float]) -> float:
+    """95th percentile (numpy's linear interpolation) of values that may hold +inf (then inf, never NaN); NaN
+    for no values."""
     if not len(values):
         return float("nan")
     big = np.finfo(np.float64).max
@@ -486,8 +315,8 @@ class GateReport(Verdict):
         if t.min_tau is not None:
             out.append(Criterion("kendall_tau_mean", "fidelity", s.kendall_tau_mean, s.kendall_tau_mean, t.min_tau, ">=",
                                  quality))
-        p95 = _p95(self.regrets)
-        out.append(Criterion("regret_p95", "fidelity", p95, p95 if self.regrets else None, t.max_regret_p95, "<=", quality))
+        r95 = p95(self.regrets)
+        out.append(Criterion("regret_p95", "fidelity", r95, r95 if self.regrets else None, t.max_regret_p95, "<=", quality))
         out.append(Criterion("nonfinite", "fidelity", s.nonfinite, s.nonfinite, t.max_nonfinite, "<=", True))
         out.append(Criterion("top1_agreement", "strict", s.top1_agreement, s.top1_agreement, t.min_top1, ">=", strict))
         for name, v, lim in (("|recall@10_delta|", self.recall10_delta, t.max_recall10_delta),
@@ -523,7 +352,7 @@ class GateReport(Verdict):
         d = {**self.summary().to_dict(), "gate": self.thresholds.mode,
              "criteria": [c.to_dict() for c in crit],
              "quality": {m: {**r, "interval": list(r["interval"])} for m, r in self.quality().items()},
-             "fidelity": {"kendall_tau_mean": self.summary().kendall_tau_mean, "regret_p95": _p95(self.regrets),
+             "fidelity": {"kendall_tau_mean": self.summary().kendall_tau_mean, "regret_p95": p95(self.regrets),
                           "regret_mean": float(regrets.mean()) if self.regrets else None,
                           "regret_max": float(regrets.max()) if self.regrets else None},
              "strict_passed": self.strict_passed(),
@@ -594,112 +423,3 @@ def gate_scores(
                          [slates[i]["labels"] for i in lab])
     return GateReport(records, thresholds or GateThresholds(), ref_m, test_m, str(precision), reference, backend,
                       regrets=regrets, deltas=deltas, planned=planned, stop_reason=stop_reason)
-
-
-#: Fail-fast: the fractions of the planned slates after which the futility rule of (a) is evaluated.
-FUTILITY_LOOKS = (0.25, 0.5, 0.75)
-#: Fail-fast: the fewest labelled slates a futility look needs.
-FUTILITY_MIN_SLATES = 20
-
-
-def hopeless(report: GateReport, planned: int, look: bool = False) -> str | None:
-    """Why the candidate behind ``report`` (its first slates of ``planned``) can no longer pass, or None.
-
-    Exact rules (module doc): a non-finite score beyond ``max_nonfinite``; (quality) the mean tau even
-    with tau 1 on every remaining slate below ``min_tau``, or the p95 regret even with regret 0 on every
-    remaining slate above ``max_regret_p95``; (strict) more top-1 misses than ``(1 − min_top1) · planned``.
-    With ``look`` (quality mode, ≥ :data:`FUTILITY_MIN_SLATES` labelled slates): the futility rule, the
-    one-sided upper bound of a mean difference below −margin at level ``futility_alpha / (3 looks × 3
-    metrics)``. Returns a one-line reason.
-    """
-    from hllm.verify.metrics import METRIC_KEYS, bootstrap_ci
-
-    t, recs = report.thresholds, report.records
-    k, rest = len(recs), max(0, planned - len(recs))
-    nonfinite = sum(r.nonfinite for r in recs)
-    if nonfinite > t.max_nonfinite:
-        return f"{nonfinite} non-finite score(s) (at most {t.max_nonfinite} allowed)"
-    if t.mode == "strict":
-        misses = sum(not r.top1_match for r in recs)
-        allowed = math.floor((1.0 - t.min_top1) * planned + 1e-9)
-        if misses > allowed:
-            return f"{misses} top-1 disagreements in {k} slates (at most {allowed} of {planned} allowed)"
-        return None
-    if t.min_tau is not None and planned:
-        best = (sum(r.kendall_tau for r in recs) + rest) / planned
-        if best < t.min_tau - 1e-12:
-            return f"mean Kendall tau can reach at most {best:.4f} (< {t.min_tau}) even if the remaining slates agree"
-    best_p95 = _p95(list(report.regrets) + [0.0] * rest)
-    if best_p95 > t.max_regret_p95 + 1e-12:
-        return f"p95 regret is at least {best_p95:.3g} (> {t.max_regret_p95:g}) even with no regret on the remaining slates"
-    d = report.deltas
-    if look and d is not None and d.shape[0] >= FUTILITY_MIN_SLATES:
-        alpha = t.futility_alpha / (len(FUTILITY_LOOKS) * len(QUALITY_METRICS))
-        cols = [METRIC_KEYS.index(m) for m in QUALITY_METRICS]
-        ci = bootstrap_ci(d[:, cols], max(t.resamples, 10_000), t.seed, level=1 - 2 * alpha)
-        for m, (_, hi) in zip(QUALITY_METRICS, ci):
-            if hi < -t.margin(m):
-                return (f"futility: the {1 - alpha:.2%} upper bound of mean {m} change after {d.shape[0]} labelled "
-                        f"slates is {hi:+.4f} < −{t.margin(m)}")
-    return None
-
-
-def gate_stream(ref_scores: Sequence[np.ndarray], score: Callable[[Sequence[dict]], list[np.ndarray]],
-                slates: Sequence[dict], thresholds: GateThresholds | None = None, fail_fast: bool = True,
-                chunk: int = 10, on_progress=None, **labels) -> GateReport:
-    """Score ``slates`` ``chunk`` at a time with ``score`` (slates → their ``[n_i, K]`` matrices) and gate
-    them against ``ref_scores``; with ``fail_fast``, stop as soon as :func:`hopeless` says the candidate can
-    no longer pass (the report then covers the slates scored, ``planned`` = all: a failure).
-
-    ``labels``: ``precision`` / ``reference`` / ``backend`` of the report. ``on_progress(n)``: after each chunk.
-    Raises: what ``score`` raises; ValueError from :func:`gate_scores`.
-    """
-    th = thresholds or GateThresholds()
-    n = len(slates)
-    looks = sorted({max(1, math.ceil(f * n)) for f in FUTILITY_LOOKS})
-    got: list[np.ndarray] = []
-    for i in range(0, n, max(1, chunk)):
-        part = score(slates[i:i + chunk])
-        got += part
-        if on_progress is not None:
-            on_progress(len(part))
-        if not fail_fast or len(got) >= n:
-            continue
-        k = len(got)
-        rep = gate_scores(ref_scores[:k], got, slates[:k], th, planned=n, **labels)
-        look = any(k - len(part) < x <= k for x in looks)
-        why = hopeless(rep, n, look)
-        if why:
-            rep.stop_reason = why
-            return rep
-    return gate_scores(ref_scores, got, slates, th, planned=n, **labels)
-
-
-def run_gate(
-    ref_scores: Sequence[np.ndarray],
-    test,
-    slates: Sequence[dict],
-    thresholds: GateThresholds | None = None,
-    calibration_ids: Sequence[str] = (),
-    batch_size: int = 1,
-    on_progress=None,
-    threads: int | None = None,
-    fail_fast: bool = False,
-    chunk: int = 10,
-) -> GateReport:
-    """Run the candidate artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it
-    (:func:`gate_stream`; ``fail_fast`` stops it once it can no longer pass).
-
-    Raises:
-        SlateError: an evaluation slate was used for calibration (:func:`check_disjoint`).
-        EngineError: the artefact cannot be loaded or run.
-    """
-    from hllm.runtime.ranker import Ranker
-    from hllm.verify.scoring import score_slates
-
-    check_disjoint(calibration_ids, slates)
-    r = test if isinstance(test, Ranker) else cpu_ranker(test, threads)
-    with r:
-        return gate_stream(ref_scores, lambda part: score_slates([r.engine], r.builder, part, batch_size)[0], slates,
-                           thresholds, fail_fast, chunk, on_progress, precision=str(r.engine.precision),
-                           backend=r.engine.name)

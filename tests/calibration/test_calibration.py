@@ -11,11 +11,14 @@ import pytest
 from hllm.calibration.data import build_calibration_set, choose_slates
 from hllm.formats.calibration_set import load_calibration_set
 from hllm.verify.gate import check_disjoint
-from hllm.verify.gate import GateThresholds, gate_scores, label_metrics, reference_scores, run_gate
-from hllm.calibration.quantize import (
-    QuantOptions, auto_exclude, check_target, modelopt_available, module_path, nodes_in_part, quantize_export,
-    quantized_nodes, sensitivity_ladder,
-)
+from hllm.verify.gate import GateThresholds, gate_scores, label_metrics
+from hllm.verify.reference import reference_scores
+from hllm.verify.sequential import run_gate
+from hllm.calibration.modelopt_ptq import modelopt_available
+from hllm.calibration.options import QuantOptions, check_target
+from hllm.calibration.parts import nodes_in_part, quantized_nodes, sensitivity_ladder
+from hllm.calibration.quantize import auto_exclude, quantize_export
+from hllm.exporter.scopes import module_path
 from hllm.cli import main
 from hllm.errors import EngineError, SlateError
 from hllm.runtime import Ranker, write_jsonl

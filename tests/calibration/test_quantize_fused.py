@@ -14,8 +14,11 @@ import pytest
 
 from hllm.calibration.activation_ranges import RESOLUTION, activation_ranges, decoder_matmul_inputs
 from hllm.calibration.data import build_calibration_set
-from hllm.calibration.quantize import (FLOAT_OPS, QuantOptions, excluded_nodes, float_ops_fed_by_quantized, module_path,
-                                 nodes_in_part, quantize_export, quantized_nodes, sensitivity_ladder, weight_matmuls)
+from hllm.calibration.options import FLOAT_OPS, QuantOptions
+from hllm.calibration.parts import (excluded_nodes, float_ops_fed_by_quantized, nodes_in_part, quantized_nodes,
+                                    sensitivity_ladder, weight_matmuls)
+from hllm.calibration.quantize import quantize_export
+from hllm.exporter.scopes import module_path
 from hllm.cli import main
 from hllm.errors import EngineError
 from hllm.runtime import Ranker, write_jsonl

@@ -1,5 +1,5 @@
 """The ``calibrate --reference-scores`` cache proves what it holds: it is keyed by the hash of each slate's
-encoded graph inputs, the graph file's sha256 and K (:func:`hllm.verify.gate.reference_key`), and a cache
+encoded graph inputs, the graph file's sha256 and K (:func:`hllm.verify.reference.reference_key`), and a cache
 for other slates, another graph or K, with non-finite values or cut short is refused with exit 2 and a
 message naming the cache file (never blaming the FP32 export)."""
 
@@ -16,8 +16,8 @@ import pytest
 from hllm.cli import main
 from hllm.errors import ParityError
 from hllm.testing import tiny_slates
-from hllm.verify.gate import (REFERENCE_FORMAT, ReferenceKey, load_reference, reference_key, reference_scores,
-                              save_reference)
+from hllm.verify.reference import (REFERENCE_FORMAT, ReferenceKey, load_reference, reference_key, reference_scores,
+                                   save_reference)
 
 
 @pytest.fixture(scope="module")

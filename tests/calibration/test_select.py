@@ -32,7 +32,7 @@ def test_refusal_names_the_missing_instruction_set_flavour_and_data():
 def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_export_dir, tmp_path):
     from hllm.runtime.slates import write_jsonl as write_slates
 
-    write_slates(tmp_path / "eval.jsonl", tiny_slates(6, (2, 8), seed=11))
+    write_slates(tmp_path / "eval.jsonl", tiny_slates(8, (2, 8), seed=11))  # the gate's 6, then NNCF's 2
     write_slates(tmp_path / "train.jsonl", [{**s, "slate_id": f"train-{i}"} for i, s in enumerate(tiny_slates(4, 6, seed=12))])
     out, rep = tmp_path / "selected", tmp_path / "selection.json"
     # in a child process: OpenVINO / NNCF loaded into the pytest process make a later test's SIGTERM-to-self
@@ -40,7 +40,7 @@ def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_expo
     code = (f"from hllm import measure; measure.cpu_flags = lambda: {['avx2', 'avx512f', 'avx512_vnni']!r}\n"
             "import sys; from hllm.cli import main; main(sys.argv[1:])")
     argv = ["calibrate", str(standard_export_dir), str(out), "--backend", "auto", "-s", str(tmp_path / "eval.jsonl"),
-            "--calib-slates", str(tmp_path / "train.jsonl"), "--calib-count", "4", "--bench-runs", "3",
+            "--limit", "6", "--calib-slates", str(tmp_path / "train.jsonl"), "--calib-count", "4", "--bench-runs", "3",
             "--bench-warmup", "1", "--threads", "1", "--min-top1", "0.5", "--max-recall10-delta", "1",
             "--max-auc-delta", "1", "--report", str(rep)]
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=900)
@@ -80,7 +80,7 @@ def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_expo
     r = subprocess.run([sys.executable, "-c", code, "rank", str(out), "-s", str(tmp_path / "eval.jsonl"), "-o", str(ranked)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert len(ranked.read_text().splitlines()) == 6
+    assert len(ranked.read_text().splitlines()) == 8
     # the input export is untouched: no selection report written into it
     assert not (standard_export_dir / "selection_report.json").exists()
 
@@ -102,7 +102,8 @@ def test_gate_fail_fast_stops_once_the_gate_cannot_pass(standard_export_dir):
     import numpy as np
 
     from hllm.calibration.select import gate_fail_fast
-    from hllm.verify.gate import GateThresholds, cpu_ranker, ranker_scores
+    from hllm.verify.gate import GateThresholds
+    from hllm.verify.reference import cpu_ranker, ranker_scores
 
     slates = tiny_slates(12, (3, 8), seed=21)
     ref = ranker_scores(cpu_ranker(standard_export_dir, 1), slates)
@@ -161,3 +162,42 @@ def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_ex
         err = capsys.readouterr().err
         assert want in err and "missing.jsonl" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_export_dir, tmp_path, monkeypatch):
+    """NNCF's accuracy control gets the validation slates, never the gate's: overlapping ones are refused before
+    any work, none at all refuse the candidate, disjoint ones are what its build receives."""
+    from hllm.calibration import accuracy_control, pipeline
+    from hllm.calibration.select import NO_VALIDATION, SelectRequest, check_validation, select
+    from hllm.errors import EngineError, SlateError
+    from hllm.verify.gate import GateThresholds
+    from hllm.verify.reference import cpu_ranker
+
+    slates = tiny_slates(7, (3, 6), seed=31)
+    evals = slates[:4]
+    validation = [{**s, "slate_id": f"held-out-{i}"} for i, s in enumerate(slates[4:])]
+    check_validation(validation, evals)
+    with pytest.raises(SlateError, match="1 validation slate"):
+        check_validation(validation + [evals[2]], evals)
+    seen = []
+
+    def fake_build(export_dir, dst, calibration, validation, *a, **k):
+        seen.append([s["slate_id"] for s in validation])
+        raise EngineError("stopped here by the test")
+
+    monkeypatch.setattr(accuracy_control, "build_candidate", fake_build)
+    # the reference from ONNX Runtime only: OpenVINO loaded in the pytest process breaks a later SIGTERM test
+    monkeypatch.setattr(pipeline, "fp32_engines", lambda art, threads=None: {"onnxruntime-fp32": cpu_ranker(art, threads)})
+
+    def run(val, out):
+        req = SelectRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
+                            only=("openvino-int8",), threads=1, validation_slates=val)
+        return {c["name"]: c for c in select(req)[0].candidates}
+
+    with pytest.raises(SlateError, match="also gate slates"):
+        run(validation + [evals[0]], "overlap")
+    assert not (tmp_path / "overlap").exists()
+    assert run([], "none")["openvino-int8"]["refused"] == NO_VALIDATION and seen == []
+    rec = run(validation, "apart")["openvino-int8"]
+    assert rec["error"] == "EngineError: stopped here by the test"
+    assert seen == [["held-out-0", "held-out-1", "held-out-2"]]

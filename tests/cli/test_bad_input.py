@@ -276,7 +276,7 @@ def hostile_files(tmp_path_factory, export_dir, merged_checkpoint):
     _write_jsonl(d / "teacher-floats.jsonl", [{"slate_id": s["slate_id"], "order": [0.7]} for s in good])
     # reference scores keyed to these slates and this export, whose members' headers declare 2 GiB each
     from hllm.runtime.artefact import resolve
-    from hllm.verify.gate import REFERENCE_FORMAT, reference_key
+    from hllm.verify.reference import REFERENCE_FORMAT, reference_key
 
     key = reference_key(resolve(export_dir), good)
     with zipfile.ZipFile(d / "ref-wrong.npz", "w") as zf:

@@ -346,7 +346,7 @@ def test_hllm_debug_false_keeps_the_one_line_error(monkeypatch, capsys, tmp_path
 
 def test_duplicate_json_keys_are_refused_everywhere(tmp_path):
     from hllm.errors import CheckpointError, SlateError
-    from hllm.files import read_json
+    from hllm.reading import read_json
     from hllm.runtime.slates import loads_json
 
     with pytest.raises(SlateError, match="duplicate key 'a'"):

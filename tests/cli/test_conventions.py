@@ -26,6 +26,8 @@ from hllm.cli import app, main
 from hllm.errors import HllmError
 
 cli_app = sys.modules["hllm.cli.app"]  # the module (the package attribute `hllm.cli.app` is the Typer app)
+cli_io = sys.modules["hllm.cli.io"]
+cli_options = sys.modules["hllm.cli.options"]
 from hllm.testing import tiny_slates
 from tests.cli.conftest import ALIASES, commands, options, run
 
@@ -56,7 +58,7 @@ def test_one_name_per_concept_and_short_flags():
             if p.name == "limit":
                 assert p.opts == ["--limit"] and p.min == 1, path
             if p.name == "threads":
-                assert p.min == 1 and p.max == cli_app.MAX_THREADS, path
+                assert p.min == 1 and p.max == cli_options.MAX_THREADS, path
     retired = {"--max-batch", "--max-batch-size", "--eval-slates", "--check-slates", "--max-slates", "--count", "--tol",
                "--candidates", "--summary", "--model-slates", "--eval-limit", "--bench-rounds"}
     assert not retired & set(seen), retired & set(seen)
@@ -131,7 +133,7 @@ def test_sample_slates_ship_as_package_data(tmp_path, monkeypatch):
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert any(SAMPLE_NAME.endswith(pat.lstrip("*")) for pat in data["hllm.data"])
     monkeypatch.chdir(tmp_path)  # the default no longer depends on the current directory
-    rows = cli_app.load_slates(None, limit=3)
+    rows = cli_io.load_slates(None, limit=3)
     assert len(rows) == 3 and all(len(s["candidates"]) == 50 for s in rows)
 
 

@@ -16,8 +16,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hllm.errors import ExportError
-from hllm.exporter.fp16 import (DEFAULT_ISLANDS, FLOAT, FLOAT16, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
-                                     island_of, load_onnx, parse_islands)
+from hllm.exporter.fp16 import (DEFAULT_ISLANDS, ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check,
+                                island_of, parse_islands)
+from hllm.exporter.onnx_io import FLOAT, FLOAT16, load_onnx
 
 
 def _types(model) -> dict[str, int]:

@@ -209,7 +209,7 @@ def test_ray_rank_of_the_sample_is_byte_identical_to_hllm_rank(local_ray, export
 
 def test_ray_rank_refuses_bad_slates_before_ray_and_caps_local_workers(export_dir, tmp_path, capsys, monkeypatch):
     from hllm.cli import main
-    from hllm.cli.app import MAX_WORKERS
+    from hllm.cli.options import MAX_WORKERS
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(tiny_slates(1, (1, 8), seed=1)[0]) + "\n{\"candidates\": []}\n")

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hllm.verify.gate import (GateThresholds, assignment_regret, gate_scores, gate_stream, hopeless)
+from hllm.verify.gate import GateThresholds, assignment_regret, gate_scores
+from hllm.verify.sequential import gate_stream, hopeless
 
 N_ITEMS = 20
 
