@@ -27,7 +27,7 @@ on the first :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| �
 finite) instead of a ranking gate over every slate. A reduced-precision candidate is judged by the gate
 (:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor by default, ``strict`` on request)
 on all the slates, scored in chunks and stopped as soon as it can no longer pass
-(:func:`hllm.verify.gate.hopeless`). Those that pass are timed interleaved
+(:func:`hllm.verify.sequential.hopeless`). Those that pass are timed interleaved
 (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the fastest is
 promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
 ``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline passes its parity check unless an
@@ -206,7 +206,7 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_isla
     """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
 
     Fused fp32: :func:`hllm.exporter.fusion.fuse_export`. fp32 / bf16 OpenVINO: the export's files with a sidecar that says ``engine: openvino`` and the
-    inference precision. INT8: NNCF with accuracy control on OpenVINO (:func:`hllm.calibration.openvino_int8.build_candidate`:
+    inference precision. INT8: NNCF with accuracy control on OpenVINO (:func:`hllm.calibration.accuracy_control.build_candidate`:
     NNCF validates on the ``validation`` slates — held out from the gate's, :func:`check_validation` — with a
     ``max_drop`` from ``thresholds``)
     or ``onnxruntime.quantization`` (dynamic / static).
@@ -230,12 +230,13 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_isla
         write_export(dst, {**raw, "engine": "openvino",
                            "openvino": {"inference_precision": "f32" if c.precision == "fp32" else "bf16"}})
     elif c.name in ACCURACY_CONTROL:  # NNCF accuracy control on validation slates apart from the gate's
-        from hllm.calibration.openvino_int8 import build_candidate
+        from hllm.calibration.accuracy_control import build_candidate
 
         build_candidate(export_dir, dst, calibration, validation, thresholds,
                         inference_precision="bf16" if c.name.endswith("bf16") else "f32")
     else:
-        from hllm.calibration.quantize import QuantOptions, quantize_export
+        from hllm.calibration.options import QuantOptions
+        from hllm.calibration.quantize import quantize_export
 
         backend = "ort-dynamic" if c.name.endswith("dynamic") else "ort-static"
         quantize_export(export_dir, dst, QuantOptions(backend=backend, precision="int8"), calibration)
@@ -331,12 +332,12 @@ def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, thre
                    chunk: int = 10, on_progress=None):
     """Gate the export at ``path`` against the reference scores ``ref`` (one ``[n_i, K]`` float32 array per
     slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass
-    (:func:`hllm.verify.gate.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
+    (:func:`hllm.verify.sequential.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
     report over fewer slates than given is a failure whatever its figures.
 
     Raises: EngineError / SlateError from loading or running the engine.
     """
-    from hllm.verify.gate import run_gate
+    from hllm.verify.sequential import run_gate
 
     rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress)
     return rep, len(rep.records)
@@ -350,7 +351,7 @@ def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None
 
     Returns: :class:`hllm.verify.parity.ParityReport`. Raises: EngineError / SlateError from the engine.
     """
-    from hllm.verify.gate import cpu_ranker, ranker_scores
+    from hllm.verify.reference import cpu_ranker, ranker_scores
     from hllm.verify.parity import ParityReport, Thresholds, compare_slate
 
     part = list(slates[:count])

@@ -9,10 +9,13 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import (MAX_BATCH, app, check_output_dir, check_output_file, choice_opt, console, data_to_stdout, deprecated,
-                          finish_report, hidden_alias, json_opt, limit_opt, load_slates, out, overwrite_opt, pick,
-                          progress, quiet_libraries, slates_file, slates_opt, slates_source, threads_opt)
-from hllm.calibration.quantize import BACKENDS, PRECISIONS
+from hllm.cli.app import app, console, out, progress, quiet_libraries
+from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, finish_report, load_slates, slates_file,
+                         slates_source)
+from hllm.cli.options import (choice_opt, deprecated, hidden_alias, json_opt, limit_opt, overwrite_opt, pick,
+                              slates_opt, threads_opt)
+from hllm.formats.graph import MAX_BATCH
+from hllm.calibration.options import BACKENDS, PRECISIONS
 from hllm.errors import EngineError, OutputError, SlateError
 
 
@@ -69,7 +72,7 @@ def calibrate_cmd(
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     from hllm.calibration.pipeline import CalibrateRequest, prepare_calibration
-    from hllm.calibration.quantize import QuantOptions
+    from hllm.calibration.options import QuantOptions
 
     quiet_libraries()
     if out_alias is not None:
@@ -167,7 +170,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
         from hllm.calibration.bf16_islands import read_islands
 
         read_islands(bf16_islands)
-    from hllm.calibration.openvino_int8 import CANDIDATE_SETTINGS
+    from hllm.calibration.accuracy_control import CANDIDATE_SETTINGS
 
     # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own
     loaded = load_slates(slates, limit=limit + CANDIDATE_SETTINGS["validation_slates"])

@@ -102,7 +102,8 @@ def test_gate_fail_fast_stops_once_the_gate_cannot_pass(standard_export_dir):
     import numpy as np
 
     from hllm.calibration.select import gate_fail_fast
-    from hllm.verify.gate import GateThresholds, cpu_ranker, ranker_scores
+    from hllm.verify.gate import GateThresholds
+    from hllm.verify.reference import cpu_ranker, ranker_scores
 
     slates = tiny_slates(12, (3, 8), seed=21)
     ref = ranker_scores(cpu_ranker(standard_export_dir, 1), slates)
@@ -166,10 +167,11 @@ def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_ex
 def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_export_dir, tmp_path, monkeypatch):
     """NNCF's accuracy control gets the validation slates, never the gate's: overlapping ones are refused before
     any work, none at all refuse the candidate, disjoint ones are what its build receives."""
-    from hllm.calibration import openvino_int8, pipeline
+    from hllm.calibration import accuracy_control, pipeline
     from hllm.calibration.select import NO_VALIDATION, SelectRequest, check_validation, select
     from hllm.errors import EngineError, SlateError
-    from hllm.verify.gate import GateThresholds, cpu_ranker
+    from hllm.verify.gate import GateThresholds
+    from hllm.verify.reference import cpu_ranker
 
     slates = tiny_slates(7, (3, 6), seed=31)
     evals = slates[:4]
@@ -183,7 +185,7 @@ def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_expo
         seen.append([s["slate_id"] for s in validation])
         raise EngineError("stopped here by the test")
 
-    monkeypatch.setattr(openvino_int8, "build_candidate", fake_build)
+    monkeypatch.setattr(accuracy_control, "build_candidate", fake_build)
     # the reference from ONNX Runtime only: OpenVINO loaded in the pytest process breaks a later SIGTERM test
     monkeypatch.setattr(pipeline, "fp32_engines", lambda art, threads=None: {"onnxruntime-fp32": cpu_ranker(art, threads)})
 
