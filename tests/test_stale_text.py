@@ -87,3 +87,30 @@ def test_the_search_finds_what_it_is_for(tmp_path):
     hits, used = stale_lines([page], tmp_path, {("p.md", "issues/1"): "upstream link"})
     assert [h.split(":")[1] for h in hits] == ["1", "2", "3", "4", "5"]
     assert used == {("p.md", "issues/1")}
+
+
+def _module_refs(root: Path) -> list[tuple[str, str]]:
+    """(file, dotted module) of every ``:mod:`` reference in ``root``'s docstrings, relative ones resolved
+    against the file's package."""
+    refs = []
+    for path in sorted(root.rglob("*.py")):
+        package = ".".join(path.relative_to(root.parent).parent.parts)
+        for name in re.findall(r":mod:`~?([\w.]+)`", path.read_text(encoding="utf-8")):
+            refs.append((path.relative_to(root.parent).as_posix(), package + name if name.startswith(".") else name))
+    return refs
+
+
+def test_docstrings_name_modules_that_exist():
+    """A package docstring that lists its modules (``:mod:`.stats```) is updated when one moves."""
+    import importlib.util
+
+    refs = _module_refs(REPO / "hllm")
+    assert len(refs) > 20
+    def exists(mod: str) -> bool:
+        try:
+            return importlib.util.find_spec(mod) is not None
+        except ModuleNotFoundError:  # a parent package that does not exist
+            return False
+
+    missing = [f"{path}: {mod}" for path, mod in refs if not exists(mod)]
+    assert not missing, missing

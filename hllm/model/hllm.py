@@ -2,7 +2,8 @@
 
     input_ids [B, S] int64 ──backbone (one causal forward, no KV cache)──► hidden [B, S, D]
     hidden, readout_positions [B, N] ──gather──► items [B, N, D]
-    items, item_mask [B, N] ──head──► scores M [B, N, K] float32
+    hidden, context_positions [B] ──gather──► user [B, D]          (only for a head with "context": true)
+    items, item_mask [B, N] (, user) ──head──► scores M [B, N, K] float32
 
 Inputs are right-padded, so plain causal attention with no attention mask gives real tokens exactly
 the hidden states they would have unpadded (pads come after every real token and real positions keep
@@ -58,7 +59,7 @@ def run_layers(backbone: nn.Module, h_or_ids: torch.Tensor, start: int, stop: in
 
 
 class HllmModel(nn.Module):
-    """Backbone + readout + head. ``forward(input_ids, readout_positions, item_mask) → scores``.
+    """Backbone + readout + head. ``forward(input_ids, readout_positions, item_mask[, context_positions]) → scores``.
 
     The forward can also start at any decoder layer (:meth:`forward_from`), from a cached hidden
     state: training and evaluation from a feature cache use the same code as the full forward.

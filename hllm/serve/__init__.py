@@ -2,7 +2,7 @@
 
 Optional extra ``serve`` (fastapi, uvicorn, httpx, prometheus_client); torch-free like the runtime.
 :func:`create_app` builds the app over a :class:`hllm.runtime.Ranker`; :mod:`.batching` holds the
-micro-batcher, :mod:`.server` runs uvicorn, :mod:`.loadtest` measures it.
+micro-batcher, :mod:`.server` runs uvicorn, :mod:`hllm.bench.loadtest` measures it.
 
 The names below are imported on first use (PEP 562 module ``__getattr__``), so the subpackages that need
 no web framework — :mod:`hllm.serve.triton` (the Triton repository writer) and :mod:`hllm.serve.ray_serve`
