@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from hllm.extras import optional
 from hllm.measure import summarize, time_interleaved
 
 FAMILIES = ("gaussian", "planted", "rank1")
@@ -109,9 +110,8 @@ def _from_pairs(rows, cols, n: int) -> np.ndarray:
 def available_solvers() -> list[Solver]:
     """The solvers importable here (see the module docstring)."""
     out: list[Solver] = []
-    try:
-        import lap
-
+    lap = optional("lap")
+    if lap is not None:
         out.append(Solver("lap.lapjv", lambda c: lap.lapjv(c, extend_cost=False, return_cost=False),
                           lambda r, n: np.asarray(r[1], dtype=np.int64)))
         for name in ("lapjvc", "lapjvx", "lapjvs"):  # lapx only: (cost, rows, cols)
@@ -120,21 +120,16 @@ def available_solvers() -> list[Solver]:
                 out.append(Solver(f"lapx.{name}", fn, lambda r, n: _from_pairs(r[1], r[2], n)))
         if hasattr(lap, "lapjvsa"):  # lapx only: (cost, [k, 2] pairs)
             out.append(Solver("lapx.lapjvsa", lap.lapjvsa, lambda r, n: _from_pairs(r[1][:, 0], r[1][:, 1], n)))
-    except ImportError:
-        pass
-    try:
-        from scipy.optimize import linear_sum_assignment
-
-        out.append(Solver("scipy.linear_sum_assignment", linear_sum_assignment,
+    scipy_optimize = optional("scipy.optimize")
+    if scipy_optimize is not None:
+        out.append(Solver("scipy.linear_sum_assignment", scipy_optimize.linear_sum_assignment,
                           lambda r, n: _from_pairs(r[0], r[1], n)))
-    except ImportError:
-        pass
     try:
-        import lapjv as srcd
-
+        srcd = optional("lapjv")
+    except (ImportError, AttributeError):  # a build broken against this numpy fails inside its import
+        srcd = None
+    if srcd is not None:
         out.append(Solver("lapjv(src-d)", srcd.lapjv, lambda r, n: _from_row_to_col(r[0], n)))
-    except (ImportError, AttributeError):
-        pass
     return out
 
 

@@ -30,6 +30,7 @@ from hllm.errors import EngineError
 from hllm.extras import require
 from hllm.formats.graph import OUTPUT_NAME, input_names
 from hllm.formats.precision import Precision
+from hllm.measure import bf16_support
 
 #: Inference precisions this engine accepts (OpenVINO's names for ``INFERENCE_PRECISION_HINT``).
 INFERENCE_PRECISIONS = ("f32", "bf16")
@@ -45,8 +46,6 @@ def check_inference_precision(value: str) -> str:
     if v not in INFERENCE_PRECISIONS:
         raise EngineError(f"OpenVINO inference precision {value!r} is not one of {INFERENCE_PRECISIONS}")
     if v == "bf16":
-        from hllm.measure import bf16_support
-
         ok, what = bf16_support()
         if not ok:
             raise EngineError("bf16 needs AVX512_BF16 or AMX-BF16 instructions, which this CPU lacks; "

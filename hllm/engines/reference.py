@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from hllm.engines.base import Engine
+from hllm.formats.checkpoint import load_manifest
 
 
 class TorchEngine(Engine):
@@ -22,8 +23,6 @@ class TorchEngine(Engine):
     name = "torch"
 
     def __init__(self, checkpoint: str | os.PathLike, merge: bool = False, threads: int | None = None):
-        from hllm.formats.checkpoint import load_manifest
-
         self.manifest = load_manifest(checkpoint)
         super().__init__(self.manifest.num_positions, context=self.manifest.head.context)
         self.checkpoint = Path(checkpoint)

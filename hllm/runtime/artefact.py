@@ -12,8 +12,8 @@ path holds is decided here, in one place (:func:`artefact_kind`, also used by ``
 are read by their owners (:mod:`hllm.formats.export`, :mod:`hllm.formats.plan`,
 :mod:`hllm.formats.checkpoint`); this module only dispatches.
 
-The engines are imported when an artefact is opened. The PyTorch reference engine of a checkpoint is
-loaded by name through :func:`hllm.extras.require` (it needs the ``export`` extra): the lean runtime has
+The torch-free engines (ONNX Runtime, OpenVINO, TensorRT) are imported with this module; each imports its
+library only when activated. The PyTorch reference engine of a checkpoint is loaded by name through :func:`hllm.extras.require` (it needs the ``export`` extra): the lean runtime has
 no import of torch code, which the ``forbidden`` contract in ``pyproject.toml`` checks.
 
 Every file name read from a sidecar must lie in the sidecar's directory
@@ -28,6 +28,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hllm.engines.openvino import OpenVinoEngine
+from hllm.engines.ort import OnnxRuntimeEngine
+from hllm.engines.tensorrt.runner import TensorRTEngine
 from hllm.errors import EngineError
 from hllm.extras import require
 from hllm.reading import contained_path
@@ -152,15 +155,11 @@ def open_engine(artefact: Artefact, **options):
     if artefact.kind == "onnx" and _wants_openvino(artefact, options.get("engine")):
         return _openvino_engine(artefact, options)
     if artefact.kind == "onnx":
-        from hllm.engines.ort import OnnxRuntimeEngine
-
         level = options.get("graph_optimization") or ("basic" if artefact.precision is Precision.FP8 else "all")
         return OnnxRuntimeEngine(artefact.path, artefact.num_positions, providers=options.get("providers"),
                                  intra_op_threads=options.get("threads") or 0, graph_optimization=level,
                                  precision=artefact.precision, context=artefact.context)
     if artefact.kind == "tensorrt":
-        from hllm.engines.tensorrt.runner import TensorRTEngine
-
         return TensorRTEngine(artefact.path, artefact.num_positions, sidecar=artefact.meta,
                               device=options.get("device") or 0)
     raise EngineError(f"unknown artefact kind {artefact.kind!r}")
@@ -183,8 +182,6 @@ def _wants_openvino(artefact: Artefact, engine: str | None) -> bool:
 
 
 def _openvino_engine(artefact: Artefact, options: dict):
-    from hllm.engines.openvino import OpenVinoEngine
-
     ov = artefact.openvino if isinstance(artefact.openvino, OpenVinoSettings) else OpenVinoSettings()
     path = artefact.path
     if ov.ir:

@@ -15,6 +15,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from hllm.engines.base import Engine
+from hllm.errors import EngineError
+from hllm.runtime.artefact import Artefact, open_engine, resolve
 from hllm.runtime.decode import assignment_scores, decode_batch
 from hllm.runtime.prompt import Batch, EncodedSlate, PromptBuilder, load_tokenizer
 from hllm.runtime.slates import slate_ids
@@ -131,8 +133,6 @@ class Ranker:
         ``verify_hash``: also check the graph's sha256 against its sidecar (:func:`.artefact.resolve`; ignored
         for an Artefact). ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
         """
-        from hllm.runtime.artefact import Artefact, open_engine, resolve
-
         art = path if isinstance(path, Artefact) else resolve(path, verify_hash=verify_hash)
         builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
         return cls(open_engine(art, **engine_options), builder, batch_size)
@@ -199,8 +199,6 @@ class Ranker:
             chunk = slates[i : i + step]
             res = self.rank_batch(chunk, None if encoded is None else encoded[i : i + step], first_index=i)
             if len(res) != len(chunk):
-                from hllm.errors import EngineError
-
                 raise EngineError(f"ranker returned {len(res)} rankings for {len(chunk)} slates")
             out.extend(res)
             if on_progress:

@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from hllm.extras import require
+from hllm.runtime.ranker import Ranker
 from hllm.runtime.slates import iter_slates, write_jsonl
 
 
@@ -42,8 +43,6 @@ class RankActor:
     """A Ray Data actor: one engine, ranks batches of slate chunks (``{"chunk": [JSON list of slates]}``)."""
 
     def __init__(self, model: str, threads: int | None = None):
-        from hllm.runtime.ranker import Ranker
-
         self.ranker = Ranker.from_path(model, threads=threads)
         self.ranker.engine.activate()
 

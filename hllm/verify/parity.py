@@ -14,8 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
-from hllm.errors import DecodeError
+from hllm.errors import DecodeError, EngineError
 from hllm.runtime.decode import decode
+from hllm.runtime.ranker import Ranker
+from hllm.verify.scoring import score_slates
 
 
 @dataclass
@@ -254,10 +256,6 @@ def run_parity(reference, test, slates: list[dict], thresholds: Thresholds | Non
     Raises:
         EngineError: the two artefacts use different prompt specs or K (parity would be meaningless).
     """
-    from hllm.errors import EngineError
-    from hllm.runtime.ranker import Ranker
-    from hllm.verify.scoring import score_slates
-
     ref = reference if isinstance(reference, Ranker) else Ranker.from_path(reference, **engine_options)
     tst = test if isinstance(test, Ranker) else Ranker.from_path(test, **engine_options)
     if ref.builder.spec != tst.builder.spec:
