@@ -15,23 +15,11 @@ Peaks: fp32 ``torch.mm`` / numpy (:func:`hllm.bench.peak.matmul_peak`); int8 ``t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-
-@dataclass
-class Contender:
-    """One row: ``path`` (checkpoint / export dir), ``engine`` (auto / onnxruntime / openvino / torch),
-    ``dtype`` of its GEMMs (fp32 / int8 / bf16), OpenVINO ``inference_precision``, and gate figures."""
-
-    name: str
-    path: str
-    engine: str = "auto"
-    dtype: str = "fp32"
-    inference_precision: str | None = None
-    gate: dict = field(default_factory=dict)
+from hllm.calibration.candidate import Candidate
 
 
 #: Gate figures a ``--gates`` entry may hold that the table prints (each a number in [-1, 1] when present).
@@ -99,7 +87,7 @@ def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
     return out
 
 
-def _open(c: Contender, threads: int):
+def _open(c: Candidate, threads: int):
     from hllm.runtime.artefact import open_engine, resolve
 
     opts = {"threads": threads}
@@ -110,7 +98,7 @@ def _open(c: Contender, threads: int):
     return open_engine(resolve(c.path), **opts)
 
 
-def frontier(checkpoint: str, contenders: Sequence[Contender], slates: Sequence[dict], rounds: int = 5,
+def frontier(checkpoint: str, contenders: Sequence[Candidate], slates: Sequence[dict], rounds: int = 5,
              warmup: int = 1, threads: int = 2, peak_n: int = 2048) -> dict:
     """Time ``contenders`` and PyTorch fp32 eager on ``checkpoint`` interleaved (module doc); ``peak_n``: size
     of the square GEMMs that measure the peaks.
@@ -130,7 +118,7 @@ def frontier(checkpoint: str, contenders: Sequence[Contender], slates: Sequence[
     batches = [builder.encode([s]) for s in slates]
     dims = load_manifest(checkpoint).dims
     flops = float(np.mean([prefill_flops(dims, int(b.lengths[0])) for b in batches]))
-    ref = Contender("PyTorch fp32 eager", checkpoint, "torch")
+    ref = Candidate("PyTorch fp32 eager", "torch", "fp32", path=checkpoint)
     engines, refused = {}, {}
     for c in [ref, *contenders]:
         try:
@@ -147,12 +135,12 @@ def frontier(checkpoint: str, contenders: Sequence[Contender], slates: Sequence[
     base = summarize(samples[ref.name])["median"]
     rows = []
     for c in [ref, *contenders]:
-        row = {"name": c.name, "path": c.path, "engine": c.engine, "dtype": c.dtype, "gate": c.gate or None}
+        row = {"name": c.name, "path": c.path, "engine": c.engine, "dtype": str(c.precision), "gate": c.gate or None}
         if c.name in refused:
             rows.append({**row, "refused": refused[c.name]})
             continue
         med = summarize(samples[c.name])["median"]
-        peak = peaks.get(c.dtype)
+        peak = peaks.get(str(c.precision))
         rows.append({**row, "s_per_slate": round(med, 3), "samples_s": [round(x, 3) for x in samples[c.name]],
                      "vs_torch_fp32": round(base / med, 3), "engine_name": engines[c.name].name,
                      "gemm_peak_fraction": round(flops / med / 1e9 / peak, 3) if peak else None})

@@ -46,8 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hllm.calibration.candidate import Candidate
 from hllm.errors import EngineError
 from hllm.extras import optional
+from hllm.formats.precision import Precision
 
 Say = Callable[[str], None]
 
@@ -60,29 +62,17 @@ FP32_PARITY_SLATES = 8
 FP32_PARITY_ATOL = 1e-3
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One engine × precision the selector may build. ``flavour``: the export flavour it reads (None = any);
-    ``isa``: CPU features of which at least one must be present (empty = none needed); ``needs_calibration``:
-    built from calibration data."""
-
-    name: str
-    engine: str
-    precision: str
-    flavour: str | None = None
-    isa: tuple[str, ...] = ()
-    needs_calibration: bool = False
-
-
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("onnxruntime-fp32", "onnxruntime", "fp32"),
     Candidate("onnxruntime-fused-fp32", "onnxruntime", "fp32", flavour="standard"),
-    Candidate("openvino-fp32", "openvino", "fp32", flavour="standard"),
-    Candidate("openvino-bf16", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
+    Candidate("openvino-fp32", "openvino", "fp32", inference_precision="f32", flavour="standard"),
+    Candidate("openvino-bf16", "openvino", "bf16", inference_precision="bf16", flavour="standard",
+              isa=("avx512_bf16", "amx_bf16")),
     Candidate("openvino-bf16-islands", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
-    Candidate("openvino-int8", "openvino", "int8", flavour="standard", needs_calibration=True),
-    Candidate("openvino-int8-bf16", "openvino", "int8", flavour="standard", isa=("avx512_bf16", "amx_bf16"),
+    Candidate("openvino-int8", "openvino", "int8", inference_precision="f32", flavour="standard",
               needs_calibration=True),
+    Candidate("openvino-int8-bf16", "openvino", "int8", inference_precision="bf16", flavour="standard",
+              isa=("avx512_bf16", "amx_bf16"), needs_calibration=True),
     Candidate("onnxruntime-int8-dynamic", "onnxruntime", "int8"),
     Candidate("onnxruntime-int8-static", "onnxruntime", "int8", needs_calibration=True),
 )
@@ -193,7 +183,7 @@ def check_start(meta, only: Sequence[str] = ()) -> None:
     bad = [n for n in only if n not in names]
     if bad:
         raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
-    if meta.precision.value != "fp32":
+    if meta.precision is not Precision.FP32:
         raise EngineError(f"{meta.root} is a {meta.precision.value} export: --backend auto starts from the FP32 export")
     engine = meta.engine
     if engine != "onnxruntime":
@@ -224,22 +214,21 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_isla
         from hllm.exporter.fusion import fuse_export
 
         fuse_export(export_dir, dst)
-    elif c.engine == "openvino" and c.precision in ("fp32", "bf16"):
+    elif c.engine == "openvino" and c.precision in (Precision.FP32, Precision.BF16):
         _copy_tree(export_dir, dst)
         raw = read_export(export_dir).raw
-        write_export(dst, {**raw, "engine": "openvino",
-                           "openvino": {"inference_precision": "f32" if c.precision == "fp32" else "bf16"}})
+        write_export(dst, {**raw, "engine": "openvino", "openvino": {"inference_precision": c.inference_precision}})
     elif c.name in ACCURACY_CONTROL:  # NNCF accuracy control on validation slates apart from the gate's
         from hllm.calibration.accuracy_control import build_candidate
 
         build_candidate(export_dir, dst, calibration, validation, thresholds,
-                        inference_precision="bf16" if c.name.endswith("bf16") else "f32")
+                        inference_precision=c.inference_precision)
     else:
         from hllm.calibration.options import QuantOptions
         from hllm.calibration.quantize import quantize_export
 
         backend = "ort-dynamic" if c.name.endswith("dynamic") else "ort-static"
-        quantize_export(export_dir, dst, QuantOptions(backend=backend, precision="int8"), calibration)
+        quantize_export(export_dir, dst, QuantOptions(backend=backend, precision=Precision.INT8), calibration)
     return dst
 
 
@@ -273,7 +262,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     records, built = [], {}
     try:
         for c in CANDIDATES:
-            rec = {"name": c.name, "engine": c.engine, "precision": c.precision}
+            rec = {"name": c.name, "engine": c.engine, "precision": str(c.precision)}
             records.append(rec)
             why = "not requested (--candidate)" if req.only and c.name not in req.only and c.name != BASELINE else \
                 refusal(c, flavour, features, req.calibration is not None, have_ov) or \
@@ -288,11 +277,11 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
                              validation=req.validation_slates, thresholds=req.thresholds)
                 rec["build_s"] = round(time.perf_counter() - t0, 1)
                 t0 = time.perf_counter()
-                if c.precision == "fp32" and c.name == ref_info.get("engine"):
+                if c.precision is Precision.FP32 and c.name == ref_info.get("engine"):
                     rec["check"] = "reference"  # it computed the reference: nothing to compare it with
                     rec["passed"] = True
                     say(f"{c.name}: computed the FP32 reference")
-                elif c.precision == "fp32":
+                elif c.precision is Precision.FP32:
                     par = fp32_parity(ref, path, req.eval_slates, req.threads)
                     rec["check"], rec["parity"], rec["passed"] = "parity", par.to_dict(per_slate=False), par.passed
                     say(f"{c.name}: parity on {par.summary().slates} slates, max|ΔM| {par.summary().max_abs_diff:.2g} "

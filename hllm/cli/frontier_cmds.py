@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
@@ -15,10 +16,10 @@ from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
 
 
 def parse_contender(text: str):
-    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → :class:`hllm.bench.frontier.Contender`.
+    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → :class:`hllm.calibration.candidate.Candidate`.
 
     Raises: HllmError naming the malformed value (engine one of auto/onnxruntime/openvino, dtype fp32/int8/bf16)."""
-    from hllm.bench.frontier import Contender
+    from hllm.calibration.candidate import Candidate
     from hllm.errors import HllmError
 
     parts = text.split("|")
@@ -26,7 +27,7 @@ def parse_contender(text: str):
         raise HllmError(f"--contender must be NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION], got {text!r}")
     if parts[2] not in ("auto", "onnxruntime", "openvino") or parts[3] not in ("fp32", "int8", "bf16"):
         raise HllmError(f"--contender {text!r}: engine auto/onnxruntime/openvino, dtype fp32/int8/bf16")
-    return Contender(parts[0], parts[1], parts[2], parts[3], parts[4] if len(parts) == 5 else None)
+    return Candidate(parts[0], parts[2], parts[3], path=parts[1], inference_precision=parts[4] if len(parts) == 5 else None)
 
 
 @bench_app.command("frontier")
@@ -57,8 +58,7 @@ def frontier_cmd(
         from hllm.bench.frontier import read_gates
 
         g = read_gates(gates)
-        for c in cs:
-            c.gate = g.get(c.name) or {}
+        cs = [dataclasses.replace(c, gate=g.get(c.name) or {}) for c in cs]
     data = load_slates(slates, limit=limit)
     res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads or 2)
     doc = {"benchmark": "frontier", **res, "machine": describe_machine(shared, note), "libraries": library_versions()}

@@ -144,7 +144,8 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
 
 def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypatch):
     from hllm import measure
-    from hllm.bench.frontier import Contender, frontier, markdown_table
+    from hllm.bench.frontier import frontier, markdown_table
+    from hllm.calibration.candidate import Candidate
     from hllm.testing import tiny_slates
 
     ckpt, export = exports["qwen2"]
@@ -158,8 +159,9 @@ def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypa
         return {k: [per_slate_s[k]] * rounds for k in calls}
 
     monkeypatch.setattr(measure, "time_interleaved", timed)
-    cs = [Contender("ort", str(export), "onnxruntime"), Contender("ov", str(export), "openvino"),
-          Contender("ov-bf16", str(export), "openvino", "bf16", "bf16", gate={"top1_agreement": 0.9})]
+    cs = [Candidate("ort", "onnxruntime", "fp32", path=str(export)), Candidate("ov", "openvino", "fp32", path=str(export)),
+          Candidate("ov-bf16", "openvino", "bf16", path=str(export), inference_precision="bf16",
+                    gate={"top1_agreement": 0.9})]
     res = frontier(str(ckpt), cs, tiny_slates(2, (3, K), seed=2), rounds=2, warmup=0, threads=1, peak_n=128)
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"PyTorch fp32 eager", "ort", "ov", "ov-bf16"}
