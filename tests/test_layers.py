@@ -38,6 +38,20 @@ def test_the_layer_contracts_hold_on_the_tree():
     assert "Contracts: 2 kept, 0 broken." in r.stdout, r.stdout
 
 
+def test_every_package_and_module_of_hllm_sits_in_a_layer():
+    """A new top-level package or module must be placed in the layers, or nothing would check its imports."""
+    import tomllib
+
+    contract = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"][0]
+    assert contract["type"] == "layers"
+    declared = {name.strip() for layer in contract["layers"] for name in layer.replace(":", "|").split("|")}
+    pkg = REPO / "hllm"
+    present = {f"hllm.{p.stem}" for p in pkg.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    present |= {f"hllm.{p.name}" for p in pkg.iterdir() if (p / "__init__.py").is_file()}
+    assert present - declared == set(), "place these in [tool.importlinter] layers"
+    assert declared - present == set(), "layers name modules that do not exist"
+
+
 @pytest.fixture(scope="module")
 def tree_copy(tmp_path_factory) -> Path:
     """A copy of the package and pyproject.toml, to break on purpose (the checkout is never touched)."""
