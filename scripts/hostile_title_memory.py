@@ -1,4 +1,5 @@
-"""Peak RSS of ``hllm rank`` on one slate whose candidate title is SIZE megabytes (docs/hardening.md, round 2).
+"""Peak RSS of ``hllm rank`` on one slate whose candidate title is SIZE megabytes (docs/hardening.md,
+"Memory, outputs vs inputs, caches, library file errors").
 
 Each run is a fresh subprocess measured by ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` of an intermediate
 Python whose only child it is. Writes ``results/hardening/hostile_title_memory.json``.
