@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
+import numbers
 import os
 import re
 import shutil
@@ -59,6 +61,22 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON (sorted keys off, NaN forbidden) to ``path`` atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` made strict-JSON-ready: a non-finite float (Python or NumPy: NaN, ±inf) → None, a NumPy float →
+    ``float``, dict keys → ``str``, tuples → lists, a ``Path`` → ``str``; other values unchanged (RFC 8259 has
+    no NaN or Infinity, so ``json.dumps(allow_nan=False)`` would refuse them)."""
+    if isinstance(obj, numbers.Real) and not isinstance(obj, numbers.Integral):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
 
 
 def output_target(path: str | os.PathLike, kind: str = "file") -> Path:

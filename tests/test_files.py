@@ -363,3 +363,17 @@ def test_copy_files_copies_regular_files_only_and_never_shares_an_inode(tmp_path
     with open(b / "model.onnx", "r+b") as f:  # an in-place write into the output
         f.write(b"GRAPH")
     assert (src / "model.onnx").read_bytes() == b"graph" and os.stat(src / "model.onnx").st_nlink == 1
+
+
+def test_json_safe_makes_strict_json_of_reports():
+    """One converter for the CLI's stdout JSON and the gate report: non-finite floats (NumPy ones too) become
+    null, NumPy floats plain floats, keys strings, tuples lists, paths strings; integers and booleans stay."""
+    import json
+
+    import numpy as np
+
+    doc = {1: (np.float32("nan"), np.float64(2.5), np.float32(0.5), float("-inf"), 3, True, Path("a/b"))}
+    out = files.json_safe(doc)
+    assert out == {"1": [None, 2.5, 0.5, None, 3, True, "a/b"]}
+    assert type(out["1"][2]) is float and out["1"][5] is True
+    assert json.loads(json.dumps(out, allow_nan=False)) == out

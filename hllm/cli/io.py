@@ -15,6 +15,7 @@ import typer
 
 from hllm.cli.app import out
 from hllm.errors import HllmError, SlateError
+from hllm.files import json_safe
 
 # -- slates in ---------------------------------------------------------------------------------------------
 
@@ -111,20 +112,8 @@ def data_to_stdout(json_flag: bool, *outputs: Optional[os.PathLike | str]) -> No
 
 def emit_json(obj: Any) -> None:
     """Print one JSON document on stdout (``--json``, ``-o -``); NaN is written as null."""
-    sys.stdout.write(json.dumps(_finite(obj), indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps(json_safe(obj), indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 def write_json_out(path: Optional[os.PathLike | str], obj: Any) -> None:

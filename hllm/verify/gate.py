@@ -42,6 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from hllm.errors import SlateError
+from hllm.files import json_safe
 from hllm.verify.parity import ComparisonSummary, Failure, SlateComparison, Verdict, compare_slate
 
 #: The gate's modes (``--gate``): ``quality`` = (a) + (b) of the module doc; ``strict`` = agreement rule.
@@ -223,7 +224,7 @@ class Criterion:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["interval"] = None if self.interval is None else list(self.interval)
-        return _json_safe(d)
+        return json_safe(d)
 
 
 @dataclass
@@ -367,20 +368,7 @@ class GateReport(Verdict):
         d.update(self.extra)
         if per_slate:
             d["per_slate"] = [{**r.to_dict(), "regret": g} for r, g in zip(self.records, self.regrets)]
-        return _json_safe(d)
-
-
-def _json_safe(x):
-    """Replace non-finite floats (inf max diff of a NaN-producing graph) by None for strict JSON."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, np.floating):
-        return _json_safe(float(x))
-    return x
+        return json_safe(d)
 
 
 def gate_scores(
