@@ -19,15 +19,17 @@ def parse_contender(text: str):
     """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → :class:`hllm.calibration.candidate.Candidate`.
 
     Raises: HllmError naming the malformed value (engine one of auto/onnxruntime/openvino, dtype fp32/int8/bf16)."""
-    from hllm.calibration.candidate import Candidate
+    from hllm.calibration.candidate import PRECISIONS, Candidate
     from hllm.errors import HllmError
 
     parts = text.split("|")
     if len(parts) not in (4, 5) or not all(parts[:4]):
         raise HllmError(f"--contender must be NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION], got {text!r}")
-    if parts[2] not in ("auto", "onnxruntime", "openvino") or parts[3] not in ("fp32", "int8", "bf16"):
-        raise HllmError(f"--contender {text!r}: engine auto/onnxruntime/openvino, dtype fp32/int8/bf16")
-    return Candidate(parts[0], parts[2], parts[3], path=parts[1], inference_precision=parts[4] if len(parts) == 5 else None)
+    engines, dtypes = ("auto", "onnxruntime", "openvino"), [p.value for p in PRECISIONS]
+    if parts[2] not in engines or parts[3] not in dtypes:
+        raise HllmError(f"--contender {text!r}: engine {'/'.join(engines)}, dtype {'/'.join(dtypes)}")
+    return Candidate(parts[0], parts[2], parts[3], path=parts[1],
+                     inference_precision=parts[4] if len(parts) == 5 else None)
 
 
 @bench_app.command("frontier")
