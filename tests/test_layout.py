@@ -64,7 +64,7 @@ def test_the_design_cards_parts_are_packages_and_none_is_named_build():
     assert not [p for p in PACKAGE.rglob("build") if p.is_dir()]
 
 
-def test_no_tracker_issue_numbers_in_code_docs_or_readme():
+def test_code_and_docs_cite_sources_not_tracker_numbers():
     """Docstrings and docs cite sources (papers, library docs), never a tracker issue by its number."""
     pattern = re.compile(r"\bissues? ?#?\d", re.IGNORECASE)
     paths = [*PACKAGE.rglob("*.py"), *(REPO / "docs").rglob("*.md"), REPO / "README.md", *(REPO / "tests").rglob("*.py")]
