@@ -17,6 +17,11 @@ from hllm.formats.graph import MAX_ITEMS, MAX_SEQ
 from hllm.errors import HllmError
 from hllm.formats.checkpoint import HEAD_KINDS
 from hllm.training.choices import AGGREGATIONS, OBJECTIVES
+from hllm.training.precision import DEVICES, PRECISIONS
+
+PRECISION_HELP = ("auto: bf16 autocast where the CPU has AVX512_BF16 or AMX-BF16 (or on a GPU), else fp32; "
+                  "bf16 is refused without them. Trained tensors are saved in fp32.")
+DEVICE_HELP = "auto: CUDA when torch sees a GPU, else the CPU."
 
 
 def _legacy_positionals(slates: Optional[Path], out: Optional[Path], legacy: List[Path], new_form: str) -> tuple[Path, Path]:
@@ -74,6 +79,8 @@ def train_cmd(
     resume: bool = typer.Option(False, help="Continue from OUT_DIR's training state (training_state.json + .safetensors)."),
     features: Optional[Path] = typer.Option(None, help="Feature cache of these slates (hllm features): frozen layers below it are not run."),
     init_head: Optional[Path] = typer.Option(None, help="Start the head from this checkpoint's trained head (same kind and sizes), e.g. a frozen-backbone run, then train LoRA + head."),
+    precision: str = choice_opt("auto", PRECISIONS, "--precision", help=PRECISION_HELP),
+    device: str = choice_opt("auto", DEVICES, "--device", help=DEVICE_HELP),
     target: Optional[str] = hidden_alias("--target", "--objective"),
     json_out: bool = json_opt(),
     max_slates: Optional[int] = hidden_alias("--max-slates", "--limit"),
@@ -109,7 +116,12 @@ def train_cmd(
         lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay,
         tau=tau, sinkhorn_iters=sinkhorn_iters, seed=seed, save_every=save_every, prompt=spec.to_dict(), threads=threads,
         features=str(features) if features else None, init_head=str(init_head) if init_head else None,
+        precision=precision, device=device,
     )
+    from hllm.training.precision import resolve_compute
+
+    compute = resolve_compute(precision, device)  # a bf16 request without bf16 instructions: exit 2 before any work
+    console.print(f"compute: {compute.device}, {compute.precision} ({compute.reason})")
     res = _train_with_progress(cfg, resume)
     tail = res.losses[-10:]
     out.print(
@@ -158,6 +170,46 @@ def _train_with_progress(cfg, resume: bool):
                           f"NDCG@10 {rec['ndcg@10']:.4f} ({rec['slates']} slates)")
 
         return train(cfg, resume=resume, on_step=on_step, on_cache=on_cache, on_validation=on_validation)
+
+
+@app.command("train-status")
+def train_status_cmd(
+    ckpt: Optional[Path] = typer.Argument(None, help="Checkpoint directory of a running or stopped hllm train (its training_state.json)."),
+    features: Optional[Path] = typer.Option(None, help="Feature cache directory (hllm features), finished or not."),
+    json_out: bool = json_opt(),
+) -> None:
+    """Progress of a long training job from its files: slates cached and trained, rate and ETA.
+
+    Reads only the files (no process to ask), so it works while the job runs and after it stopped.
+    Rates: the median gap between cache files; training seconds (all resumed runs) per step.
+    """
+    from hllm.training.status import cache_status, hours, training_status
+
+    if ckpt is None and features is None:
+        raise typer.BadParameter("give CKPT, --features CACHE_DIR, or both")
+    data_to_stdout(json_out)
+    rec: dict = {"command": "train-status"}
+    if features is not None:
+        c = rec["cache"] = cache_status(features)
+        total = "?" if c["slates_total"] is None else f"{c['slates_total']:,}"
+        out.print(f"cache {c['path']}: {c['slates_done']:,} / {total} slates (layer {c['layer']}, {c['precision']}"
+                  f"{', complete' if c['complete'] else ''}); {c['s_per_slate'] or '?'} s per slate "
+                  f"({c['slates_per_hour'] or '?'}/h); ETA {hours(c['eta_s'])}; last write {hours(c['last_write_age_s'])} ago", soft_wrap=True)
+    if ckpt is not None:
+        if features is not None and not (ckpt / "training_state.json").is_file():
+            rec["training"] = None
+            out.print(f"training {ckpt}: not started (no training_state.json yet)", soft_wrap=True)
+        else:
+            t = rec["training"] = training_status(ckpt)
+            epochs = "" if t["epochs"] is None else f", {t['epochs']} epochs of {t['train_slates']:,}"
+            out.print(f"training {t['path']}: step {t['step']:,} / {t['steps']:,} ({t['slates_seen']:,} / "
+                      f"{t['slates_planned']:,} slates{epochs}; {t['precision']}); {t['s_per_step'] or '?'} s per step "
+                      f"({t['slates_per_hour'] or '?'} slates/h); ETA {hours(t['eta_s'])}; loss (last 10) {t['loss_last10']}", soft_wrap=True)
+            if t["validation_last"]:
+                v = t["validation_last"]
+                out.print(f"  held-out at step {v.get('step')}: AUC {v.get('auc')}, R@10 {v.get('recall@10')}", soft_wrap=True)
+    if json_out:
+        emit_json(rec)
 
 
 @app.command("teacher")
@@ -270,6 +322,8 @@ def features_cmd(
     max_history: int = typer.Option(10, min=0, max=10_000, help="Most recent history items used."),
     threads: Optional[int] = threads_opt("torch intra-op threads."),
     source: Optional[Path] = typer.Option(None, "--from", help="Continue from this cache of the same slates at a lower layer and keep only the readout + context rows (needs --layer L)."),
+    precision: str = choice_opt("fp32", PRECISIONS, "--precision", help="fp32 (the default: a cache is also the PyTorch reference of hllm eval --features), or bf16 / auto for a training cache: bf16 autocast where the CPU has AVX512_BF16 or AMX-BF16 (or on a GPU). Stored as float32 either way."),
+    device: str = choice_opt("auto", DEVICES, "--device", help=DEVICE_HELP),
     json_out: bool = json_opt(),
 ) -> None:
     """Cache frozen backbone hidden states of slates once, for hllm train / hllm eval --features.
@@ -299,11 +353,13 @@ def features_cmd(
         from hllm.training.features import FeatureCache
 
         src = FeatureCache.open(source) if source is not None else None
-        cache = build_cache(backbone, rows, out_dir, layer, spec.to_dict(), positions, threads, on_progress, src)
-    out.print(f"feature cache → {cache.root}: {len(cache)} slates, hidden state entering layer {cache.layer} of {cache.num_layers}")
+        cache = build_cache(backbone, rows, out_dir, layer, spec.to_dict(), positions, threads, on_progress, src,
+                            precision=precision, device=device)
+    out.print(f"feature cache → {cache.root}: {len(cache)} slates, hidden state entering layer {cache.layer} of "
+              f"{cache.num_layers} ({cache.precision})")
     if json_out:
         emit_json({"command": "features", "out_dir": str(cache.root), "slates": len(cache), "layer": cache.layer,
-                   "num_layers": cache.num_layers})
+                   "num_layers": cache.num_layers, "precision": cache.precision})
 
 
 @app.command("eval")

@@ -45,6 +45,12 @@ class TrainConfig:
         init_head: a checkpoint directory whose head (same kind and sizes) is the starting point instead
             of a random init: train the head on a frozen backbone first, then LoRA + head from it
             ("linear probing then fine-tuning", Kumar et al., ICLR 2022).
+        precision: ``fp32`` | ``bf16`` | ``auto`` (bf16 autocast where the device has bf16 matrix
+            instructions; :mod:`hllm.training.precision`). The CLI defaults to ``auto``; this dataclass to
+            ``fp32``, so the Python API keeps exact fp32 maths unless asked. The trained tensors are fp32 either way.
+        device: ``auto`` (CUDA when torch sees a GPU) | ``cpu`` | ``cuda``.
+        Like ``threads``, ``precision`` and ``device`` say how a run computes, not what it trains: a
+        resumed run may change them.
     """
 
     backbone: str
@@ -77,6 +83,8 @@ class TrainConfig:
     threads: int | None = None
     features: str | None = None
     init_head: str | None = None
+    precision: str = "fp32"
+    device: str = "auto"
 
     def validate(self) -> None:
         """Raise HllmError for out-of-range options, naming them."""
@@ -93,6 +101,11 @@ class TrainConfig:
             raise HllmError("warmup_steps and val_slates must be ≥ 0 and min_lr_ratio in [0, 1]")
         if self.features and self.sample_items:
             raise HllmError("--features caches whole slates; it cannot be combined with --sample-items")
+        from hllm.training.precision import DEVICES, PRECISIONS
+
+        if self.precision not in PRECISIONS or self.device not in DEVICES:
+            raise HllmError(f"precision must be one of {PRECISIONS} and device one of {DEVICES}, "
+                            f"got {self.precision!r}, {self.device!r}")
         if self.features and self.lora_rank and self.lora_layers is None:
             raise HllmError("--features needs a frozen lower part: --lora-layers t or --lora-rank 0")
 

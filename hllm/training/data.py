@@ -22,7 +22,9 @@ class Example:
     state entering the first trained layer ``[S, D]``) or ``items`` (frozen backbone: ``hidden`` is the
     final readout features ``[N, D]`` and ``context_vec [D]`` the final user-context row).
     ``readout [N]`` and ``context`` index into ``hidden``/``ids`` (``context`` None when the head does
-    not read it).
+    not read it). ``cached`` = (feature cache, index in it, hidden size): ``hidden`` is read from the
+    cache when a batch needs it (:meth:`hidden_state`) instead of being held in memory, so a run over
+    thousands of cached slates (3 MB each at layer c) needs memory for one batch only.
     """
 
     kind: str
@@ -31,6 +33,23 @@ class Example:
     readout: torch.Tensor
     context: int | None
     context_vec: torch.Tensor | None = None
+    cached: tuple | None = None
+
+    def hidden_state(self) -> torch.Tensor:
+        """``hidden`` (float32), read from the feature cache for a cached example.
+
+        Raises: CheckpointError when the cached slate's readout positions differ from the prompt's.
+        """
+        if self.cached is None:
+            return self.hidden
+        from hllm.errors import CheckpointError
+
+        cache, index, size = self.cached
+        c = cache.get(index, size)
+        if c.readout.tolist() != self.readout.tolist():
+            raise CheckpointError(f"feature cache {cache.root}: slate {index} has other readout positions than its "
+                                  "prompt (another tokenizer or prompt?)")
+        return torch.from_numpy(np.ascontiguousarray(c.hidden, dtype=np.float32))
 
 
 def load_slates(cfg: TrainConfig) -> tuple[list[dict], list[np.ndarray]]:
@@ -69,13 +88,17 @@ def load_slates(cfg: TrainConfig) -> tuple[list[dict], list[np.ndarray]]:
 
 
 def prepare(model, slates: Sequence[dict], builder, cfg: TrainConfig,
-            on_progress: Callable[[int, int], None] | None = None) -> list[Example]:
+            on_progress: Callable[[int, int], None] | None = None, compute=None) -> list[Example]:
     """Per slate, the input of the trained part (see :class:`Example`): computed once from the prompt
     or from the run's feature cache (running only layers ``cache.layer..start_layer-1``).
 
-    ``model`` is a :class:`hllm.training.trainer.TrainableModel`. Raises HllmError for a cache whose
-    layer is above the first trained layer; CheckpointError for a cache of other slates / prompt.
+    ``model`` is a :class:`hllm.training.trainer.TrainableModel` on ``compute.device``; ``compute`` (a
+    :class:`hllm.training.precision.Compute`, None = CPU fp32) sets the device and the autocast of the
+    frozen forward. The stored tensors are float32 on the CPU whatever the precision.
+    Raises HllmError for a cache whose layer is above the first trained layer; CheckpointError for a
+    cache of other slates / prompt.
     """
+    import contextlib
     from hllm.model.hllm import gather_context, gather_readout, run_layers
     from hllm.training.features import FeatureCache, backbone_hidden_size, context_positions
 
@@ -93,7 +116,17 @@ def prepare(model, slates: Sequence[dict], builder, cfg: TrainConfig,
                             f"layer {model.start_layer}: cache a lower layer or train fewer --lora-layers")
     out = []
     frozen = model.start_layer >= model.model.num_layers
-    with torch.inference_mode():
+    if cache is not None and cache.layer == model.start_layer and not frozen:  # nothing to run: read when needed
+        size = backbone_hidden_size(cfg.backbone)
+        for i, e in enumerate(encoded):
+            out.append(Example("hidden", None, None, torch.tensor(e.readout), e.context_end if reads_ctx else None,
+                               cached=(cache, index[i], size)))
+            if on_progress:
+                on_progress(i + 1, len(slates))
+        return out
+    dev = compute.device if compute is not None else "cpu"
+    cast = compute.autocast() if compute is not None else contextlib.nullcontext()
+    with torch.inference_mode(), cast:
         for i, (s, e) in enumerate(zip(slates, encoded)):
             if cache is not None:
                 c = cache.get(index[i], backbone_hidden_size(cfg.backbone))
@@ -101,17 +134,27 @@ def prepare(model, slates: Sequence[dict], builder, cfg: TrainConfig,
                 ctx = context_positions(cache, [c], [s])[0]
             else:
                 h, start, readout, ctx = torch.tensor([e.ids]), 0, torch.tensor(e.readout), e.context_end
-            h = run_layers(model.backbone, h, start, model.start_layer)
+            h = run_layers(model.backbone, h.to(dev), start, model.start_layer)
             if frozen:
                 final = model.model.upper(h, model.start_layer)
-                vec = gather_context(final, torch.tensor([ctx]))[0].clone() if reads_ctx else None
-                items = gather_readout(final, readout[None])[0].clone()
+                vec = _cpu32(gather_context(final, torch.tensor([ctx], device=dev))[0]) if reads_ctx else None
+                items = _cpu32(gather_readout(final, readout[None].to(dev))[0])
                 out.append(Example("items", None, items, torch.arange(len(readout)), None, vec))
             else:
-                out.append(Example("hidden", None, h[0].clone(), readout, ctx if reads_ctx else None))
+                out.append(Example("hidden", None, _cpu32(h[0]), readout, ctx if reads_ctx else None))
             if on_progress:
                 on_progress(i + 1, len(slates))
     return out
+
+
+def _cpu32(t: torch.Tensor) -> torch.Tensor:
+    """A float32 CPU copy of ``t`` (an example outlives the autocast region and the device)."""
+    return t.detach().to("cpu", torch.float32).clone()
+
+
+def to_device(batch: dict, device: str) -> dict:
+    """A :func:`collate` batch with every tensor on ``device`` (None entries stay None)."""
+    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict:
@@ -138,7 +181,8 @@ def collate(examples: Sequence[Example], pad_id: int) -> dict:
     elif kind == "items":
         out["items"] = _pad([x.hidden for x in examples], n_max)
     else:
-        out["hidden"] = _pad([x.hidden for x in examples], max(x.hidden.shape[0] for x in examples))
+        hidden = [x.hidden_state() for x in examples]
+        out["hidden"] = _pad(hidden, max(h.shape[0] for h in hidden))
     return out
 
 

@@ -8,7 +8,8 @@ maths is the full forward split in two (checked against it in the tests), at ``(
 
 Layout of a cache directory::
 
-    meta.json            version, backbone fingerprint, layer c, prompt spec, slate ids, rows_only (written last)
+    meta.json            version, backbone fingerprint, layer c, prompt spec, slate ids, rows_only, precision
+                         (written last)
     00000.npz ...        per slate: ``hidden [S, D]`` float32, ``readout [N]`` int64, ``context`` int64 scalar
 
 Each slate file is written atomically, so an interrupted run resumes where it stopped; ``meta.json``
@@ -19,6 +20,11 @@ head reads — the N readout rows then the context row, ``readout = 0..N-1``, ``
 115 KB per slate. Decoder layers mix tokens, so a rows-only cache is only valid at ``layer = L``
 (after the last layer: only the per-token final norm is left), the frozen-backbone case.
 Version-1 caches (no ``context`` key) still load; their context position is recomputed from the prompt.
+
+``precision`` (``fp32``, or ``bf16``: the layers ran under bf16 autocast, :mod:`hllm.training.precision`)
+says how the states were computed; they are stored as float32 either way. A cache without the key is
+fp32. A bf16 cache is for training speed: ``hllm eval --features`` from it is not the fp32 PyTorch
+reference.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ class FeatureCache:
     """A complete cache directory (see module doc), opened read-only.
 
     Attributes: root, layer (hidden state entering this decoder layer), num_layers (L of the
-    backbone), prompt (PromptSpec dict), slate_ids (file order), fingerprint, rows_only.
+    backbone), prompt (PromptSpec dict), slate_ids (file order), fingerprint, rows_only, precision
+    (``fp32`` | ``bf16``: how the states were computed).
     """
 
     root: Path
@@ -89,6 +96,7 @@ class FeatureCache:
     slate_ids: list[str]
     fingerprint: str
     rows_only: bool = False
+    precision: str = "fp32"
 
     @classmethod
     def open(cls, root: str | os.PathLike) -> "FeatureCache":
@@ -113,7 +121,7 @@ class FeatureCache:
         if not isinstance(meta.get("slate_ids"), list) or not isinstance(meta.get("prompt"), dict):
             raise CheckpointError(f"{meta_path} is not a feature cache manifest (slate_ids a list, prompt an object)")
         return cls(root, layer, n, meta["prompt"], [str(s) for s in meta["slate_ids"]], str(meta.get("fingerprint")),
-                   bool(meta.get("rows_only")))
+                   bool(meta.get("rows_only")), str(meta.get("precision", "fp32")))
 
     def __len__(self) -> int:
         return len(self.slate_ids)
@@ -165,8 +173,8 @@ class FeatureCache:
 def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: str | os.PathLike, layer: int,
                 prompt: dict, max_items: int, threads: int | None = None,
                 on_progress: Callable[[int, int], None] | None = None,
-                source: FeatureCache | None = None) -> FeatureCache:
-    """Store the hidden state entering decoder layer ``layer`` of each slate's prompt (fp32, batch 1, no
+                source: FeatureCache | None = None, precision: str = "fp32", device: str = "auto") -> FeatureCache:
+    """Store the hidden state entering decoder layer ``layer`` of each slate's prompt (float32, batch 1, no
     padding); resumes an interrupted run.
 
     Without ``source`` the prompt runs through layers ``0..layer-1``. With ``source`` (a cache of the
@@ -178,9 +186,13 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
         layer: 0 ≤ layer ≤ L (L = after the last layer, before the final norm).
         prompt: PromptSpec dict. max_items: K (slates with more candidates are refused).
         threads: torch intra-op threads. on_progress: called with (slates done, total).
-    Raises: HllmError for a bad layer; CheckpointError when ``out_dir`` holds a different cache or
-        ``source`` does not match.
+        precision / device: ``fp32`` | ``bf16`` | ``auto`` and ``auto`` | ``cpu`` | ``cuda``
+            (:func:`hllm.training.precision.resolve_compute`); the resolved precision is recorded in
+            ``meta.json``, and resuming with another one is refused.
+    Raises: HllmError for a bad layer or a precision the device lacks; CheckpointError when ``out_dir``
+        holds a different cache (or an unfinished one of another precision) or ``source`` does not match.
     """
+    from hllm.training.precision import resolve_compute
     import torch
 
     from hllm.formats.architectures import backbone_dims, read_config
@@ -193,23 +205,24 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
     if source is not None and (layer != n_layers or source.layer > layer):
         raise HllmError(f"a cache made from another cache keeps only the readout rows: --layer must be {n_layers} "
                         f"(all layers) and ≥ the source's layer {source.layer}")
+    compute = resolve_compute(precision, device)
     out = Path(out_dir)
     ids = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
     meta = {"version": VERSION, "layer": layer, "num_layers": n_layers, "prompt": prompt, "slate_ids": ids,
             "fingerprint": backbone_fingerprint(backbone), "rows_only": source is not None,
-            "backbone": str(Path(backbone).resolve())}
+            "precision": compute.precision, "backbone": str(Path(backbone).resolve())}
     done = _open_or_start(out, meta)
     if done is not None:
         return done
     index = source.check(backbone, prompt, ids) if source is not None else None
     encode = _encoder(backbone, prompt, max_items)
-    model = load_backbone(backbone)
-    with torch_threads(threads), torch.inference_mode():
+    model = load_backbone(backbone).to(compute.device)
+    with torch_threads(threads), torch.inference_mode(), compute.autocast():
         for i, s in enumerate(slates):
             path = out / f"{i:05d}.npz"
             if not path.is_file():
                 src = None if source is None else (source.get(index[i], backbone_hidden_size(backbone)), source.layer)
-                row = _cache_one(model, encode(s), layer, src)
+                row = _cache_one(model, encode(s), layer, src, compute.device)
                 with atomic_path(path) as tmp:
                     with open(tmp, "wb") as f:
                         np.savez(f, **row)
@@ -225,13 +238,13 @@ def _open_or_start(out: Path, meta: dict) -> "FeatureCache | None":
     Raises CheckpointError when ``out`` holds another cache or another unfinished run."""
     pmeta = {k: v for k, v in meta.items() if k != "backbone"}
     if (out / META).is_file():
-        old = json.loads((out / META).read_text())
+        old = {"precision": "fp32", **json.loads((out / META).read_text())}  # no key: an fp32 cache
         if {k: v for k, v in old.items() if k != "backbone"} != pmeta:
             raise CheckpointError(f"{out} already holds a different feature cache")
         return FeatureCache.open(out)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "partial.json"  # what an unfinished run was making: refuse to mix runs
-    if partial.is_file() and json.loads(partial.read_text()) != pmeta:
+    if partial.is_file() and {"precision": "fp32", **json.loads(partial.read_text())} != pmeta:
         raise CheckpointError(f"{out} holds an unfinished cache of other slates/options; remove it first")
     atomic_write_json(partial, pmeta)
     return None
@@ -245,20 +258,20 @@ def _encoder(backbone, prompt: dict, max_items: int):
     return builder.encode_one
 
 
-def _cache_one(model, enc, layer: int, src: tuple[CachedSlate, int] | None) -> dict:
-    """The arrays stored for one encoded slate: the full sequence, or rows-only from ``src`` =
-    (the slate in the source cache, the source's layer)."""
+def _cache_one(model, enc, layer: int, src: tuple[CachedSlate, int] | None, device: str = "cpu") -> dict:
+    """The arrays stored for one encoded slate (float32 whatever the autocast): the full sequence, or
+    rows-only from ``src`` = (the slate in the source cache, the source's layer)."""
     import torch
 
     from hllm.model.hllm import run_layers
 
     if src is None:
-        h = run_layers(model, torch.tensor([enc.ids]), 0, layer)[0].numpy()
+        h = run_layers(model, torch.tensor([enc.ids], device=device), 0, layer)[0].to("cpu", torch.float32).numpy()
         return {"hidden": h, "readout": np.asarray(enc.readout, np.int64), "context": np.int64(enc.context_end)}
     cached, start = src
     if cached.readout.tolist() != enc.readout or cached.hidden.shape[0] != len(enc.ids):
         raise CheckpointError("the source cache's slate does not match its prompt (other tokenizer or prompt?)")
-    h = run_layers(model, torch.from_numpy(cached.hidden)[None], start, layer)[0].numpy()
+    h = run_layers(model, torch.from_numpy(cached.hidden)[None].to(device), start, layer)[0].to("cpu", torch.float32).numpy()
     rows = list(enc.readout) + [enc.context_end]
     n = len(enc.readout)
     return {"hidden": h[rows], "readout": np.arange(n, dtype=np.int64), "context": np.int64(n)}

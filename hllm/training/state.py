@@ -2,8 +2,9 @@
 
 ``training_state.safetensors``: ``param/<name>`` (trainable tensors) and ``opt/<i>/<key>`` (the
 optimizer's per-parameter state, e.g. AdamW ``step``, ``exp_avg``, ``exp_avg_sq``).
-``training_state.json``: step, losses, the run's config, the optimizer's ``param_groups`` and the
-validation curve. Loading reads no Python objects from the files (``torch.load`` of a crafted pickle
+``training_state.json``: step, losses, the run's config, the optimizer's ``param_groups``, the
+validation curve and ``train_s`` (seconds spent in optimizer steps, summed over every resumed run:
+what ``hllm train-status`` divides by the steps done for its ETA). Loading reads no Python objects from the files (``torch.load`` of a crafted pickle
 would run code: safetensors and JSON cannot), so ``hllm train --resume`` on a checkpoint from elsewhere
 is safe.
 """
@@ -26,12 +27,14 @@ STATE_JSON = "training_state.json"
 @dataclass
 class TrainingState:
     """What a resumed run continues from: step, per-step losses, the saved config dict, validation
-    records; the tensors are copied into the model and optimizer by :func:`load_state`."""
+    records, ``train_s`` (training seconds so far, all runs together; 0 in a state written before it was
+    recorded); the tensors are copied into the model and optimizer by :func:`load_state`."""
 
     step: int
     losses: list[float]
     config: dict
     validation: list[dict] = field(default_factory=list)
+    train_s: float = 0.0
 
 
 def save_state(directory: Path, state: TrainingState, params: dict[str, torch.nn.Parameter],
@@ -48,7 +51,7 @@ def save_state(directory: Path, state: TrainingState, params: dict[str, torch.nn
         save_file(tensors, str(tmp))
     atomic_write_json(Path(directory) / STATE_JSON, {
         "step": state.step, "losses": state.losses, "config": state.config, "validation": state.validation,
-        "param_groups": sd["param_groups"],
+        "train_s": round(state.train_s, 3), "param_groups": sd["param_groups"],
     })
 
 
@@ -69,7 +72,7 @@ def load_state(directory: Path, params: dict[str, torch.nn.Parameter] | None = N
     try:
         meta = json.loads(js.read_text(encoding="utf-8"))
         state = TrainingState(int(meta["step"]), [float(x) for x in meta["losses"]], dict(meta["config"]),
-                              list(meta.get("validation") or []))
+                              list(meta.get("validation") or []), float(meta.get("train_s") or 0.0))
         tensors = load_file(str(ts)) if params is not None else {}
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
         raise CheckpointError(f"cannot resume from {d}: unreadable training state ({type(e).__name__}: {e})") from None

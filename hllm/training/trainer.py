@@ -16,6 +16,8 @@ epoch); there is no dropout. Checkpoints are written atomically in the ``hllm.js
 :mod:`hllm.formats.checkpoint`, plus the pickle-free training state of :mod:`hllm.training.state`,
 from which ``resume=True`` continues to exactly the weights of an uninterrupted run. With
 ``val_slates`` the run records a learning curve (AUC, Recall@k on held-out slates) in the checkpoint.
+The run computes on the GPU when there is one and in bf16 autocast where ``precision`` allows
+(:mod:`hllm.training.precision`); the trainable tensors, the optimizer state and what is saved stay fp32.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from hllm.model.heads import build_head
 from hllm.model.hllm import HllmModel, load_backbone
 from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 from hllm.training.config import TrainConfig
-from hllm.training.data import collate, data_order, load_slates, pad_targets, prepare
+from hllm.training.data import collate, data_order, load_slates, pad_targets, prepare, to_device
+from hllm.training.precision import Compute, no_autocast, resolve_compute
 from hllm.training.sinkhorn import sinkhorn_loss
 from hllm.training.state import STATE_JSON, STATE_TENSORS, TrainingState, load_state, save_state
 
@@ -158,7 +161,7 @@ def save_checkpoint(model: TrainableModel, spec: HeadSpec, cfg: TrainConfig, sta
 
     out = Path(cfg.out_dir).resolve()
     with atomic_dir(out, overwrite=True) as tmp:
-        save_file({k: v.detach().contiguous() for k, v in model.head.state_dict().items()}, str(tmp / spec.file))
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in model.head.state_dict().items()}, str(tmp / spec.file))
         adapter = None
         if cfg.lora_rank:
             model.backbone.save_pretrained(str(tmp / "adapter"))
@@ -173,35 +176,43 @@ def save_checkpoint(model: TrainableModel, spec: HeadSpec, cfg: TrainConfig, sta
     return out
 
 
-def validate_model(model: TrainableModel, examples, slates, pad_id: int, batch_size: int = 8) -> dict:
-    """AUC / Recall@k / NDCG@k of the model's rankings on held-out examples (eval mode, no grad)."""
+def validate_model(model: TrainableModel, examples, slates, pad_id: int, batch_size: int = 8,
+                   compute: Compute | None = None) -> dict:
+    """AUC / Recall@k / NDCG@k of the model's rankings on held-out examples (eval mode, no grad; on
+    ``compute``'s device and autocast, None = CPU fp32)."""
     from hllm.runtime.decode import decode
     from hllm.verify.metrics import evaluate
 
     model.eval()
     orders = []
-    with torch.no_grad():
+    compute = compute or Compute("cpu", "fp32", "")
+    with torch.no_grad(), compute.autocast():
         for i in range(0, len(examples), batch_size):
             chunk = examples[i : i + batch_size]
-            m = model.scores(collate(chunk, pad_id)).numpy()
+            m = model.scores(to_device(collate(chunk, pad_id), compute.device)).float().cpu().numpy()
             orders += [decode(m[j], len(x.readout)).tolist() for j, x in enumerate(chunk)]
     model.train()
     rep = evaluate(orders, [s.get("labels") or [0] * len(s["candidates"]) for s in slates], resamples=0)
     return {k: v for k, v in rep.to_dict().items() if k != "ci95"}
 
 
-def _step(model, opt, cfg: TrainConfig, examples, targets, order: list[int], pad_id: int, lr: float) -> float:
-    """One optimizer step over ``accum`` forwards of ``batch_size`` slates; returns the summed loss."""
+def _step(model, opt, cfg: TrainConfig, examples, targets, order: list[int], pad_id: int, lr: float,
+          compute: Compute) -> float:
+    """One optimizer step over ``accum`` forwards of ``batch_size`` slates; returns the summed loss.
+    The forward runs under ``compute``'s autocast, the Sinkhorn loss in fp32."""
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=True)
     total = 0.0
     for m in range(cfg.accum):
         idx = order[m * cfg.batch_size:(m + 1) * cfg.batch_size]
-        batch = collate([examples[i] for i in idx], pad_id)
+        batch = to_device(collate([examples[i] for i in idx], pad_id), compute.device)
         n_items = batch["mask"].sum(1)
-        target = pad_targets([targets[i] for i in idx], batch["mask"].shape[1], cfg.num_positions)
-        loss = sinkhorn_loss(model.scores(batch), target, n_items, cfg.tau, cfg.sinkhorn_iters) / cfg.accum
+        target = pad_targets([targets[i] for i in idx], batch["mask"].shape[1], cfg.num_positions).to(compute.device)
+        with compute.autocast():
+            scores = model.scores(batch)
+        with no_autocast(compute.device):
+            loss = sinkhorn_loss(scores.float(), target, n_items, cfg.tau, cfg.sinkhorn_iters) / cfg.accum
         loss.backward()
         total += loss.item()
     opt.step()
@@ -211,7 +222,8 @@ def _step(model, opt, cfg: TrainConfig, examples, targets, order: list[int], pad
 def _resume_state(cfg: TrainConfig, params, opt) -> TrainingState:
     state = load_state(Path(cfg.out_dir), params, opt)
     new = asdict(cfg)
-    diff = [k for k in new if k not in ("steps", "save_every", "threads", "val_every") and state.config.get(k) != new[k]]
+    free = ("steps", "save_every", "threads", "val_every", "precision", "device")  # how it computes, not what
+    diff = [k for k in new if k not in free and state.config.get(k) != new[k]]
     if diff:
         raise CheckpointError(f"cannot resume {cfg.out_dir}: options differ from the saved run: {diff}")
     return state
@@ -225,51 +237,58 @@ def train(cfg: TrainConfig, resume: bool = False, on_step: Callable[[int, float]
     Args:
         cfg: the run's configuration.
         resume: continue from the training state in ``cfg.out_dir`` (must exist; its config must match
-            except ``steps``, ``save_every`` and ``threads``).
+            except ``steps``, ``save_every``, ``val_every``, ``threads``, ``precision`` and ``device``).
         on_step: called after each optimizer step with (step, loss). on_cache: while preparing the
             frozen part, with (done, total). on_validation: with each learning-curve record.
-    Raises: HllmError / CheckpointError / SlateError naming the problem.
+    Raises: HllmError / CheckpointError / SlateError naming the problem (HllmError for ``precision``
+        ``bf16`` where the device has no bf16 instructions, before any work).
     """
     from hllm.model.threads import torch_threads
 
     cfg.validate()
+    compute = resolve_compute(cfg.precision, cfg.device)
     if resume:
         if not (Path(cfg.out_dir) / STATE_JSON).is_file():
             raise CheckpointError(f"cannot resume: {Path(cfg.out_dir) / STATE_JSON} not found")
         load_state(Path(cfg.out_dir))  # readable, before any expensive work
     with torch_threads(cfg.threads):
-        return _train(cfg, resume, on_step, on_cache, on_validation)
+        return _train(cfg, resume, on_step, on_cache, on_validation, compute)
 
 
-def _train(cfg, resume, on_step, on_cache, on_validation) -> TrainResult:
+def _train(cfg, resume, on_step, on_cache, on_validation, compute: Compute) -> TrainResult:
     slates, targets = load_slates(cfg)
     n_val = min(cfg.val_slates, len(slates) - 1)
     model, spec, _ = build_model(cfg)
+    model.to(compute.device)
     builder = PromptBuilder(load_tokenizer(cfg.backbone), PromptSpec.from_dict(cfg.prompt), max_items=cfg.num_positions)
     params = _trainable(model)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = _resume_state(cfg, params, opt) if resume else TrainingState(0, [], asdict(cfg))
     t0 = time.perf_counter()
-    examples = prepare(model, slates, builder, cfg, on_cache) if state.step < cfg.steps else []
+    examples = prepare(model, slates, builder, cfg, on_cache, compute) if state.step < cfg.steps else []
     cache_s = time.perf_counter() - t0
     n_train = len(slates) - n_val
-    t1 = time.perf_counter()
+    t1 = mark = time.perf_counter()
     per_step = cfg.batch_size * cfg.accum
     model.train()
     while state.step < cfg.steps:
         order = data_order(n_train, cfg.seed, per_step, start=state.step * per_step)
-        state.losses.append(_step(model, opt, cfg, examples, targets, order, builder.pad_id, cfg.lr_at(state.step)))
+        state.losses.append(_step(model, opt, cfg, examples, targets, order, builder.pad_id, cfg.lr_at(state.step),
+                                  compute))
         state.step += 1
         if on_step:
             on_step(state.step, state.losses[-1])
         if n_val and (state.step % cfg.val_every == 0 or state.step == cfg.steps):
-            rec = {"step": state.step, **validate_model(model, examples[n_train:], slates[n_train:], builder.pad_id)}
+            rec = {"step": state.step, **validate_model(model, examples[n_train:], slates[n_train:], builder.pad_id,
+                                                        compute=compute)}
             state.validation.append(rec)
             if on_validation:
                 on_validation(rec)
         if state.step % cfg.save_every == 0 or state.step == cfg.steps:
+            now = time.perf_counter()
+            state.train_s, mark = state.train_s + now - mark, now
             save_checkpoint(model, spec, cfg, state, opt,
                             {"train_slates": n_train, "val_slates": n_val, "cache_s": round(cache_s, 1),
-                             "train_s": round(time.perf_counter() - t1, 1)})
+                             "train_s": round(time.perf_counter() - t1, 1), "compute": compute.to_dict()})
     return TrainResult(str(Path(cfg.out_dir).resolve()), state.step, state.losses, n_train, cache_s,
                        time.perf_counter() - t1, state.validation)

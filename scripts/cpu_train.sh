@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The training recipe on the CPU, as a niced background job that accumulates across runs: every step keeps
+# its progress on disk, so stopping it (kill, reboot, end of a session) loses at most SAVE_EVERY optimizer
+# steps, and starting it again continues. Run from the repository root:
+#
+#   scripts/cpu_train.sh start    # start or continue in the background (nohup nice -n 19; log $WORK/cpu_train.log)
+#   scripts/cpu_train.sh status   # slates cached / trained, rate and ETA (hllm train-status, from the files)
+#   scripts/cpu_train.sh run      # the job itself in the foreground (what start runs)
+#
+# Steps (each resumes where the last run stopped):
+#   1. teacher order of the train slates (`hllm teacher minilm --kind embedding --agg max`; skipped when
+#      TEACHER exists or OBJECTIVE=clicks; written once, seconds per 100 slates)
+#   2. the frozen layers 0..LAYER-1 of every slate, once (`hllm features --precision $PRECISION`): one file
+#      per slate, written atomically, so the cache accumulates (3 MB per slate at SmolLM2's layer 28)
+#   3. LoRA r=RANK on every linear projection of the top LORA_LAYERS layers + the head from that cache
+#      (`hllm train --features --resume`): checkpoint + AdamW state every SAVE_EVERY steps. The cached
+#      states are read per batch, so memory holds one batch, not the cache.
+#   LORA_LAYERS=all runs the paper's setting instead (every layer adapted, no cache: each step runs the
+#   whole backbone forward and backward; still resumable).
+# Variables: BACKBONE TRAIN TEACHER LIMIT VAL RANK LORA_LAYERS BATCH EPOCHS STEPS LR SAVE_EVERY PRECISION THREADS
+# OBJECTIVE WORK PYTHON. Only one job per WORK runs at a time (flock on $WORK/cpu_train.lock).
+# Costs on this project's 2 shared cores: docs/training.md ("Where training is fast"), from
+# results/quality/train-precision-speed-cpu.json.
+set -euo pipefail
+
+MODE=${1:-}
+case "$MODE" in start|status|run) ;; *) echo "cpu_train: give start, status or run (got '${MODE}')" >&2; exit 2 ;; esac
+PY=${PYTHON:-.venv/bin/python}
+BACKBONE=${BACKBONE:-work/smollm2}
+TRAIN=${TRAIN:-../shared/data/amazon-beauty/train.jsonl.gz}
+WORK=${WORK:-work/cpu_train}
+TEACHER=${TEACHER:-$WORK/teacher.jsonl}
+OBJECTIVE=${OBJECTIVE:-clicks+teacher}
+LIMIT=${LIMIT:-12000}
+VAL=${VAL:-200}
+RANK=${RANK:-64}
+LORA_LAYERS=${LORA_LAYERS:-2}
+BATCH=${BATCH:-8}
+EPOCHS=${EPOCHS:-1}
+LR=${LR:-5e-4}
+SAVE_EVERY=${SAVE_EVERY:-10}
+PRECISION=${PRECISION:-auto}
+THREADS=${THREADS:-2}
+HLLM=("$PY" -m hllm)
+
+[[ -f $BACKBONE/config.json ]] || { echo "cpu_train: backbone not found: $BACKBONE (hllm convert-gguf $BACKBONE)" >&2; exit 2; }
+N_LAYERS=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$BACKBONE/config.json")
+if [[ $LORA_LAYERS == all ]]; then LAYER=0; CACHE=""; else LAYER=$(( N_LAYERS - LORA_LAYERS )); CACHE=$WORK/feat-L$LAYER; fi
+CKPT=$WORK/ckpt
+
+if [[ $MODE == status ]]; then
+  args=("$CKPT"); [[ -n $CACHE && -d $CACHE ]] && args+=(--features "$CACHE")
+  [[ -d $CKPT || -n $CACHE && -d $CACHE ]] || { echo "cpu_train: nothing started under $WORK" >&2; exit 2; }
+  exec "${HLLM[@]}" train-status "${args[@]}"
+fi
+if [[ $MODE == start ]]; then
+  mkdir -p "$WORK"
+  nohup nice -n 19 "$0" run >> "$WORK/cpu_train.log" 2>&1 < /dev/null &
+  echo "cpu_train: started (pid $!), log $WORK/cpu_train.log; progress: $0 status"
+  exit 0
+fi
+
+[[ -f $TRAIN ]] || { echo "cpu_train: train slates not found: $TRAIN" >&2; exit 2; }
+mkdir -p "$WORK"
+exec 9> "$WORK/cpu_train.lock"
+flock -n 9 || { echo "cpu_train: another run holds $WORK/cpu_train.lock" >&2; exit 2; }
+echo "cpu_train: $(date -u +%FT%TZ) run: $LIMIT slates, LoRA r=$RANK on ${LORA_LAYERS} layer(s), precision $PRECISION"
+STEPS=${STEPS:-$("$PY" -c "import math; print(max(1, math.ceil(($LIMIT - $VAL) * $EPOCHS / $BATCH)))")}
+TEACH=()
+if [[ $OBJECTIVE != clicks ]]; then
+  [[ -f $TEACHER ]] || "${HLLM[@]}" teacher minilm -s "$TRAIN" -o "$TEACHER" --kind embedding --agg max --limit "$LIMIT"
+  TEACH=(--teacher "$TEACHER")
+fi
+FEAT=(--lora-layers "$LORA_LAYERS")
+if [[ -n $CACHE ]]; then
+  "${HLLM[@]}" features "$BACKBONE" "$CACHE" -s "$TRAIN" --layer "$LAYER" --limit "$LIMIT" --precision "$PRECISION" \
+    --threads "$THREADS"
+  FEAT+=(--features "$CACHE")
+else
+  FEAT=()
+fi
+RESUME=(); [[ -f $CKPT/training_state.json ]] && RESUME=(--resume)
+"${HLLM[@]}" train "$BACKBONE" "$CKPT" -s "$TRAIN" --limit "$LIMIT" --val-slates "$VAL" --val-every "$(( SAVE_EVERY * 10 ))" \
+  --objective "$OBJECTIVE" "${TEACH[@]}" --lora-rank "$RANK" "${FEAT[@]}" --context-readout \
+  --head self_attention --head-dim 256 --head-heads 4 --head-ff 512 --steps "$STEPS" --batch-size "$BATCH" --accum 1 \
+  --lr "$LR" --lr-schedule cosine --warmup-steps "$(( STEPS / 20 ))" --weight-decay 0.01 --seed 0 \
+  --save-every "$SAVE_EVERY" --precision "$PRECISION" --threads "$THREADS" "${RESUME[@]}"
+echo "cpu_train: $(date -u +%FT%TZ) done: $CKPT"
