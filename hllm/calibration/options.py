@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from hllm.engines.tensorrt.targets import compute_capability
 from hllm.errors import EngineError
 from hllm.formats.precision import Precision
 
@@ -119,6 +120,7 @@ class QuantOptions:
         check_target(self.precision, self.target)
 
     def to_dict(self) -> dict:
+        """The options as a JSON-ready dict (the ``quantization.options`` record of the sidecar)."""
         d = asdict(self)
         d["precision"] = str(self.precision)
         d["op_types"] = list(self.op_types)
@@ -134,8 +136,6 @@ def check_target(precision: "Precision | str", target: str) -> None:
         EngineError: fp8 for a target below compute capability 8.9 (e.g. A100 = 8.0: no FP8 tensor
             cores; TensorRT FP8 needs Ada / Hopper or later), or fp8 for ``cpu``.
     """
-    from hllm.engines.tensorrt.targets import compute_capability
-
     cc = compute_capability(target)
     if precision == Precision.FP8:
         if cc is None:
