@@ -226,6 +226,7 @@ def _resume_state(cfg: TrainConfig, params, opt) -> TrainingState:
     diff = [k for k in new if k not in free and state.config.get(k) != new[k]]
     if diff:
         raise CheckpointError(f"cannot resume {cfg.out_dir}: options differ from the saved run: {diff}")
+    state.config = new  # the steps, threads, precision... of this run: what the next save records
     return state
 
 
