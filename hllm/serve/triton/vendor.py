@@ -37,6 +37,7 @@ from hllm.errors import EngineError
 MODEL_MODULES = (
     "hllm.errors",
     "hllm.files",
+    "hllm.reading",
     "hllm.formats.graph",
     "hllm.formats.prompt",
     "hllm.runtime.prompt",
@@ -46,7 +47,8 @@ MODEL_MODULES = (
     "hllm.serve.triton.decode_model",
 )
 #: hllm modules the generated client needs.
-CLIENT_MODULES = ("hllm.errors", "hllm.files", "hllm.runtime.slates", "hllm.runtime.decode", "hllm.serve.triton.client")
+CLIENT_MODULES = ("hllm.errors", "hllm.files", "hllm.reading", "hllm.runtime.slates", "hllm.runtime.decode",
+                  "hllm.serve.triton.client")
 #: Wheels each Python model needs beyond numpy.
 MODEL_WHEELS = {"preprocess": ("tokenizers",), "decode": ("lap",)}
 #: ``--bundle-arch`` → pip ``--platform`` tags (Triton's images: Ubuntu 22.04/24.04, glibc ≥ 2.35).
