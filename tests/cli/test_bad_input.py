@@ -68,6 +68,12 @@ CASES = [
     ("eval-limit-zero", ["eval", "random", "-s", "{good}", "--limit", "0"], "--limit"),
     # -- choices ---------------------------------------------------------------------------------------
     ("unknown-head", ["init", "{backbone}", "{tmp}/ck", "--head", "mlp"], "head must be one of"),
+    ("train-unknown-precision", ["train", "{backbone}", "{tmp}/ck", "-s", "{good}", "--precision", "fp8"],
+     "precision must be one of auto, fp32, bf16"),
+    ("features-unknown-device", ["features", "{backbone}", "{tmp}/f", "-s", "{good}", "--layer", "1", "--device", "tpu"],
+     "device must be one of auto, cpu, cuda"),
+    ("train-status-not-a-run", ["train-status", "{tmp}"], "no training_state.json"),
+    ("train-status-not-a-cache", ["train-status", "--features", "{tmp}"], "is not a feature cache"),
     ("unknown-flavour", ["export", "{ckpt}", "{tmp}/e", "--flavour", "tensorrt"], "flavour must be one of ort-cpu, standard"),
     ("unknown-precision", ["export", "{ckpt}", "{tmp}/e", "--precision", "int4"], "precision must be one of"),
     ("unknown-backend", ["calibrate", "{export}", "{tmp}/q", "--backend", "tflite"], "backend must be one of"),
