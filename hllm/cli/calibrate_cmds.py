@@ -56,7 +56,7 @@ def calibrate_cmd(
     max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Strict gate: max |ΔRecall@10| (slates with labels)."),
     max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Strict gate: max |ΔAUC| (slates with labels)."),
     candidate: List[str] = typer.Option([], "--candidate", help="With --backend auto: consider only these candidates (onnxruntime-fp32 always). Repeatable."),
-    bf16_islands: Optional[Path] = typer.Option(None, "--bf16-islands", help="With --backend auto: the islands file of `hllm debug precision --precision bf16` that the openvino-bf16-islands candidate keeps in fp32 (default: the head and the attention scores)."),
+    bf16_islands: Optional[Path] = typer.Option(None, "--bf16-islands", help="With --backend auto: the islands file of `hllm debug precision --precision bf16` that the openvino-bf16-islands candidate keeps in fp32 (default: every attention matrix product, q/k/v/o projections and scores, and the head; the MLP runs bf16)."),
     bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip; --backend auto: default 5)."),
     bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
     threads: Optional[int] = threads_opt("Intra-op threads of the ORT engines."),
