@@ -20,6 +20,12 @@ from typing import Sequence
 import numpy as np
 
 from hllm.calibration.candidate import Candidate
+from hllm.errors import EngineError, HllmError
+from hllm.formats.checkpoint import load_manifest
+from hllm.measure import bf16_support
+from hllm.runtime.artefact import open_engine, resolve
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.runtime.slates import loads_json
 
 
 #: Gate figures a ``--gates`` entry may hold that the table prints (each a number in [-1, 1] when present).
@@ -36,9 +42,6 @@ def read_gates(path) -> dict[str, dict]:
     Raises: HllmError naming the file and the entry: unreadable, not JSON, not an object of objects, a
         figure of :data:`GATE_FIGURES` that is not a number in [-1, 1].
     """
-    from hllm.errors import HllmError
-    from hllm.runtime.slates import loads_json
-
     try:
         text = open(path, "rb").read()
     except OSError as e:
@@ -70,7 +73,6 @@ def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
     import torch
 
     from hllm.bench.peak import best_gflops, matmul_peak
-    from hllm.measure import bf16_support
 
     def best(fn) -> float:
         return best_gflops(fn, 2.0 * n**3, runs)
@@ -88,8 +90,6 @@ def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
 
 
 def _open(c: Candidate, threads: int):
-    from hllm.runtime.artefact import open_engine, resolve
-
     opts = {"threads": threads}
     if c.engine not in ("auto", "torch"):
         opts["engine"] = c.engine
@@ -108,10 +108,6 @@ def frontier(checkpoint: str, contenders: Sequence[Candidate], slates: Sequence[
     Raises: EngineError / CheckpointError for an artefact that cannot be opened.
     """
     from hllm.measure import prefill_flops, summarize, time_interleaved
-    from hllm.errors import EngineError
-    from hllm.formats.checkpoint import load_manifest
-    from hllm.runtime.artefact import resolve
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     art = resolve(checkpoint)
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)

@@ -33,6 +33,10 @@ import numpy as np
 
 from hllm.extras import optional
 from hllm.measure import summarize, time_interleaved
+from hllm.runtime import Ranker
+from hllm.runtime.decode import decode, decode_batch
+from hllm.runtime.slates import subslate
+from hllm.verify.scoring import score_slates
 
 FAMILIES = ("gaussian", "planted", "rank1")
 
@@ -70,10 +74,6 @@ def model_score_matrices(model, slates, ns, threads: int | None = None) -> dict[
     Opens the model once and scores every slate and n (batch 1, :func:`hllm.verify.scoring.score_slates`).
     Raises HllmError from loading or running the model; SlateError if a slate has fewer than n candidates.
     """
-    from hllm.runtime import Ranker
-    from hllm.runtime.slates import subslate
-    from hllm.verify.scoring import score_slates
-
     out: dict[int, list[np.ndarray]] = {}
     with Ranker.from_path(model, threads=threads) as r:
         for n in ns:
@@ -154,8 +154,6 @@ def bench_solvers(
     objective over all solvers within ``1e-9·N`` (on the float64 scores); ``tie_differences`` counts
     matrices where solvers returned different permutations of equal objective.
     """
-    from hllm.runtime.decode import decode, decode_batch
-
     solvers = solvers if solvers is not None else available_solvers()
     if matrices is not None:
         mats = [np.asarray(matrices[i % len(matrices)], dtype=np.float32) for i in range(count + warmup)]
@@ -211,8 +209,6 @@ def bench_solvers(
 def _check_optima(mats, costs, solvers, dtypes, n: int, warmup: int) -> tuple[bool, float, int]:
     """Whether every solver (and the runtime path) reached the same optimum on every measured matrix:
     (correct, largest objective gap, matrices where solvers returned different tied permutations)."""
-    from hllm.runtime.decode import decode
-
     gap, ties, correct = 0.0, 0, True
     for i, m in enumerate(mats[warmup:], start=warmup):
         rankings = {"runtime": decode(m, n)}

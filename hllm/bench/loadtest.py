@@ -24,8 +24,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from hllm.measure import summarize
+from hllm.formats.provenance import library_versions
+from hllm.measure import describe_machine, summarize
 from hllm.errors import HllmError
+from hllm.runtime import Ranker
+from hllm.runtime.slates import subslate
+from hllm.serve.batching import BatchOptions
 
 #: The routes the load test can drive.
 ROUTES = ("rank", "rerank")
@@ -190,9 +194,7 @@ def compare_batching(
     """
     import contextlib
 
-    from hllm.runtime import Ranker
     from hllm.serve.app import ServeOptions, create_app
-    from hllm.serve.batching import BatchOptions
     from hllm.serve.server import BackgroundServer, wait_ready
 
     if rounds < 1 or requests < rounds:
@@ -262,9 +264,6 @@ def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, 
 def environment() -> dict:
     """Hardware (CPU model and flags, cores, memory, load: :func:`hllm.measure.describe_machine`) and library
     versions for the result JSON."""
-    from hllm.formats.provenance import library_versions
-    from hllm.measure import describe_machine
-
     host = {k: v for k, v in describe_machine().items() if k not in ("shared", "note")}
     return {**host, "cpu_count": os.cpu_count(), "machine": platform.machine(), "versions": library_versions()}
 
@@ -281,8 +280,6 @@ def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int
     Raises: HllmError (both or neither of model/url, candidates < 1, a non-loopback url, an unknown route).
     """
     from datetime import datetime, timezone
-
-    from hllm.runtime.slates import subslate
 
     if (model is None) == (url is None):
         raise HllmError("give either MODEL (in-process, both modes) or --url (one running server)")

@@ -18,7 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
+from hllm.bench.stages import model_dims
 from hllm.measure import prefill_flops, summarize, time_interleaved
+from hllm.runtime.artefact import open_engine, resolve
 
 
 def synthetic_inputs(seq_len: int, n_items: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -45,9 +47,6 @@ def bench_scaling(models: Sequence[str | os.PathLike], seq_lens: Sequence[int], 
 
     Raises: HllmError from loading / running a model; ValueError for an S too short for N.
     """
-    from hllm.bench.stages import model_dims
-    from hllm.runtime.artefact import open_engine, resolve
-
     arts = [resolve(m) for m in models]
     engines = [open_engine(a, threads=threads).activate() for a in arts]
     dims = model_dims(models[0])

@@ -31,7 +31,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
+from hllm.engines.base import check_inputs
+from hllm.errors import HllmError
+from hllm.formats.checkpoint import load_manifest
 from hllm.measure import prefill_flops, summarize
+from hllm.runtime import Ranker
+from hllm.runtime.artefact import resolve
+from hllm.runtime.decode import decode_batch
 from hllm.runtime.slates import subslate
 
 STAGES = ("prompt", "engine", "decode_output", "total")
@@ -39,10 +45,6 @@ STAGES = ("prompt", "engine", "decode_output", "total")
 
 def model_dims(model: str | os.PathLike):
     """Backbone dimensions of a checkpoint, or of an export's source checkpoint; None if unknown."""
-    from hllm.formats.checkpoint import load_manifest
-    from hllm.errors import HllmError
-    from hllm.runtime.artefact import resolve
-
     try:
         art = resolve(model)
         if art.kind == "checkpoint":
@@ -103,9 +105,6 @@ def bench_stages(
         ``tokens_per_s``, ``gflops``, ``peak_fraction``, ``load_s``.
     Raises: HllmError subclasses from loading or running a model; SlateError if a slate is too small.
     """
-    from hllm.runtime import Ranker
-    from hllm.runtime.artefact import resolve
-
     opened: list[_Contender] = []
     for path in models:
         art = resolve(path)
@@ -142,9 +141,6 @@ def bench_stages(
 def _measure(m: "_Contender", batch: list[dict]) -> None:
     """One measured call of model ``m`` on ``batch``: its stage clock, plus the input check and the
     LAPJV decode timed on their own; appended to ``m.samples``."""
-    from hllm.engines.base import check_inputs
-    from hllm.runtime.decode import decode_batch
-
     res = m.ranker.rank_batch(batch)
     st = res.times
     enc = m.ranker.builder.encode(batch)  # same inputs again, for the io-check timing

@@ -20,8 +20,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hllm.bench import SCHEMA_VERSION
+from hllm.runtime import Ranker
 from hllm.runtime.slates import subslate
 from hllm.measure import summarize
+from hllm.teacher import ArRanker
 
 #: Candidates of the warm-up slate (a short one: the warm-up loads kernels, it is not measured).
 WARMUP_ITEMS = 10
@@ -53,9 +55,6 @@ def bench_versus_ar(
         ``ar_unconstrained_invalid_rate`` (fraction of slates whose output is not a valid ranking).
     Raises: HllmError from loading/running; SlateError if a slate has fewer than ``n_items`` candidates.
     """
-    from hllm.runtime import Ranker
-    from hllm.teacher import ArRanker
-
     if len(slates) < 2:
         from hllm.errors import SlateError
 

@@ -20,9 +20,13 @@ import numpy as np
 
 from hllm.calibration.openvino_int8 import (IR_NAME, fake_quantize_count, ignored_node_names, nncf_input,
                                             nncf_output_to_stderr, write_int8_export)
+from hllm.calibration.precision_debug import ranking_figures
 from hllm.calibration.ranking_validation import (VALIDATION_METRICS, RankingValidation, SearchBudgetExceeded,
                                                  encode_slates, max_drop_for)
+from hllm.engines.openvino import check_inference_precision
 from hllm.errors import EngineError
+from hllm.formats.export import read_export
+from hllm.formats.graph import input_names, sidecar_reads_context
 
 
 @contextlib.contextmanager
@@ -133,9 +137,6 @@ def quantize_with_accuracy_control(
         import nncf
     import openvino as ov
 
-    from hllm.engines.openvino import check_inference_precision
-    from hllm.formats.graph import input_names, sidecar_reads_context
-
     meta, out = nncf_input(export_dir, out_dir)
     hint = check_inference_precision(inference_precision)
     if metric not in VALIDATION_METRICS:
@@ -231,8 +232,6 @@ def build_candidate(export_dir, dst, calibration, validation: Sequence[dict], th
 
     Returns: the ``quantization`` record. Raises: EngineError / SlateError as :func:`quantize_with_accuracy_control`.
     """
-    from hllm.formats.export import read_export
-
     dst = Path(dst)
     done = dst.parent / "openvino-int8"
     if inference_precision != "f32" and dst.name != done.name and (done / "export.json").is_file():
@@ -270,8 +269,6 @@ def debug_int8(export_dir, slates: Sequence[dict], reference: Sequence[np.ndarra
         :func:`hllm.calibration.precision_debug.ranking_figures`, ``passed`` by ``settings.passes``.
     Raises: EngineError / SlateError as :func:`quantize_with_accuracy_control`.
     """
-    from hllm.calibration.precision_debug import ranking_figures
-
     d = Path(tmp) / "int8-accuracy-control"
     rec = quantize_with_accuracy_control(export_dir, d, calibration, slates, metric="regret", reference=reference,
                                          thresholds=getattr(settings, "gate", None), ranking_subset=min(8, len(slates)),

@@ -31,7 +31,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hllm.calibration.parts import weight_matmuls
 from hllm.errors import EngineError
+from hllm.exporter.scopes import block_index, module_path
+from hllm.formats.precision import Precision
+from hllm.runtime.artefact import resolve
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
 RESOLUTION = 2.0 ** -7  # relative width of one |x| histogram bin (float32 with 7 mantissa bits kept)
 _BINS = 1 << 16
@@ -43,9 +48,6 @@ def decoder_matmul_inputs(model) -> dict[str, dict]:
 
     Raises: EngineError if the graph carries no module metadata (no decoder MatMul found).
     """
-    from hllm.calibration.parts import weight_matmuls
-    from hllm.exporter.scopes import block_index, module_path
-
     consts = {i.name for i in model.graph.initializer}
     consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     out: dict[str, dict] = {}
@@ -158,10 +160,6 @@ def activation_ranges(
         activation whose leading axes are not ``[B, S]``), SlateError (bad slates).
     """
     import onnx
-
-    from hllm.formats.precision import Precision
-    from hllm.runtime.artefact import resolve
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     if not slates:
         raise EngineError("activation ranges need at least one slate")

@@ -38,8 +38,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hllm.errors import EngineError
+from hllm.calibration.precision_debug import DebugSettings, _error, _fmt, batch_scores, ranking_figures
+from hllm.engines.openvino import OpenVinoEngine
+from hllm.errors import EngineError, HllmError
+from hllm.exporter.bf16 import DEFAULT_ISLANDS, OP_CLASSES, convert_to_bf16, emulate_bf16, parse_islands
+from hllm.exporter.onnx_io import load_onnx, save_onnx
 from hllm.extras import optional
+from hllm.files import copy_files
+from hllm.formats.export import read_export, write_export
+from hllm.formats.precision import Precision
+from hllm.measure import bf16_support
+from hllm.reading import sha256_file
+from hllm.runtime.slates import loads_json
 
 #: Sidecar key of a typed bf16 export (islands, conversion counts, the fp32 graph it came from).
 SIDECAR_KEY = "bf16_gemm"
@@ -54,8 +64,6 @@ def bf16_runner(choice: str = "auto") -> str:
     Raises: EngineError for an unknown choice, or ``openvino`` on a CPU without bf16 instructions / without
         OpenVINO (naming what is missing).
     """
-    from hllm.measure import bf16_support
-
     if choice not in RUNNERS:
         raise EngineError(f"unknown bf16 runner {choice!r}; one of {RUNNERS}")
     ok, what = bf16_support()
@@ -81,12 +89,6 @@ def build_bf16_export(export_dir, dst, islands: Sequence[str] | None = None) -> 
     Returns: the :data:`SIDECAR_KEY` record. Raises: EngineError (another flavour or precision), ExportError
         (unknown island), FileExistsError (``dst`` exists).
     """
-    from hllm.exporter.bf16 import DEFAULT_ISLANDS, convert_to_bf16, parse_islands
-    from hllm.exporter.onnx_io import load_onnx, save_onnx
-    from hllm.files import copy_files
-    from hllm.reading import sha256_file
-    from hllm.formats.export import read_export, write_export
-
     meta = read_export(export_dir)
     if meta.flavour != "standard" or meta.precision.value != "fp32":
         raise EngineError(f"{meta.root}: bf16 islands need a float32 export of flavour standard (this one is "
@@ -111,10 +113,6 @@ def read_islands(path) -> tuple[str, ...]:
 
     Raises: EngineError (unreadable, not strict JSON, another target, no ``islands`` list, an unknown island).
     """
-    from hllm.errors import HllmError
-    from hllm.exporter.bf16 import parse_islands
-    from hllm.runtime.slates import loads_json
-
     try:
         d = loads_json(Path(path).read_bytes(), f"islands file {path}")
     except OSError as e:
@@ -144,8 +142,6 @@ class Bf16Variants:
     """
 
     def __init__(self, export_dir, batches: list, runner: str = "auto", threads: int | None = 2):
-        from hllm.formats.export import read_export
-
         self.meta = read_export(export_dir)
         if self.meta.flavour != "standard":
             raise EngineError(f"{self.meta.root}: bf16 islands need an export of flavour standard "
@@ -177,16 +173,10 @@ class Bf16Variants:
         return f
 
     def _scores(self, engine) -> list[np.ndarray]:
-        from hllm.calibration.precision_debug import batch_scores
-
         return batch_scores(engine, self.batches)
 
     def engine(self, islands: Sequence[str]):
         """An engine (not yet activated) for the typed graph with ``islands`` on this runner."""
-        from hllm.exporter.bf16 import convert_to_bf16, emulate_bf16
-        from hllm.exporter.onnx_io import save_onnx
-        from hllm.formats.precision import Precision
-
         typed, _ = convert_to_bf16(self.model(), islands)
         path = self.tmp / "variant.onnx"
         if self.runner == "emulate":
@@ -195,7 +185,6 @@ class Bf16Variants:
             save_onnx(emulate_bf16(typed), path)
             return OnnxRuntimeEngine(path, self.meta.num_positions, providers=["CPUExecutionProvider"],
                                      intra_op_threads=self.threads or 0, context=self.context)
-        from hllm.engines.openvino import OpenVinoEngine
 
         save_onnx(typed, path)
         return OpenVinoEngine(path, self.meta.num_positions, threads=self.threads, inference_precision="f32",
@@ -249,9 +238,6 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
     Returns: ``{frontier: [{name, islands, fp32_share, figures, passes, pareto, outside_base}], islands,
         islands_figures, passed, chosen, base, criteria}`` — frontier sorted by fp32 share.
     """
-    from hllm.calibration.precision_debug import DebugSettings, _error, _fmt, ranking_figures
-    from hllm.exporter.bf16 import OP_CLASSES, parse_islands
-
     st = settings or DebugSettings()
     base = parse_islands(list(base) or "none")
     points: dict[tuple, dict] = {}

@@ -33,7 +33,12 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from hllm.calibration.data import choose_slates
+from hllm.calibration.parts import nodes_in_part
 from hllm.errors import EngineError
+from hllm.files import copy_files
+from hllm.formats.export import read_export, write_export
+from hllm.formats.graph import input_names, sidecar_reads_context
 
 IR_NAME = "model_int8.xml"
 
@@ -63,8 +68,6 @@ def nncf_input(export_dir, out_dir):
 
     Raises: EngineError for an export that is not fp32 of flavour ``standard``, or an existing ``out_dir``.
     """
-    from hllm.formats.export import read_export
-
     meta = read_export(export_dir)
     out = Path(out_dir)
     if meta.flavour != "standard" or meta.precision.value != "fp32":
@@ -84,8 +87,6 @@ def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
         return []
     import onnx
 
-    from hllm.calibration.parts import nodes_in_part
-
     model = onnx.load(str(onnx_path), load_external_data=False)
     names: list[str] = []
     for part in keep_float:
@@ -100,8 +101,6 @@ def calibration_feeds(slates: Sequence[dict], builder, count: int, seed: int = 0
 
     Raises: SlateError (too few eligible slates, encoding).
     """
-    from hllm.calibration.data import choose_slates
-
     return [builder.encode([s]).inputs(context) for s in choose_slates(slates, count, seed, exclude_ids)]
 
 
@@ -130,7 +129,6 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     feeds = list(calibration)
     if not feeds:
         raise EngineError("NNCF INT8 needs at least one calibration input")
-    from hllm.formats.graph import input_names, sidecar_reads_context
 
     want = set(input_names(sidecar_reads_context(meta.raw)))
     if set(feeds[0]) != want:
@@ -179,9 +177,6 @@ def write_int8_export(meta, model, out: Path, record: dict, inference_precision:
     Raises: EngineError if ``out`` exists; OSError from writing.
     """
     import openvino as ov
-
-    from hllm.files import copy_files
-    from hllm.formats.export import write_export
 
     if out.exists():
         raise EngineError(f"{out} exists; choose a new directory")

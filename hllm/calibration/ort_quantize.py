@@ -25,6 +25,7 @@ import numpy as np
 
 from hllm.calibration.options import QuantOptions
 from hllm.errors import EngineError, HllmError
+from hllm.formats.graph import feed_dict
 
 
 def calibration_reader(calib):
@@ -32,8 +33,6 @@ def calibration_reader(calib):
     per ``get_next``, :func:`hllm.formats.graph.feed_dict` over the set's inputs; also ``rewind``,
     ``set_range`` for ORT and ``get_first`` for ModelOpt)."""
     from onnxruntime.quantization import CalibrationDataReader
-
-    from hllm.formats.graph import feed_dict
 
     names = calib.inputs
 

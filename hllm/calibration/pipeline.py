@@ -23,11 +23,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hllm.calibration.data import build_calibration_set
+from hllm.calibration.options import NothingToQuantize, QuantOptions
+from hllm.calibration.ort_quantize import calibration_ranges
+from hllm.calibration.parts import sensitivity_ladder
+from hllm.calibration.quantize import auto_exclude, quantize_export
+from hllm.calibration.speed import compare_speed
 from hllm.errors import SlateError
 from hllm.extras import optional
+from hllm.files import _staging_prefix, atomic_write_json, promote_dir
 from hllm.formats.calibration_report import REPORT_NAME, CalibrationResult
+from hllm.formats.calibration_set import load_calibration_set
 from hllm.formats.precision import Precision
-from hllm.verify.gate import GateThresholds
+from hllm.measure import describe_machine
+from hllm.reading import sha256_file
+from hllm.runtime.artefact import resolve
+from hllm.runtime.ranker import Ranker
+from hllm.runtime.slates import read_slates
+from hllm.verify.gate import GateThresholds, check_disjoint
+from hllm.verify.reference import cpu_ranker, load_reference, reference_key, reference_scores, save_reference
+from hllm.verify.scoring import score_slates
+from hllm.verify.sequential import run_gate
 
 Say = Callable[[str], None]
 #: ``progress(description, total)`` → ``advance(n)``; the CLI draws a bar, library callers may ignore it.
@@ -86,11 +102,6 @@ def prepare_calibration(artefact, builder, backend: str, calibration: Path | Non
     Raises: SlateError (another prompt spec, a set without an input the graph declares, overlap with the
         evaluation slates, no data for a backend that needs it).
     """
-    from hllm.calibration.data import build_calibration_set
-    from hllm.formats.calibration_set import load_calibration_set
-    from hllm.runtime.slates import read_slates
-    from hllm.verify.gate import check_disjoint
-
     needs_data = backend not in ("ort-dynamic", "ort-weight-only")
     calib = None
     if calibration is not None:
@@ -124,8 +135,6 @@ def check_calibration_tokenizer(meta: dict, tokenizer_path: Path, pad_id: int, w
 
     Raises: SlateError naming the set and both fingerprints.
     """
-    from hllm.reading import sha256_file
-
     want = sha256_file(tokenizer_path)
     got = meta.get("tokenizer_sha256")
     if got != want:
@@ -142,9 +151,6 @@ def fp32_engines(art, threads: int | None = None) -> dict:
 
     Returns: ``{name: Ranker}`` (engines constructed, not activated).
     """
-    from hllm.runtime.ranker import Ranker
-    from hllm.verify.reference import cpu_ranker
-
     out = {"onnxruntime-fp32": cpu_ranker(art, threads)}
     if art.flavour == "standard":
         if optional("openvino") is None:
@@ -161,8 +167,6 @@ def fastest_fp32(art, slates: Sequence[dict], threads: int | None = None, say: S
     Raises: EngineError from an engine that cannot run (ONNX Runtime's is never skipped; an OpenVINO one
         that fails is left out with a message).
     """
-    from hllm.verify.scoring import score_slates
-
     engines = fp32_engines(art, threads)
     if len(engines) == 1 or not slates:
         name = next(iter(engines))
@@ -198,9 +202,6 @@ def fp32_reference(req: CalibrateRequest, progress: Progress = _no_bar, say: Say
         another K, other slates or inputs, a short or non-finite one.
     """
     import numpy as np
-
-    from hllm.runtime.artefact import resolve
-    from hllm.verify.reference import load_reference, reference_key, reference_scores, save_reference
 
     t0 = time.perf_counter()
     info = {} if info is None else info
@@ -255,10 +256,6 @@ class Attempts:
     reports: dict = field(default_factory=dict)
 
     def attempt(self, parts: tuple[str, ...]) -> tuple[bool, dict]:
-        from hllm.calibration.options import NothingToQuantize, QuantOptions
-        from hllm.calibration.quantize import quantize_export
-        from hllm.verify.sequential import run_gate
-
         req, o = self.req, self.req.options
         opts = QuantOptions(**{**o.__dict__, "exclude": tuple(parts)})
         self.say(f"quantizing ({o.backend} {o.precision}, kept in float: {', '.join(parts) or 'nothing'})")
@@ -288,11 +285,6 @@ class Attempts:
         auto record or {}). Raises NothingToQuantize when no try produced a graph."""
         import onnx
 
-        from hllm.calibration.options import NothingToQuantize
-        from hllm.calibration.ort_quantize import calibration_ranges
-        from hllm.calibration.parts import sensitivity_ladder
-        from hllm.calibration.quantize import auto_exclude
-
         req, start = self.req, tuple(self.req.options.exclude)
         ok, rec = self.attempt(start)
         tries, parts, ladder = [{"excluded": list(start), "passed": ok, **rec}], start, []
@@ -318,10 +310,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     Raises: FileExistsError never (the caller checks ``--overwrite``); SlateError / EngineError /
         ExportError / NothingToQuantize from the steps.
     """
-    from hllm.calibration.options import QuantOptions
     import tempfile
-
-    from hllm.files import _staging_prefix, atomic_write_json, promote_dir
 
     ref, ref_s = fp32_reference(req, progress, say)
     out = Path(req.out_dir)
@@ -363,9 +352,6 @@ def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, a
 
 def _speed(req: CalibrateRequest, staging: Path, say: Say) -> tuple[dict, float, dict]:
     """(speed record, speed-up over FP32, machine) of the interleaved timing run."""
-    from hllm.measure import describe_machine
-    from hllm.calibration.speed import compare_speed
-
     p = req.options.precision
     say(f"timing {p} vs fp32 interleaved ({req.bench_rounds} rounds)")
     evals = req.eval_slates[: max(1, min(len(req.eval_slates), req.bench_rounds))]

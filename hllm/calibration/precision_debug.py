@@ -39,7 +39,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hllm.calibration.openvino_int8 import quantize_openvino
+from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.errors import EngineError
+from hllm.exporter.fp16 import DEFAULT_ISLANDS
+from hllm.formats.export import read_export
+from hllm.runtime.artefact import open_engine, resolve
+from hllm.verify.gate import gate_scores
 
 TARGETS = ("fp16", "int8", "bf16")
 FORMAT = "hllm-fp32-islands"
@@ -67,8 +73,6 @@ def ranking_figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], slates
     (:func:`hllm.verify.gate.gate_scores` with ``thresholds``, default :class:`hllm.verify.gate.GateThresholds`):
     ``gate`` = ``{mode, passed, failures, strict_passed, regret_p95, lower bounds of ΔAUC / ΔNDCG@10 /
     ΔRecall@10}``."""
-    from hllm.verify.gate import gate_scores
-
     d = gate_scores(ref, got, slates, thresholds).to_dict()
     diffs = [np.abs(a - b) for a, b in zip(ref, got)]
     finite = [x[np.isfinite(x)] for x in diffs]
@@ -188,8 +192,6 @@ class VariantRunner:
 
     def __init__(self, export_dir, target: str, batches: list, calibration=None, threads: int | None = 2,
                  smooth_quant_alpha: float | None = None, bf16_runner: str = "auto"):
-        from hllm.formats.export import read_export
-
         if target not in TARGETS:
             raise EngineError(f"unknown target precision {target!r}; one of {TARGETS}")
         self.meta = read_export(export_dir)
@@ -216,8 +218,6 @@ class VariantRunner:
 
     def reference(self) -> list[np.ndarray]:
         """The FP32 export's score matrices (ONNX Runtime)."""
-        from hllm.engines.ort import OnnxRuntimeEngine
-
         eng = OnnxRuntimeEngine(self.meta.onnx_path, self.meta.num_positions, intra_op_threads=self.threads or 0,
                                 context="context_positions" in str(self.meta.raw.get("inputs")))
         return self._scores(eng)
@@ -241,8 +241,6 @@ class VariantRunner:
             save_onnx(emulate_fp16(fp16), path)
             return self._scores(OnnxRuntimeEngine(path, self.meta.num_positions,
                                                   intra_op_threads=self.threads or 0, context=ctx))
-        from hllm.calibration.openvino_int8 import quantize_openvino
-        from hllm.runtime.artefact import open_engine, resolve
 
         d = self.tmp / f"int8-{self.built}"
         quantize_openvino(self.meta.root, d, self.calibration, keep_float=keep, smooth_quant_alpha=self.alpha)
@@ -255,8 +253,6 @@ class VariantRunner:
 def islands_file(target: str, result: dict, export_dir: str) -> dict:
     """The islands file written by ``hllm debug precision`` (module doc). For bf16 the islands are the
     chosen set of the frontier (op classes / module paths of :mod:`hllm.exporter.bf16`), with the frontier."""
-    from hllm.exporter.fp16 import DEFAULT_ISLANDS
-
     isl = list(DEFAULT_ISLANDS) + result["islands"] if target == "fp16" else list(result["islands"])
     doc = {"format": FORMAT, "target": target, "islands": isl, "modules": result["islands"],
            "passed": result["passed"], "figures": result["islands_figures"], "export": str(export_dir)}

@@ -21,7 +21,10 @@ from hllm.calibration.options import NothingToQuantize, QuantOptions
 from hllm.calibration.ort_quantize import quantize_ort, source_view
 from hllm.calibration.parts import activation_matmuls, excluded_nodes, float_ops_fed_by_quantized, qdq_summary
 from hllm.errors import EngineError, ExportError
+from hllm.files import atomic_dir
+from hllm.formats.export import graph_bytes, read_export, write_export
 from hllm.formats.precision import Precision
+from hllm.reading import sha256_file
 
 
 @dataclass
@@ -66,10 +69,6 @@ def quantize_export(
         a contrib op left reading quantized values, :func:`float_ops_fed_by_quantized`) / ExportError.
     """
     import onnx
-
-    from hllm.files import atomic_dir
-    from hllm.reading import sha256_file
-    from hllm.formats.export import graph_bytes, read_export, write_export
 
     options.validate()
     export_dir = Path(export_dir)

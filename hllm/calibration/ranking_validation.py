@@ -17,6 +17,14 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hllm.errors import DecodeError, SlateError
+from hllm.formats.graph import OUTPUT_NAME, sidecar_reads_context
+from hllm.runtime.decode import decode
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.verify.gate import assignment_regret
+from hllm.verify.metrics import slate_metrics
+from hllm.verify.parity import kendall_tau
+
 
 #: Per-slate qualities the validation function can return (:func:`slate_value`), higher = better.
 VALIDATION_METRICS = ("regret", "tau", "auc", "ndcg@10")
@@ -45,12 +53,6 @@ def slate_value(metric: str, ref: np.ndarray, test: np.ndarray, labels=None) -> 
     Raises: ValueError for an unknown metric; SlateError for a labelled metric on a slate without a positive
         and a negative label; DecodeError if ``ref`` is not finite.
     """
-    from hllm.errors import DecodeError, SlateError
-    from hllm.runtime.decode import decode
-    from hllm.verify.gate import assignment_regret
-    from hllm.verify.metrics import slate_metrics
-    from hllm.verify.parity import kendall_tau
-
     if metric not in VALIDATION_METRICS:
         raise ValueError(f"unknown validation metric {metric!r}; one of {VALIDATION_METRICS}")
     n = ref.shape[0]
@@ -129,8 +131,6 @@ class RankingValidation:
     def __init__(self, feeds: Sequence[dict], n_items: Sequence[int], reference: Sequence[np.ndarray] | None = None,
                  labels: Sequence[Sequence[int]] | None = None, metric: str = "regret",
                  deadline: float | None = None, stop: str = "return"):
-        from hllm.errors import SlateError
-
         if metric not in VALIDATION_METRICS:
             raise ValueError(f"unknown validation metric {metric!r}; one of {VALIDATION_METRICS}")
         if reference is None:
@@ -152,8 +152,6 @@ class RankingValidation:
 
     def scores(self, compiled, i: int) -> np.ndarray:
         """Score matrix ``[n_i, K]`` float32 of slate ``i`` from an ``openvino.CompiledModel``."""
-        from hllm.formats.graph import OUTPUT_NAME
-
         res = compiled(self.feeds[i])
         port = compiled.output(OUTPUT_NAME) if OUTPUT_NAME in compiled.output(0).get_names() else compiled.output(0)
         self.slates_run += 1
@@ -187,9 +185,6 @@ class RankingValidation:
 def encode_slates(meta, slates: Sequence[dict]) -> tuple[list[dict], list[int]]:
     """Each slate encoded alone by the export's prompt builder and tokenizer: ``(feeds, n_items)``.
     Raises: SlateError (a slate that does not encode), CheckpointError (tokenizer)."""
-    from hllm.formats.graph import sidecar_reads_context
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
-
     builder = PromptBuilder(load_tokenizer(meta.tokenizer_path), meta.prompt, max_items=meta.num_positions)
     ctx = sidecar_reads_context(meta.raw)
     feeds, n = [], []

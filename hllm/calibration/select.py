@@ -47,9 +47,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.calibration.candidate import Candidate
-from hllm.errors import EngineError
+from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_line
+from hllm.calibration.speed import compare_speed
+from hllm.errors import EngineError, SlateError
 from hllm.extras import optional
+from hllm.files import _staging_prefix, atomic_write_json, copy_files, promote_dir
+from hllm.formats.export import read_export, write_export
 from hllm.formats.precision import Precision
+from hllm.verify.parity import ParityReport, Thresholds, compare_slate
+from hllm.verify.reference import cpu_ranker, ranker_scores
+from hllm.verify.sequential import run_gate
 
 Say = Callable[[str], None]
 
@@ -92,8 +99,6 @@ def check_validation(validation: Sequence[dict], eval_slates: Sequence[dict]) ->
     Args: validation / eval_slates: slate dicts (``slate_id`` strings; a slate without one is compared as "").
     Raises: SlateError naming how many overlap and a few of their ids.
     """
-    from hllm.errors import SlateError
-
     gate_ids = {str(s.get("slate_id", "")) for s in eval_slates}
     both = sorted({str(s.get("slate_id", "")) for s in validation} & gate_ids)
     if both:
@@ -163,8 +168,6 @@ class SelectionResult:
 def _copy_tree(src: Path, dst: Path) -> None:
     """New directory ``dst`` with a copy of every file of ``src`` (:func:`hllm.files.copy_files`: never hard
     links, so writing the selected export in place cannot change the input export)."""
-    from hllm.files import copy_files
-
     dst.mkdir(parents=True)
     copy_files(src, dst)
 
@@ -202,8 +205,6 @@ def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_isla
     or ``onnxruntime.quantization`` (dynamic / static).
     Raises: EngineError / NothingToQuantize from the quantizers.
     """
-    from hllm.formats.export import read_export, write_export
-
     if c.name == BASELINE:
         _copy_tree(export_dir, dst)
     elif c.name == "openvino-bf16-islands":
@@ -240,9 +241,6 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
         the FP32 export itself cannot be gated; FileExistsError if ``out_dir`` exists and
         ``overwrite`` is False; the quantizers' errors are recorded per candidate, not raised.
     """
-    from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_line
-    from hllm.files import _staging_prefix, atomic_write_json, promote_dir
-    from hllm.formats.export import read_export
     from hllm.measure import cpu_flags, describe_machine
 
     t_start, load_start = time.perf_counter(), _load_1m()
@@ -326,8 +324,6 @@ def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, thre
 
     Raises: EngineError / SlateError from loading or running the engine.
     """
-    from hllm.verify.sequential import run_gate
-
     rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress)
     return rep, len(rep.records)
 
@@ -340,9 +336,6 @@ def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None
 
     Returns: :class:`hllm.verify.parity.ParityReport`. Raises: EngineError / SlateError from the engine.
     """
-    from hllm.verify.reference import cpu_ranker, ranker_scores
-    from hllm.verify.parity import ParityReport, Thresholds, compare_slate
-
     part = list(slates[:count])
     r = cpu_ranker(path, threads)
     got = ranker_scores(r, part)
@@ -364,8 +357,6 @@ def _gate_record(g: dict) -> dict:
 def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
     """Interleaved engine timing of the candidates that passed; fills each record's ``engine_ms`` and
     ``speedup_vs_fp32``. Returns compare_speed's record (empty when only the baseline passed)."""
-    from hllm.calibration.speed import compare_speed
-
     if len(built) < 2:
         return {}
     say(f"timing {', '.join(built)} interleaved ({req.rounds} rounds)")

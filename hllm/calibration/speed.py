@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from hllm.formats.provenance import library_versions
+from hllm.verify.reference import cpu_ranker
+
 
 def compare_speed(
     artefacts: dict[str, str | os.PathLike],
@@ -31,9 +34,7 @@ def compare_speed(
         "rounds", "warmup", "slates", "threads", "items"}``.
     Raises: ValueError if ``baseline`` is not among the artefacts.
     """
-    from hllm.formats.provenance import library_versions
     from hllm.measure import summarize, time_interleaved
-    from hllm.verify.reference import cpu_ranker
 
     if baseline not in artefacts:
         raise ValueError(f"baseline {baseline!r} not in {list(artefacts)}")

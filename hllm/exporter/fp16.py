@@ -55,9 +55,10 @@ from typing import Sequence
 
 import numpy as np
 
-from hllm.errors import ExportError
+from hllm.errors import ExportError, HllmError
 from hllm.exporter.onnx_io import FLOAT, FLOAT16, as_float32, model_like, tensor_types
 from hllm.exporter.scopes import class_hierarchy, in_module, module_scopes
+from hllm.runtime.slates import loads_json
 
 FP16_MAX = 65504.0
 
@@ -101,9 +102,6 @@ def read_islands_file(path: str | os.PathLike) -> tuple[str, ...]:
 
     Raises: ExportError (unreadable file, not strict JSON, no ``islands`` list, an unknown island).
     """
-    from hllm.errors import HllmError
-    from hllm.runtime.slates import loads_json
-
     try:
         d = loads_json(Path(path).read_bytes(), f"islands file {path}")
     except OSError as e:

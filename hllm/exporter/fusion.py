@@ -40,7 +40,10 @@ from onnxscript.rewriter import pattern
 
 from hllm.errors import ExportError
 
+from hllm.files import copy_files
 from hllm.formats.export import FLAVOURS  # noqa: E402,F401  (the one list of graph flavours)
+from hllm.formats.export import read_export, write_export
+from hllm.reading import sha256_file
 FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's temporary fusion ops; none may survive
 
 
@@ -319,11 +322,6 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     exists, or the attention fusion misses a decoder layer.
     """
     from pathlib import Path
-
-    from hllm.errors import ExportError
-    from hllm.files import copy_files
-    from hllm.reading import sha256_file
-    from hllm.formats.export import read_export, write_export
 
     meta = read_export(src)
     dst = Path(dst)

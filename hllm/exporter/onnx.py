@@ -41,8 +41,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check
+from hllm.exporter.onnx_io import load_onnx, save_onnx
+from hllm.exporter.patches import causal_sdpa_export
 from hllm.formats.checkpoint import Manifest, load_manifest
-from hllm.formats.graph import MAX_BATCH, MAX_ITEMS, MAX_SEQ, MIN_SEQ, graph_io_specs
+from hllm.formats.graph import MAX_BATCH, MAX_ITEMS, MAX_SEQ, MIN_SEQ, graph_io_specs, input_names
 from hllm.exporter.fusion import FLAVOURS
 from hllm.errors import CheckpointError, ExportError, HllmError
 from hllm.files import atomic_dir
@@ -200,8 +203,6 @@ def _sidecar(m, tmp: Path, onnx_path: Path, precision: Precision, flavour: str, 
 
 def _to_fp16(onnx_path: Path, batches, refs, islands, min_tau: float, context: bool = False) -> Fp16Check:
     """Rewrite ``onnx_path`` in place to FP16 (+ write its CPU emulation) and validate it (ranking level)."""
-    from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16, fp32_islands_check
-    from hllm.exporter.onnx_io import load_onnx, save_onnx
     islands = tuple(DEFAULT_ISLANDS if islands is None else islands)
     src = load_onnx(onnx_path)
     fp16, rep = convert_to_fp16(src, islands)
@@ -261,10 +262,7 @@ def _export(model: torch.nn.Module, path: Path, opset: int, k: int, vocab: int, 
     non-standard op or an ``IsNaN``, or the fused graph lacks one GroupQueryAttention per decoder layer."""
     from torch.export import Dim
 
-    from hllm.exporter.patches import causal_sdpa_export
     from hllm.exporter.fusion import clean_standard, fuse_for_ort, nonstandard_ops, op_counts
-
-    from hllm.formats.graph import input_names
 
     context = model.reads_context
     ex = synthetic_batch(np.random.default_rng(1), vocab, [32, 27], [min(4, k), min(3, k)])

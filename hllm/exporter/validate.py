@@ -10,9 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
+from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.errors import ExportError
 from hllm.formats.export import ShapeCheck
 from hllm.runtime.prompt import Batch
+from hllm.verify.parity import compare_slate
 
 
 def synthetic_batch(rng: np.random.Generator, vocab: int, lengths: Sequence[int], n_items: Sequence[int]) -> Batch:
@@ -53,8 +55,6 @@ def validate_against_torch(model, onnx_path: Path, k: int, batches, context: boo
     Raises EngineError if ONNX Runtime cannot load or run the graph."""
     import torch
 
-    from hllm.engines.ort import OnnxRuntimeEngine
-
     results, refs = [], []
     with OnnxRuntimeEngine(onnx_path, k, context=context) as eng, torch.inference_mode():
         for name, b in batches:
@@ -75,9 +75,6 @@ def validate_fp16_emulation(emu_path: Path, batches, refs, min_tau: float, conte
     max_abs_diff, rows}``. Raises ExportError on any non-finite score or a mean Kendall tau below ``min_tau``
     (|ΔM| is recorded, not enforced: FP16 moves scores, the ranking is what must hold).
     """
-    from hllm.engines.ort import OnnxRuntimeEngine
-    from hllm.verify.parity import compare_slate
-
     rows = []
     with OnnxRuntimeEngine(emu_path, refs[0].shape[-1], context=context) as eng:
         for (name, b), ref in zip(batches, refs):

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from hllm.runtime.ranker import Ranker
 from hllm.serve.app import ServeOptions, create_app, warmup_slate
 from hllm.serve.batching import (BatchFailed, BatchOptions, DeadlineExceeded, EngineThread, JobResult, ShuttingDown,
                                  _error_kind)
@@ -155,8 +156,6 @@ class HllmRanker:
     """One replica: an engine and the ``hllm serve`` app over it (module doc). Built by :func:`app_builder`."""
 
     def __init__(self, args: dict):
-        from hllm.runtime.ranker import Ranker
-
         a = RayServeArgs.model_validate(args)
         self.args = a
         self.ranker = Ranker.from_path(a.export, threads=a.threads)

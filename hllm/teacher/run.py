@@ -6,6 +6,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hllm.files import atomic_write_json
+from hllm.runtime.slates import slate_id, write_jsonl
+
 
 def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bool, batch_size: int = 1,
                    summary_path: Path | None = None, meta: dict | None = None,
@@ -17,8 +20,6 @@ def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bo
     ``on_batch(results of the batch)`` is called after each batch. An empty input still writes the
     (empty) file. Returns the summary dict. Raises: ValueError for ``batch_size`` < 1.
     """
-    from hllm.files import atomic_write_json
-    from hllm.runtime.slates import slate_id, write_jsonl
     from hllm.teacher.ranker import summarize
 
     if batch_size < 1:
@@ -44,8 +45,6 @@ def run_embedding_teacher(ranker, rows: Sequence[dict], out_file: Path,
                           on_progress: Callable[[int], None] | None = None) -> dict:
     """Rank ``rows`` with an :class:`hllm.teacher.embedding.EmbeddingRanker`; write ``out_file`` once at
     the end (seconds per 100 slates). Returns ``{slates, wall_s}``."""
-    from hllm.runtime.slates import slate_id, write_jsonl
-
     t0 = time.perf_counter()
     results = []
     for i, s in enumerate(rows):

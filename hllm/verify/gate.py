@@ -43,6 +43,7 @@ import numpy as np
 
 from hllm.errors import SlateError
 from hllm.files import json_safe
+from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED, bootstrap_ci, evaluate, paired_rows
 from hllm.verify.parity import ComparisonSummary, Failure, SlateComparison, Verdict, compare_slate
 
 #: The gate's modes (``--gate``): ``quality`` = (a) + (b) of the module doc; ``strict`` = agreement rule.
@@ -120,8 +121,6 @@ class GateThresholds:
 def label_metrics(orders: Sequence[Sequence[int]], slates: Sequence[dict]) -> dict | None:
     """Mean Recall@1, Recall@10, NDCG@10 (and AUC, NDCG@1) of rankings against the slates' ``labels``,
     computed by :func:`hllm.verify.metrics.evaluate`; None if no slate has a positive and a negative label."""
-    from hllm.verify.metrics import evaluate
-
     rows = [(o, s["labels"]) for o, s in zip(orders, slates) if s.get("labels") and any(s["labels"])]
     if not rows:
         return None
@@ -279,8 +278,6 @@ class GateReport(Verdict):
         """Per metric of :data:`QUALITY_METRICS`: ``{delta, interval, lower_bound, slates}`` of the paired
         bootstrap (module doc, (a)); empty when fewer than ``MIN_PAIRED`` labelled slates compare.
         Computed once per report (the bootstrap is seeded, so the figures are reproducible)."""
-        from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED, bootstrap_ci
-
         cached = self.__dict__.get("_quality")
         if cached is not None:
             return cached
@@ -296,8 +293,6 @@ class GateReport(Verdict):
 
     def criteria_report(self) -> list[Criterion]:
         """Every criterion of (a), (b), (c) with its figures, ``required`` by the mode (module doc)."""
-        from hllm.verify.metrics import MIN_PAIRED
-
         t, s = self.thresholds, self.summary()
         quality, strict = t.mode == "quality", t.mode == "strict"
         out = []
@@ -392,8 +387,6 @@ def gate_scores(
             None = these are all. stop_reason: why it stopped.
     Raises: ValueError if the lists differ in length or a slate's shapes differ.
     """
-    from hllm.verify.metrics import paired_rows
-
     if not (len(ref_scores) == len(test_scores) == len(slates)):
         raise ValueError(f"{len(ref_scores)} reference, {len(test_scores)} test score sets for {len(slates)} slates")
     records, regrets = [], []

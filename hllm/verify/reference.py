@@ -15,29 +15,32 @@ from typing import Sequence
 
 import numpy as np
 
+from hllm.errors import ParityError
+from hllm.files import atomic_path
+from hllm.formats.npz import CheckedNpz
+from hllm.reading import sha256_file
+from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+from hllm.runtime.ranker import Ranker
+from hllm.runtime.slates import slate_ids
+from hllm.verify.scoring import score_slates
+
 
 def cpu_ranker(path, threads: int | None = None):
     """The :class:`hllm.runtime.Ranker` the gate runs an export with: ONNX Runtime, CPU provider only
     (a quantized graph is compared on the CPU that calibrated it; FP8 graphs get ``basic`` graph
     optimizations in :func:`hllm.runtime.artefact.open_engine`). ``path``: an export path or an already
     resolved :class:`hllm.runtime.artefact.Artefact`."""
-    from hllm.runtime.ranker import Ranker
-
     return Ranker.from_path(path, providers=["CPUExecutionProvider"], threads=threads)
 
 
 def ranker_scores(ranker, slates: Sequence[dict], batch_size: int = 1, on_progress=None) -> list[np.ndarray]:
     """Per-slate score matrices ``[n_i, K]`` float32 of one :class:`hllm.runtime.Ranker` (its builder)."""
-    from hllm.verify.scoring import score_slates
-
     with ranker:
         return score_slates([ranker.engine], ranker.builder, slates, batch_size, on_progress)[0]
 
 
 def reference_scores(reference, slates: Sequence[dict], batch_size: int = 1, on_progress=None) -> list[np.ndarray]:
     """Scores of the FP32 reference (path or Ranker), computed once per gate run."""
-    from hllm.runtime.ranker import Ranker
-
     ref = reference if isinstance(reference, Ranker) else cpu_ranker(reference)
     return ranker_scores(ref, slates, batch_size, on_progress)
 
@@ -88,10 +91,6 @@ def reference_key(artefact, slates: Sequence[dict]) -> ReferenceKey:
 
     Raises: SlateError (a slate that does not encode), CheckpointError (tokenizer).
     """
-    from hllm.reading import sha256_file
-    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
-    from hllm.runtime.slates import slate_ids
-
     builder = PromptBuilder(load_tokenizer(artefact.tokenizer_path), artefact.prompt, max_items=artefact.num_positions)
     keys = tuple(input_key(builder.encode([s]).inputs(artefact.graph_inputs)) for s in slates)
     return ReferenceKey(sha256_file(artefact.path), int(artefact.num_positions), keys, tuple(slate_ids(slates)),
@@ -106,8 +105,6 @@ def save_reference(path, scores: Sequence[np.ndarray], key: ReferenceKey) -> Non
     Raises: ValueError if ``scores`` do not match ``key`` (count, shape) or hold a non-finite value (such a
         reference is never cached); OSError from writing.
     """
-    from hllm.files import atomic_path
-
     if not key.graph_sha256:
         raise ValueError("reference scores need the graph's sha256 to be cached")
     if len(scores) != len(key.slate_keys):
@@ -138,9 +135,6 @@ def load_reference(path, key: ReferenceKey) -> list[np.ndarray]:
         for some slate's inputs (other slates, the same ids with other candidates, another prompt or
         tokenizer, a cache cut short), a matrix of another shape, or a non-finite score.
     """
-    from hllm.errors import ParityError
-    from hllm.formats.npz import CheckedNpz
-
     fix = "delete it to recompute the reference, or pass another --reference-scores file"
     where = f"reference-score cache {path}"
     with CheckedNpz(path, ParityError) as z:  # headers checked before anything is decompressed

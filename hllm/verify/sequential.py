@@ -20,8 +20,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hllm.runtime.ranker import Ranker
 from hllm.verify.gate import QUALITY_METRICS, GateReport, GateThresholds, check_disjoint, gate_scores, p95
+from hllm.verify.metrics import METRIC_KEYS, bootstrap_ci
 from hllm.verify.reference import cpu_ranker
+from hllm.verify.scoring import score_slates
 
 
 #: Fail-fast: the fractions of the planned slates after which the futility rule of (a) is evaluated.
@@ -40,8 +43,6 @@ def hopeless(report: GateReport, planned: int, look: bool = False) -> str | None
     one-sided upper bound of a mean difference below −margin at level ``futility_alpha / (3 looks × 3
     metrics)``. Returns a one-line reason.
     """
-    from hllm.verify.metrics import METRIC_KEYS, bootstrap_ci
-
     t, recs = report.thresholds, report.records
     k, rest = len(recs), max(0, planned - len(recs))
     nonfinite = sum(r.nonfinite for r in recs)
@@ -122,9 +123,6 @@ def run_gate(
         SlateError: an evaluation slate was used for calibration (:func:`check_disjoint`).
         EngineError: the artefact cannot be loaded or run.
     """
-    from hllm.runtime.ranker import Ranker
-    from hllm.verify.scoring import score_slates
-
     check_disjoint(calibration_ids, slates)
     r = test if isinstance(test, Ranker) else cpu_ranker(test, threads)
     with r:
