@@ -45,15 +45,20 @@ def _model(cfg):
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.training.trainer import _trainable, build_model
 
+    from hllm.training.precision import resolve_compute
+
     model, _, _ = build_model(cfg)
+    resolve_compute(cfg.precision, "cpu").cast_frozen(model.backbone)  # as hllm train does
     builder = PromptBuilder(load_tokenizer(cfg.backbone), PromptSpec.from_dict(cfg.prompt), max_items=cfg.num_positions)
     opt = torch.optim.AdamW(_trainable(model).values(), lr=cfg.lr)
     return model, builder, opt
 
 
-def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, threads: int) -> dict:
+def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, threads: int,
+            all_layers: bool = True) -> dict:
     """Seconds per slate of the cache step and the LoRA steps in fp32 and bf16 (see module doc).
 
+    ``all_layers=False`` skips the all-layer LoRA step (the slowest by far).
     Returns: ``{slates, prompt_tokens, layer, rank, runs: {name: {precision: [s per slate]}}}``; the first
     slate's times (warm-up) are dropped. Raises HllmError where bf16 is not supported here.
     """
@@ -98,6 +103,9 @@ def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, 
                 timed("lora_step_top_layers", p,
                       lambda: _step(model, opt, top[p], examples[p], targets, [i], builder.pad_id, top[p].lr, c))
         del models, examples
+        if not all_layers:
+            runs.pop("lora_step_all_layers"), cpu.pop("lora_step_all_layers")
+            return _record(runs, cpu, slates, tokens, layer, n_layers, rank, threads, computes)
         full = {p: TrainConfig(**base, precision=p) for p in computes}
         models = {p: _model(full[p]) for p in computes}
         ids = {p: prepare(models[p][0], slates, models[p][1], full[p], None, computes[p]) for p in computes}
@@ -107,10 +115,16 @@ def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, 
                 model.train()
                 timed("lora_step_all_layers", p,
                       lambda: _step(model, opt, full[p], ids[p], targets, [i], builder.pad_id, full[p].lr, c))
+    return _record(runs, cpu, slates, tokens, layer, n_layers, rank, threads, computes)
+
+
+def _record(runs, cpu, slates, tokens, layer, n_layers, rank, threads, computes) -> dict:
+    """The measurement record, the warm-up slate dropped."""
     runs = {k: {p: [round(x, 3) for x in v[1:]] for p, v in d.items()} for k, d in runs.items()}
     cpu = {k: {p: [round(x, 3) for x in v[1:]] for p, v in d.items()} for k, d in cpu.items()}
     return {"slates": len(slates) - 1, "warmup_slates": 1, "prompt_tokens": tokens[1:], "layer": layer,
             "num_layers": n_layers, "rank": rank, "threads": threads, "compute": computes["bf16"].to_dict(),
+            "frozen_weights_cast_once": True,
             "runs": runs, "cpu_s": cpu}
 
 
@@ -139,6 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shared", action="store_true", help="other work ran on the same cores")
+    ap.add_argument("--no-all-layers", action="store_true", help="skip the all-layer LoRA step")
     args = ap.parse_args(argv)
     from hllm.errors import HllmError
     from hllm.files import atomic_write_json
@@ -155,7 +170,8 @@ def main(argv=None) -> int:
             raise HllmError("--limit must be in 1..100 and --rank ≥ 1")
         load_before = round(os.getloadavg()[0], 2)
         t0 = time.perf_counter()
-        rec = measure(args.backbone, args.slates, args.limit, args.layer, args.rank, args.threads)
+        rec = measure(args.backbone, args.slates, args.limit, args.layer, args.rank, args.threads,
+                      all_layers=not args.no_all_layers)
     except HllmError as e:
         print(f"train_speed: {e}", file=sys.stderr)
         return 2

@@ -216,7 +216,8 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
         return done
     index = source.check(backbone, prompt, ids) if source is not None else None
     encode = _encoder(backbone, prompt, max_items)
-    model = load_backbone(backbone).to(compute.device)
+    model = load_backbone(backbone).to(compute.device).requires_grad_(False)
+    compute.cast_frozen(model)  # bf16: the weights autocast would convert at every call, converted once
     with torch_threads(threads), torch.inference_mode(), compute.autocast():
         for i, s in enumerate(slates):
             path = out / f"{i:05d}.npz"

@@ -9,6 +9,13 @@ CUDA op lists: matmuls and linear layers in bf16; softmax, norms and reductions 
 parameters, the optimizer state and the saved adapter and head stay fp32, and the Sinkhorn loss is
 computed in fp32 from the scores cast back to fp32. No gradient scaler is needed: bf16 has fp32's
 exponent range (unlike fp16).
+
+Autocast caches its bf16 copy of a weight only for leaf tensors that require grad, so a frozen weight is
+converted again at every call: on this project's AVX512_BF16 CPU a [1300, 576] × [576, 1536] product ran
+at 115 GFLOP/s per CPU-second under autocast against 316 with bf16 operands, 78 in fp32.
+:meth:`Compute.cast_frozen` converts the frozen ``nn.Linear`` weights to bf16 once, which autocast would
+have produced call by call (the same round-to-nearest conversion), so the results are unchanged and
+the conversions are gone; trainable weights (LoRA, head), norms and embeddings stay fp32.
 """
 
 from __future__ import annotations
@@ -44,6 +51,23 @@ class Compute:
     def autocast(self):
         """The context manager the forward runs under: bf16 ``torch.autocast`` on this device, or none."""
         return autocast(self.device, self.precision)
+
+    def cast_frozen(self, module) -> int:
+        """In bf16, convert the weight (and bias) of every ``nn.Linear`` of ``module`` whose weight does not
+        require grad to bf16, in place; a no-op in fp32. The module must then run under :meth:`autocast`
+        (outside it a bf16 weight meets fp32 inputs). Returns the number of layers converted."""
+        import torch
+
+        if self.precision != "bf16":
+            return 0
+        n = 0
+        for m in module.modules():
+            if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and m.weight.dtype == torch.float32:
+                m.weight.data = m.weight.data.to(torch.bfloat16)
+                if m.bias is not None and not m.bias.requires_grad:
+                    m.bias.data = m.bias.data.to(torch.bfloat16)
+                n += 1
+        return n
 
 
 def cuda_available() -> bool:

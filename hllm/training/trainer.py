@@ -261,6 +261,7 @@ def _train(cfg, resume, on_step, on_cache, on_validation, compute: Compute) -> T
     n_val = min(cfg.val_slates, len(slates) - 1)
     model, spec, _ = build_model(cfg)
     model.to(compute.device)
+    compute.cast_frozen(model.backbone)  # bf16: frozen weights converted once, not at every autocast call
     builder = PromptBuilder(load_tokenizer(cfg.backbone), PromptSpec.from_dict(cfg.prompt), max_items=cfg.num_positions)
     params = _trainable(model)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
