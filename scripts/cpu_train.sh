@@ -8,8 +8,8 @@
 #   scripts/cpu_train.sh run      # the job itself in the foreground (what start runs)
 #
 # Steps (each resumes where the last run stopped):
-#   1. teacher order of the train slates (`hllm teacher minilm --kind embedding --agg max`; skipped when
-#      TEACHER exists or OBJECTIVE=clicks; written once, seconds per 100 slates)
+#   1. teacher order of the train slates (`hllm teacher minilm --kind embedding --agg max`, needs
+#      `pip install 'hllm[teacher]'`; skipped when TEACHER exists or OBJECTIVE=clicks; written once)
 #   2. the frozen layers 0..LAYER-1 of every slate, once (`hllm features --precision $PRECISION`): one file
 #      per slate, written atomically, so the cache accumulates (3 MB per slate at SmolLM2's layer 28)
 #   3. LoRA r=RANK on every linear projection of the top LORA_LAYERS layers + the head from that cache
