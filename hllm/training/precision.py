@@ -11,8 +11,8 @@ computed in fp32 from the scores cast back to fp32. No gradient scaler is needed
 exponent range (unlike fp16).
 
 Autocast caches its bf16 copy of a weight only for leaf tensors that require grad, so a frozen weight is
-converted again at every call: on this project's AVX512_BF16 CPU a [1300, 576] × [576, 1536] product ran
-at 115 GFLOP/s per CPU-second under autocast against 316 with bf16 operands, 78 in fp32.
+converted again at every call: on an AVX512_BF16 CPU a [1300, 576] × [576, 1536] product ran at 109–231
+GFLOP per CPU-second under autocast against 303–330 with bf16 operands, 65–82 in fp32 (docs/training.md).
 :meth:`Compute.cast_frozen` converts the frozen ``nn.Linear`` weights to bf16 once, which autocast would
 have produced call by call (the same round-to-nearest conversion), so the results are unchanged and
 the conversions are gone; trainable weights (LoRA, head), norms and embeddings stay fp32.
