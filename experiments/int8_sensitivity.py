@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
 from hllm.verify.parity import compare_slate
 from hllm.runtime.ranker import Ranker
 from hllm.runtime.slates import read_slates
@@ -125,7 +126,7 @@ def main() -> None:
         "seconds": round(time.time() - t0, 1),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": 1},
     }
-    atomic_write_json(a.out, out)
+    atomic_write_json(a.out, envelope("int8_sensitivity", out))
     print("→", a.out)
 
 

@@ -18,6 +18,7 @@ import time
 from hllm.calibration.activation_ranges import activation_ranges
 from hllm.calibration.data import choose_slates
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
 from hllm.reading import sha256_file
 from hllm.runtime.slates import read_slates
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(rep, indent=1))
     else:
-        atomic_write_json(a.out, rep)
+        atomic_write_json(a.out, envelope("activation_ranges", rep))
         print(f"→ {a.out}", file=sys.stderr)
     return 0
 

@@ -12,6 +12,7 @@ import time
 
 from hllm.measure import describe_machine
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
 from hllm.runtime.slates import read_slates
 from hllm.teacher import ArRanker
 
@@ -47,7 +48,7 @@ def main() -> None:
         "prefill_tokens_mean": sum(x.prefill_tokens for x in single) / len(single),
         "machine": describe_machine(shared=True, note="other jobs may share the cores"),
     }
-    atomic_write_json(a.out, out)
+    atomic_write_json(a.out, envelope("ar_batch_speed", out))
     print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=2))
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # hllm.measure is standard-library only: usable before `make setup`
+from hllm.formats.report import envelope  # noqa: E402
 from hllm.measure import describe_machine  # noqa: E402
 
 
@@ -146,7 +147,7 @@ def main() -> int:
         if parity else None,
         "note": a.note,
     }
-    a.out.write_text(json.dumps(record, indent=1) + "\n")
+    a.out.write_text(json.dumps(envelope("demo_timings", record), indent=1) + "\n")
     print(f"demo rc {rc} in {record['total_wall_s']} s → {a.out}", file=sys.stderr)
     return rc
 

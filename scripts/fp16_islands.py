@@ -44,6 +44,7 @@ def main(argv=None) -> int:
                                     island_precision)
     from hllm.exporter.onnx_io import load_onnx, save_onnx
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.reading import sha256_file
     from hllm.verify.parity import ParityReport, Thresholds, compare_slate
     from hllm.runtime import Ranker, read_slates
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
         variants.append(row)
         print(f"{v:>11}: top1 {row['top1_agreement']:.3f} tau {row['kendall_tau_mean']:.4f} perm "
               f"{row['perm_match_rate']:.2f} max|Δ| {row['max_abs_diff']:.3g} nonfinite {row['nonfinite']}", flush=True)
-    atomic_write_json(args.out, {
+    atomic_write_json(args.out, envelope("fp16_islands", {
         "what": "FP32-island ablation: FP16 graph (CPU emulation) vs PyTorch FP32 reference, same encoded slates",
         "emulation": "float16 weights kept as float32 holding float16 values; every float16 tensor a node produces "
                      "rounded by Cast(float16)->Cast(float32) (overflow -> inf); each node computes in float32 "
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
         "variants": variants,
         "versions": library_versions(),
         "reference_seconds": round(ref_s, 1),
-    })
+    }))
     print(f"→ {args.out}")
     return 0
 

@@ -169,6 +169,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     from hllm.formats.provenance import library_versions
+    from hllm.formats.report import envelope
     from hllm.measure import describe_machine
 
     t0 = time.time()
@@ -181,7 +182,7 @@ def main(argv=None) -> None:
     doc["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     doc["wall_seconds"] = round(time.time() - t0, 1)
     with open(args.out, "w") as fh:
-        json.dump(doc, fh, indent=1)
+        json.dump(envelope("fused_speed", doc), fh, indent=1)
 
     flags = [f for f in machine["cpu_flags"] if f.startswith(("avx", "amx", "fma"))]
     print(f"{machine['cpu']} ({machine['usable_cpus']} usable CPUs), flags: {' '.join(flags)}; "

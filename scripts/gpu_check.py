@@ -155,6 +155,7 @@ def cmd_proxy(args) -> int:
     import torch
 
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.model.hllm import load_model
     from hllm.verify.parity import Thresholds, run_parity
     from hllm.runtime import Ranker, read_slates
@@ -187,7 +188,7 @@ def cmd_proxy(args) -> int:
                    "attention (hllm heads, FP32), scores (head.out forced FP32)",
         "parity": parity, "latency": lat,
     }
-    atomic_write_json(args.out, out)
+    atomic_write_json(args.out, envelope("gpu_check", out))
     print(json.dumps({k: out[k] for k in ("device", "torch", "cuda")}))
     return 0 if passed else 1
 
@@ -259,7 +260,7 @@ def cmd_paper_latency(args) -> int:
            **_machine(dev), "shape": {"layers": args.layers, "hidden": args.hidden, "seq": s, "n_items": n, "batch": 1},
            "runs": args.runs, "warmup": args.warmup, "paper_ms": PAPER_MS,
            "paper_source": "hLLM paper Table 2 (A100), as quoted in docs/benchmarks.md", "latency": lat}
-    atomic_write_json(args.out, out)
+    atomic_write_json(args.out, envelope("gpu_check", out))
     print(json.dumps({k: {"median_ms": v["forward_ms"]["median"]} for k, v in lat.items()}))
     return 0
 

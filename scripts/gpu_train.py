@@ -95,6 +95,7 @@ def cmd_check(args) -> int:
     from safetensors.torch import load_file
 
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.measure import describe_machine
 
     ck, out = Path(args.ckpt), Path(args.out)
@@ -120,7 +121,7 @@ def cmd_check(args) -> int:
            "train_slates": prov.get("train_slates"), "validation": prov.get("validation"),
            "tensors": len(tensors), "params": sum(v.numel() for v in tensors.values()),
            "adapter_bytes": adapter.stat().st_size, "non_fp32_tensors": not32, "machine": describe_machine()}
-    atomic_write_json(out / "gpu_train.json", rec)
+    atomic_write_json(out / "gpu_train.json", envelope("gpu_train", rec))
     print(f"gpu_train check: {len(tensors)} tensors ({rec['params']:,} parameters), "
           f"{'all float32' if not not32 else f'{len(not32)} not float32'}; adapter + head → {dst}")
     return 1 if not32 else 0

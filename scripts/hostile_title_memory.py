@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("-o", "--out", default=str(REPO / "results" / "hardening" / "hostile_title_memory.json"))
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
+    from hllm.formats.report import envelope
     from hllm.measure import describe_machine
     from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING
 
@@ -63,7 +64,7 @@ def main() -> None:
     doc = {"kind": "hostile_title_memory", "export": Path(a.export).name, "chars_per_token_ceiling": CHARS_PER_TOKEN_CEILING,
            "bound_mib": 1024, "machine": describe_machine(shared=True), "records": records}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    Path(a.out).write_text(json.dumps(envelope("hostile_title_memory", doc), indent=2) + "\n")
     print(json.dumps(records, indent=2))
 
 

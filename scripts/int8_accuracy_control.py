@@ -105,7 +105,9 @@ def main(argv=None) -> int:
     if a.judge:
         doc.update(judge(a))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    from hllm.formats.report import envelope
+
+    a.out.write_text(json.dumps(envelope("int8_accuracy_control", doc), indent=1) + "\n")
     log(f"wrote {a.out}")
     return 0
 

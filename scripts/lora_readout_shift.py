@@ -30,6 +30,7 @@ import torch
 
 from hllm.errors import CheckpointError, HllmError, OutputError, SlateError
 from hllm.files import atomic_write_json, refuse_overlap
+from hllm.formats.report import envelope
 from hllm.formats.checkpoint import load_manifest
 from hllm.measure import describe_machine
 from hllm.model.hllm import gather_context, gather_readout, load_model
@@ -143,7 +144,7 @@ def run(a: argparse.Namespace) -> None:
                                       "max": float(max(ratios.values())), "per_module": ratios},
         "machine": describe_machine(note=f"torch {torch.__version__}, {a.threads} thread(s)"),
     }
-    atomic_write_json(a.out, result)
+    atomic_write_json(a.out, envelope("lora_readout_shift", result))
     print(json.dumps({k: v for k, v in result.items() if k != "adapter_delta_over_weight"}, indent=1))
     print("adapter ‖ΔW‖/‖W‖ mean %.4f max %.4f" % (result["adapter_delta_over_weight"]["mean"],
                                                   result["adapter_delta_over_weight"]["max"]))

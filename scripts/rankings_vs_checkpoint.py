@@ -13,6 +13,7 @@ import json
 import numpy as np
 
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
 from hllm.runtime.decode import decode
 from hllm.runtime.slates import read_slates
 from hllm.training.features import FeatureCache, scores_from_cache
@@ -46,7 +47,7 @@ def main() -> None:
     out = {"what": a.what, "rankings": a.rankings, "checkpoint": a.checkpoint, "feature_cache": a.cache,
            "slates_file": a.slates, "slates": len(ids), "perm_match_rate": same / len(ids),
            "top1_agreement": top1 / len(ids), "max_abs_diff_assigned_scores": maxd}
-    atomic_write_json(a.out, out)
+    atomic_write_json(a.out, envelope("rankings_vs_checkpoint", out))
     print(json.dumps(out, indent=2))
 
 

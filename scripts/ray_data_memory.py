@@ -74,6 +74,7 @@ def main() -> None:
 
     from hllm.measure import describe_machine
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.runtime.slates import iter_slates, subslate, write_jsonl
     from hllm.testing import tiny_export
 
@@ -109,7 +110,7 @@ def main() -> None:
         "outputs_identical_before_after": {str(n): outputs[("before", n)] == outputs[("after", n)] for n in counts},
         "machine": describe_machine(shared=a.shared, note=None),
     }
-    atomic_write_json(a.out, report)
+    atomic_write_json(a.out, envelope("ray_data_memory", report))
     print(f"→ {a.out}")
 
 

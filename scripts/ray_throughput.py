@@ -72,6 +72,7 @@ def main() -> None:
     from hllm.bench.peak import matmul_peak
     from hllm.measure import describe_machine
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.runtime.ray_data import rank_file
     from hllm.runtime.slates import read_slates, write_jsonl
     from hllm.serve.ray_serve import ranker_app
@@ -121,7 +122,7 @@ def main() -> None:
                      "note": "wall time includes starting the actors (each run starts its pool)"},
         "machine": describe_machine(shared=a.shared, note=a.note), "gemm_peak": matmul_peak(n=1024), "libraries": {**library_versions(), "ray": ray.__version__},
     }
-    atomic_write_json(a.out, report)
+    atomic_write_json(a.out, envelope("ray_throughput", report))
     print(json.dumps({k: report[k]["mean_slates_per_s"] for k in ("ray_serve", "ray_data")}), f"→ {a.out}")
 
 

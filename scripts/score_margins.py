@@ -19,6 +19,7 @@ import json
 import numpy as np
 
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
 from hllm.runtime.decode import decode
 
 
@@ -65,7 +66,7 @@ def main() -> None:
         "std_across_positions_mean": float(np.mean([m.mean(0).std() for m in mats])),
         "std_across_items_mean": float(np.mean([m.mean(1).std() for m in mats])),
     }
-    atomic_write_json(a.out, out)
+    atomic_write_json(a.out, envelope("score_margins", out))
     print(json.dumps({k: v for k, v in out.items() if k != "top1_margin"} | {"top1_margin": {
         k: v for k, v in out["top1_margin"].items() if k != "per_slate"}}, indent=2))
 

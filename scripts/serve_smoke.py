@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
 
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.runtime import read_slates
     from hllm.runtime.artefact import resolve
     from hllm.serve.server import wait_ready
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rec["exit_after_sigterm"] = "killed: did not exit within 120 s"
-    atomic_write_json(a.out, rec)
+    atomic_write_json(a.out, envelope("serve_smoke", rec))
     print(json.dumps(rec, indent=1))
     return 0
 

@@ -31,6 +31,7 @@ import json
 import numpy as np
 
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
 from hllm.verify.parity import kendall_tau
 from hllm.runtime.slates import read_slates
 from hllm.teacher.ranker import ArResult, summarize
@@ -101,7 +102,7 @@ def main() -> None:
         "first_ordinal_top5": [[k, c] for k, c in firsts.most_common(5)],
         "raw_text_examples": [{"slate_id": r.slate_id, "raw_text": r.raw_text[:200]} for r in results[: a.examples]],
     }
-    atomic_write_json(a.out, out)
+    atomic_write_json(a.out, envelope("teacher_outputs", out))
     print(json.dumps({k: v for k, v in out.items() if k != "raw_text_examples"}, indent=1))
 
 

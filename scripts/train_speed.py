@@ -193,6 +193,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from hllm.errors import HllmError
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
     from hllm.measure import describe_machine
 
     try:
@@ -212,8 +213,8 @@ def main(argv=None) -> int:
             machine = describe_machine(shared=args.shared, note="best of 20 calls, CPU seconds")
             machine["load_avg_1m_before"] = load_before
             reps = [gemm_rates(threads=args.threads) for _ in range(5)]  # five repetitions: the spread is the noise
-            atomic_write_json(args.out, {"command": "python scripts/train_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                                         "machine": machine, "versions": library_versions(), "gemm_repetitions": reps})
+            atomic_write_json(args.out, envelope("train_speed", {"command": "python scripts/train_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                                         "machine": machine, "versions": library_versions(), "gemm_repetitions": reps}))
             print(json.dumps(reps))
             return 0
         rec = measure(args.backbone, args.slates, args.limit, args.layer, args.rank, args.threads,
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
     result = {"command": "python scripts/train_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": machine, "versions": library_versions(), "wall_s": round(time.perf_counter() - t0, 1),
               "summary": summarize(rec), **rec}
-    atomic_write_json(args.out, result)
+    atomic_write_json(args.out, envelope("train_speed", result))
     for name, s in result["summary"].items():
         print(f"{name}: fp32 {s['fp32_s_per_slate']} s/slate ({s['fp32_slates_per_hour']}/h), "
               f"bf16 {s['bf16_s_per_slate']} s/slate ({s['bf16_slates_per_hour']}/h), ×{s['bf16_speedup']} "

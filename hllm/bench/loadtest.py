@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from hllm.formats.provenance import library_versions
+from hllm.formats.report import envelope
 from hllm.measure import describe_machine, summarize
 from hllm.errors import HllmError
 from hllm.runtime import Ranker
@@ -265,7 +266,7 @@ def environment() -> dict:
     """Hardware (CPU model and flags, cores, memory, load: :func:`hllm.measure.describe_machine`) and library
     versions for the result JSON."""
     host = {k: v for k, v in describe_machine().items() if k not in ("shared", "note")}
-    return {**host, "cpu_count": os.cpu_count(), "machine": platform.machine(), "versions": library_versions()}
+    return {**host, "cpu_count": os.cpu_count(), "arch": platform.machine(), "versions": library_versions()}
 
 
 def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int, requests: int, max_seconds: float,
@@ -279,8 +280,6 @@ def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int
 
     Raises: HllmError (both or neither of model/url, candidates < 1, a non-loopback url, an unknown route).
     """
-    from datetime import datetime, timezone
-
     if (model is None) == (url is None):
         raise HllmError("give either MODEL (in-process, both modes) or --url (one running server)")
     if candidates is not None:
@@ -288,13 +287,13 @@ def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int
             raise HllmError("--candidates must be ≥ 1")
         slates = [{k: v for k, v in subslate(s, min(candidates, len(s["candidates"]))).items() if k != "labels"}
                   for s in slates]
-    report: dict = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "slates_file": slates_file,
+    report: dict = envelope("loadtest", {
+        "slates_file": slates_file,
         "distinct_slates": len(slates), "candidates_per_slate": sorted({len(s["candidates"]) for s in slates}),
         "clients": clients, "requests_per_mode": requests, "max_seconds_per_mode": max_seconds,
         "latency": "client-side wall time per request over loopback HTTP, ms", "environment": environment(),
         "note": note,
-    }
+    }, note=note)
     t0 = time.perf_counter()
     if url is not None:
         modes = {}

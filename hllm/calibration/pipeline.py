@@ -327,7 +327,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
         dest = out if passed else out.with_name(out.name + ".FAILED")
         if req.calibration is not None and not req.calibration_saved:
             req.calibration.save(staging / "calibration")
-        atomic_write_json(staging / REPORT_NAME, result.to_dict())
+        atomic_write_json(staging / REPORT_NAME, result.to_report())
         promote_dir(staging, dest, overwrite=req.overwrite or not passed)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

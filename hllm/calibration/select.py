@@ -54,6 +54,7 @@ from hllm.extras import optional
 from hllm.files import _staging_prefix, atomic_write_json, copy_files, promote_dir
 from hllm.formats.export import read_export, write_export
 from hllm.formats.precision import Precision
+from hllm.formats.report import envelope
 from hllm.verify.parity import ParityReport, Thresholds, compare_slate
 from hllm.verify.reference import cpu_ranker, ranker_scores
 from hllm.verify.sequential import run_gate
@@ -163,6 +164,10 @@ class SelectionResult:
         return {"selected": self.selected, "candidates": self.candidates, "thresholds": self.thresholds,
                 "eval_slates": self.eval_slates, "reference": self.reference, "timing": self.timing,
                 "wall_s": self.wall_s, "machine": self.machine}
+
+    def to_report(self) -> dict:
+        """:meth:`to_dict` in the report envelope (kind ``calibration_selection``): the file and ``--report``."""
+        return envelope("calibration_selection", self.to_dict(), machine=self.machine)
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -308,7 +313,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
                                  {**req.thresholds.to_dict(), "fp32_parity": {"slates": FP32_PARITY_SLATES,
                                                                               "atol": FP32_PARITY_ATOL}},
                                  timing, ref_info, round(time.perf_counter() - t_start, 1))
-        atomic_write_json(built[best] / SELECTION_NAME, result.to_dict())
+        atomic_write_json(built[best] / SELECTION_NAME, result.to_report())
         promote_dir(built[best], out, overwrite=req.overwrite)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -338,6 +338,7 @@ def markdown_cmd(
 ) -> None:
     """Print the Markdown tables of benchmark JSON files (the figures docs/benchmarks.md shows)."""
     from hllm.bench.markdown import lapjv_table, scaling_table, stages_table, versus_table
+    from hllm.formats.report import read_envelope
 
     render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table, "scaling": scaling_table}
     docs = [(f, _load_doc(f, tuple(render))) for f in files]  # every file checked before any output
@@ -352,6 +353,6 @@ def markdown_cmd(
         emit_json([{"file": str(f), "kind": doc["kind"], "markdown": t} for (f, doc), t in zip(docs, tables)])
         return
     for (f, doc), table in zip(docs, tables):
-        print(f"<!-- from {f} ({doc.get('created_utc')}, shared machine: {doc.get('shared')}) -->")
+        print(f"<!-- from {f} ({read_envelope(doc)['created']}, shared machine: {doc.get('shared')}) -->")
         print(table)
         print()

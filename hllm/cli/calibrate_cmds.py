@@ -185,7 +185,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
                         reference_cache, overwrite, bf16_islands=bf16_islands, validation_slates=validation)
     with progress_lines(progress()) as bar:
         result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
-    finish_report(report, result.to_dict(), json_out, show=_print_selection)
+    finish_report(report, result.to_report(), json_out, show=_print_selection)
     out.print(f"selected {result.selected} → {dest}")
 
 
@@ -272,7 +272,7 @@ def _calibrate_with_progress(req):
 def _report(result, dest: Path, report: Optional[Path], json_out: bool) -> None:
     """Write/print the calibration result (a :class:`hllm.formats.calibration_report.CalibrationResult`);
     exit 1 if the gate failed."""
-    finish_report(report, result.to_dict(), json_out, show=_print)
+    finish_report(report, result.to_report(), json_out, show=_print)
     if result.passed:
         out.print(f"quantized export → {dest}")
     else:

@@ -165,4 +165,6 @@ def export_cmd(
         out.print(f"fp16 (FP32 islands: {','.join(rep.fp16.islands) or 'none'}): CPU emulation mean Kendall tau "
                   f"{v['kendall_tau_mean']:.4f}, max|Δ| {v['max_abs_diff']:.2e}, non-finite {v['nonfinite']}")
     if json_out:
-        emit_json({"command": "export", **rep.to_dict()})
+        from hllm.formats.report import envelope
+
+        emit_json(envelope("export", {"command": "export", **rep.to_dict()}))

@@ -109,4 +109,7 @@ def precision_cmd(
     write_json_out(islands_out, doc)
     out.print(f"islands → {islands_out}: {', '.join(res['islands']) or 'none'} "
               f"({'passes' if res['passed'] else 'does NOT pass'} the {gate} gate)")
-    finish_report(report, {**res, "target": target, "slates": len(data), "export": str(export_dir)}, json_out)
+    from hllm.formats.report import envelope
+
+    finish_report(report, envelope("precision_debug", {**res, "target": target, "slates": len(data),
+                                                       "export": str(export_dir)}), json_out)

@@ -49,8 +49,7 @@ def frontier_cmd(
 ) -> None:
     """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags."""
     from hllm.bench.frontier import frontier
-    from hllm.measure import describe_machine
-    from hllm.formats.provenance import library_versions
+    from hllm.formats.report import envelope
 
     quiet_libraries()
     cs = [parse_contender(c) for c in contender]
@@ -63,7 +62,7 @@ def frontier_cmd(
         cs = [dataclasses.replace(c, gate=g.get(c.name) or {}) for c in cs]
     data = load_slates(slates, limit=limit)
     res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads or 2)
-    doc = {"benchmark": "frontier", **res, "machine": describe_machine(shared, note), "libraries": library_versions()}
+    doc = envelope("frontier", res, shared=shared, note=note)
     from hllm.bench.frontier import gate_summary
 
     t = Table(title="engine × precision frontier (median of interleaved rounds, batch 1)")

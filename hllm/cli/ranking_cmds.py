@@ -161,7 +161,9 @@ def parity_cmd(
     with progress() as bar:
         task = bar.add_task("parity (reference + test per slate)", total=len(data))
         rep = run_parity(ref_ranker, test_ranker, data, th, batch_size, on_progress=lambda n: bar.advance(task, n))
-    d = rep.to_dict(per_slate=per_slate)
+    from hllm.formats.report import envelope
+
+    d = envelope("parity", rep.to_dict(per_slate=per_slate))
     d["slates_file"] = slates_source(slates, str(slates_file(None)))
     d["seconds"] = round(time.perf_counter() - t0, 1)
     finish_report(out_path, d, json_out, show=print_parity)

@@ -302,8 +302,10 @@ def _embedding_teacher(model_dir: Path, rows: list[dict], out_file: Path, agg: s
         task = bar.add_task(f"embedding teacher ({agg})", total=len(rows))
         res = run_embedding_teacher(ranker, rows, out_file, on_progress=lambda n: bar.advance(task, n))
     if summary:
-        atomic_write_json(summary, {"kind": "embedding", "model": str(ranker.model_dir), "agg": agg,
-                                 "slates_file": str(slates), "threads": threads, **res})
+        from hllm.formats.report import envelope
+
+        atomic_write_json(summary, envelope("teacher", {"teacher": "embedding", "model": str(ranker.model_dir),
+                                                        "agg": agg, "slates_file": str(slates), "threads": threads, **res}))
     out.print(f"embedding teacher → {out_file}: {res['slates']} slates ranked by {agg} similarity in {res['wall_s']:.0f} s")
     return res
 
@@ -379,6 +381,8 @@ def eval_cmd(
     from rich.table import Table
 
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
+    from hllm.measure import describe_machine
     from hllm.training.eval import evaluate_rankers, parse_spec
     from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED
 
@@ -387,6 +391,7 @@ def eval_cmd(
     data_to_stdout(json_out, out_json)
     if features is not None and not features.is_dir():
         raise HllmError(f"--features {features}: not a complete feature cache (no such directory; run `hllm features`)")
+    machine = describe_machine()
     rows = load_slates(slates, limit=limit)
     name = "<stdin>" if str(slates) == "-" else (slates.name if slates else "the packaged sample")
     table = Table(title=f"ranking quality on the first {len(rows)} slates of {name} (95% bootstrap interval)")
@@ -400,7 +405,7 @@ def eval_cmd(
         cell = lambda k: "–" if rep[k] is None else (f"{rep[k]:.4f}" + (f" [{ci[k][0]:.3f}, {ci[k][1]:.3f}]" if k in ci else ""))  # noqa: E731
         table.add_row(escape(name), *(cell(k) for k in METRIC_KEYS), str(rep["slates"]))
         if out_json and str(out_json) != "-":
-            atomic_write_json(out_json, result)
+            atomic_write_json(out_json, envelope("evaluation", result, machine=machine))
 
     with progress() as bar:
         def bar_for(desc: str, total: int):
@@ -424,6 +429,6 @@ def eval_cmd(
         else:
             out.print(f"{head}: no slate has both a positive and a negative label")
     if str(out_json) == "-":
-        write_json_out(out_json, result)
+        write_json_out(out_json, envelope("evaluation", result, machine=machine))
     if json_out:
-        emit_json(result)
+        emit_json(envelope("evaluation", result, machine=machine))

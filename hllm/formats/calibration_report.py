@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hllm.formats.precision import Precision
+from hllm.formats.report import envelope
 
 #: File name of the record inside the written directory.
 REPORT_NAME = "calibration_report.json"
@@ -64,3 +65,8 @@ class CalibrationResult:
         if self.speed is not None:
             d.update(speed=self.speed, speedup_vs_fp32=self.speedup_vs_fp32, machine=self.machine)
         return d
+
+    def to_report(self) -> dict:
+        """:meth:`to_dict` in the report envelope (:func:`hllm.formats.report.envelope`, kind ``calibration``):
+        the file written and the ``--report`` document. ``machine`` is the speed run's, else this machine's."""
+        return envelope("calibration", self.to_dict(), machine=self.machine)
