@@ -90,7 +90,7 @@ def build_bf16_export(export_dir, dst, islands: Sequence[str] | None = None) -> 
         (unknown island), FileExistsError (``dst`` exists).
     """
     meta = read_export(export_dir)
-    if meta.flavour != "standard" or meta.precision.value != "fp32":
+    if meta.flavour != "standard" or meta.precision is not Precision.FP32:
         raise EngineError(f"{meta.root}: bf16 islands need a float32 export of flavour standard (this one is "
                           f"{meta.precision.value}, {meta.flavour}; `hllm export --flavour standard`)")
     isl = DEFAULT_ISLANDS if islands is None else parse_islands(list(islands) or "none")
@@ -119,7 +119,7 @@ def read_islands(path) -> tuple[str, ...]:
         raise EngineError(f"cannot read islands file {path}: {e.strerror or e}") from None
     except HllmError as e:
         raise EngineError(str(e)) from None
-    if not isinstance(d, dict) or d.get("target") != "bf16":
+    if not isinstance(d, dict) or d.get("target") != Precision.BF16:
         raise EngineError(f"islands file {path}: not a bf16 islands file (`hllm debug precision --precision bf16`)")
     isl = d.get("islands")
     if not isinstance(isl, list) or not all(isinstance(x, str) for x in isl):

@@ -39,6 +39,7 @@ from hllm.errors import EngineError
 from hllm.files import copy_files
 from hllm.formats.export import read_export, write_export
 from hllm.formats.graph import input_names, sidecar_reads_context
+from hllm.formats.precision import Precision
 
 IR_NAME = "model_int8.xml"
 
@@ -70,7 +71,7 @@ def nncf_input(export_dir, out_dir):
     """
     meta = read_export(export_dir)
     out = Path(out_dir)
-    if meta.flavour != "standard" or meta.precision.value != "fp32":
+    if meta.flavour != "standard" or meta.precision is not Precision.FP32:
         raise EngineError(f"{meta.root}: NNCF INT8 needs an fp32 export of flavour standard, got "
                           f"{meta.precision.value} {meta.flavour} (export with --flavour standard)")
     if out.exists():

@@ -44,6 +44,7 @@ from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.errors import EngineError
 from hllm.exporter.fp16 import DEFAULT_ISLANDS
 from hllm.formats.export import read_export
+from hllm.formats.precision import Precision
 from hllm.runtime.artefact import open_engine, resolve
 from hllm.verify.gate import gate_scores
 
@@ -196,11 +197,11 @@ class VariantRunner:
             raise EngineError(f"unknown target precision {target!r}; one of {TARGETS}")
         self.meta = read_export(export_dir)
         self.bf16 = None
-        if target == "bf16":  # typed bf16 graph: OpenVINO on a bf16 CPU, the exact emulation elsewhere
+        if target == Precision.BF16:  # typed bf16 graph: OpenVINO on a bf16 CPU, the exact emulation elsewhere
             from hllm.calibration.bf16_islands import Bf16Variants
 
             self.bf16 = Bf16Variants(export_dir, batches, bf16_runner, threads)
-        if target == "int8" and (self.meta.flavour != "standard" or calibration is None):
+        if target == Precision.INT8 and (self.meta.flavour != "standard" or calibration is None):
             raise EngineError("int8 debugging needs a `standard` export and calibration slates")
         self.target, self.batches, self.calibration, self.threads = target, batches, calibration, threads
         self.alpha = smooth_quant_alpha
@@ -227,7 +228,7 @@ class VariantRunner:
         if self.bf16 is not None:
             return self.bf16(keep)
         ctx = "context_positions" in str(self.meta.raw.get("inputs"))
-        if self.target == "fp16":
+        if self.target == Precision.FP16:
             from hllm.engines.ort import OnnxRuntimeEngine
             from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16
             from hllm.exporter.onnx_io import save_onnx
@@ -253,10 +254,10 @@ class VariantRunner:
 def islands_file(target: str, result: dict, export_dir: str) -> dict:
     """The islands file written by ``hllm debug precision`` (module doc). For bf16 the islands are the
     chosen set of the frontier (op classes / module paths of :mod:`hllm.exporter.bf16`), with the frontier."""
-    isl = list(DEFAULT_ISLANDS) + result["islands"] if target == "fp16" else list(result["islands"])
+    isl = list(DEFAULT_ISLANDS) + result["islands"] if target == Precision.FP16 else list(result["islands"])
     doc = {"format": FORMAT, "target": target, "islands": isl, "modules": result["islands"],
            "passed": result["passed"], "figures": result["islands_figures"], "export": str(export_dir)}
-    if target == "bf16":
+    if target == Precision.BF16:
         doc.update(chosen=result.get("chosen"), runner=result.get("runner"), base=result.get("base"),
                    frontier=[{k: p[k] for k in ("name", "islands", "fp32_share", "figures", "passes", "pareto",
                                                 "outside_base")} for p in result.get("frontier", [])])

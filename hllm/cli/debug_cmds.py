@@ -54,14 +54,16 @@ def precision_cmd(
     the most sensitive modules until the rankings match; write the islands file."""
     from hllm.calibration.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
                                                   islands_file)
+    from hllm.formats.precision import Precision
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
 
     quiet_libraries()
+    target = Precision.parse(target, "--precision")  # the CLI string, converted once
     check_output_file(islands_out, "--out")
     check_output_file(report, "--report")
     data_to_stdout(json_out, islands_out, report)
-    if target == "bf16":  # an unknown island is refused before any work
+    if target is Precision.BF16:  # an unknown island is refused before any work
         from hllm.exporter.bf16 import parse_islands
 
         base_islands = parse_islands(bf16_base)
@@ -70,7 +72,7 @@ def precision_cmd(
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
     batches = [builder.encode([s]) for s in data]
     calib = None
-    if target == "int8" and calib_slates is not None:
+    if target is Precision.INT8 and calib_slates is not None:
         from hllm.calibration.openvino_int8 import calibration_feeds
         from hllm.runtime.slates import read_slates
 
@@ -85,7 +87,7 @@ def precision_cmd(
         from hllm.verify.gate import GateThresholds
 
         settings = DebugSettings(min_top1, min_tau, max_islands, gate=GateThresholds(mode=gate, min_tau=min_tau, min_top1=min_top1))
-        if target == "bf16":
+        if target is Precision.BF16:
             from hllm.calibration.bf16_islands import search_islands
             from hllm.exporter.bf16 import fp32_share
 
@@ -94,7 +96,7 @@ def precision_cmd(
             res = search_islands(runner, ref, data, n_layers, lambda isl: fp32_share(v.model(), v.feeds(), isl),
                                  settings, groups=groups, refine=refine, base=base_islands, say=out.print)
             res["runner"] = v.runner
-        elif target == "int8":  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
+        elif target is Precision.INT8:  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
             from hllm.calibration.accuracy_control import debug_int8
             from hllm.runtime.artefact import open_engine
 

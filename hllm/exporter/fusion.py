@@ -43,6 +43,7 @@ from hllm.errors import ExportError
 from hllm.files import copy_files
 from hllm.formats.export import FLAVOURS  # noqa: E402,F401  (the one list of graph flavours)
 from hllm.formats.export import read_export, write_export
+from hllm.formats.precision import Precision
 from hllm.reading import sha256_file
 FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's temporary fusion ops; none may survive
 
@@ -325,7 +326,7 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
 
     meta = read_export(src)
     dst = Path(dst)
-    if meta.flavour != "standard" or meta.precision.value != "fp32":
+    if meta.flavour != "standard" or meta.precision is not Precision.FP32:
         raise ExportError(f"{meta.root}: fusing needs an fp32 standard export, got {meta.precision.value} {meta.flavour}")
     if dst.exists():
         raise ExportError(f"{dst} exists; choose a new directory")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from hllm.errors import HllmError
+from hllm.formats.precision import Precision
 
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -36,17 +37,17 @@ class Compute:
 
     Attributes:
         device: ``cpu`` or ``cuda``.
-        precision: ``fp32`` or ``bf16`` (what autocast uses).
+        precision: :class:`~hllm.formats.precision.Precision` ``FP32`` or ``BF16`` (what autocast uses).
         reason: one sentence saying why (the CPU's bf16 instructions, or the GPU), stored in provenance.
     """
 
     device: str
-    precision: str
+    precision: Precision
     reason: str
 
     def to_dict(self) -> dict:
         """``{device, precision, reason}`` (for a checkpoint's provenance or a benchmark JSON)."""
-        return {"device": self.device, "precision": self.precision, "reason": self.reason}
+        return {"device": self.device, "precision": str(self.precision), "reason": self.reason}
 
     def autocast(self):
         """The context manager the forward runs under: bf16 ``torch.autocast`` on this device, or none."""
@@ -58,7 +59,7 @@ class Compute:
         (outside it a bf16 weight meets fp32 inputs). Returns the number of layers converted."""
         import torch
 
-        if self.precision != "bf16":
+        if self.precision != Precision.BF16:
             return 0
         n = 0
         for m in module.modules():
@@ -106,10 +107,11 @@ def resolve_compute(precision: str = "auto", device: str = "auto") -> Compute:
         from hllm.measure import bf16_support
 
         ok, what = bf16_support()
-    if precision == "bf16" and not ok:
+    wanted = None if precision == "auto" else Precision.parse(precision)  # the request, converted once
+    if wanted is Precision.BF16 and not ok:
         raise HllmError(f"--precision bf16 needs bf16 matrix instructions on the {dev.upper()} "
                         f"({what}); use --precision fp32 or auto")
-    chosen = "bf16" if precision == "bf16" or (precision == "auto" and ok) else "fp32"
+    chosen = Precision.BF16 if wanted is Precision.BF16 or (wanted is None and ok) else Precision.FP32
     return Compute(dev, chosen, f"{precision} on {dev}: {what}")
 
 
@@ -120,9 +122,9 @@ def autocast(device: str, precision: str):
     """
     import torch
 
-    if precision == "bf16":
+    if precision == Precision.BF16:
         return torch.autocast(device_type=device, dtype=torch.bfloat16)
-    if precision == "fp32":
+    if precision == Precision.FP32:
         return contextlib.nullcontext()
     raise HllmError(f"autocast takes a resolved precision (fp32 or bf16), got {precision!r}")
 

@@ -34,6 +34,7 @@ from hllm.errors import CheckpointError, HllmError
 from hllm.files import atomic_dir
 from hllm.formats.architectures import backbone_dims, read_config
 from hllm.formats.checkpoint import HeadSpec, manifest_dict, write_manifest
+from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 from hllm.model.heads import build_head
 from hllm.model.hllm import HllmModel, load_backbone
@@ -185,7 +186,7 @@ def validate_model(model: TrainableModel, examples, slates, pad_id: int, batch_s
 
     model.eval()
     orders = []
-    compute = compute or Compute("cpu", "fp32", "")
+    compute = compute or Compute("cpu", Precision.FP32, "")
     with torch.no_grad(), compute.autocast():
         for i in range(0, len(examples), batch_size):
             chunk = examples[i : i + batch_size]

@@ -15,6 +15,7 @@ from hllm.formats.prompt import PromptSpec
 from hllm.runtime.slates import read_slates, write_jsonl
 from hllm.testing import tiny_slates
 from hllm.training.features import build_cache
+from hllm.formats.precision import Precision
 from hllm.training.precision import resolve_compute
 from hllm.training.trainer import train
 from tests.conftest import train_config
@@ -39,8 +40,10 @@ def no_bf16(monkeypatch):
 
 
 def test_resolve_compute(cpu_bf16):
-    assert resolve_compute("auto", "cpu").precision == "bf16"
-    assert resolve_compute("fp32", "cpu").precision == "fp32"
+    auto = resolve_compute("auto", "cpu")
+    assert auto.precision is Precision.BF16 and auto.to_dict()["precision"] == "bf16"
+    assert type(auto.to_dict()["precision"]) is str  # plain JSON string in provenance
+    assert resolve_compute("fp32", "cpu").precision is Precision.FP32
     with pytest.raises(HllmError, match="precision must be one of"):
         resolve_compute("fp16", "cpu")
 
