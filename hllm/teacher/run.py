@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.files import atomic_write_json
+from hllm.formats.report import envelope
+from hllm.measure import describe_machine
 from hllm.runtime.slates import slate_id, write_jsonl
 
 
@@ -16,7 +18,8 @@ def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bo
     """Rank ``rows`` with an :class:`hllm.teacher.ranker.ArRanker`, ``batch_size`` slates per ``generate``.
 
     ``out_file`` (JSONL of ``ArResult.to_dict()``) is rewritten atomically after every batch, so a
-    stopped run keeps what it finished; ``summary_path`` likewise gets :func:`summarize` + ``meta``.
+    stopped run keeps what it finished; ``summary_path`` likewise gets :func:`summarize` + ``meta`` in the
+    report envelope (kind ``teacher``, :func:`hllm.formats.report.envelope`).
     ``on_batch(results of the batch)`` is called after each batch. An empty input still writes the
     (empty) file. Returns the summary dict. Raises: ValueError for ``batch_size`` < 1.
     """
@@ -25,6 +28,7 @@ def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bo
     if batch_size < 1:
         raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
     results: list = []
+    machine = describe_machine() if summary_path else None
     stats = lambda: {**summarize(results), **(meta or {})}  # noqa: E731
     for i in range(0, len(rows), batch_size):
         batch = ranker.rank_batch(list(rows[i : i + batch_size]), constrained)
@@ -33,7 +37,7 @@ def run_ar_teacher(ranker, rows: Sequence[dict], out_file: Path, constrained: bo
         results.extend(batch)
         write_jsonl(out_file, [r.to_dict() for r in results])
         if summary_path:
-            atomic_write_json(summary_path, stats())
+            atomic_write_json(summary_path, envelope("teacher", {"teacher": "ar", **stats()}, machine=machine))
         if on_batch:
             on_batch(batch)
     if not results:

@@ -134,6 +134,7 @@ def test_cli_teacher_train_eval(backbones, train_file, tmp_path, capsys):
     assert len(recs) == 3 and all(r["valid"] and r["decode_passes"] > 0 for r in recs)  # a batch of 2, then 1
     summ = json.loads((tmp_path / "t.json").read_text())
     assert summ["valid_rate"] == 1.0 and summ["batch_size"] == 2
+    assert (summ["kind"], summ["teacher"]) == ("teacher", "ar") and summ["machine"]["logical_cpus"] >= 1  # the envelope
 
     ck = tmp_path / "ck"
     code, out, err = _run(["train", bb, str(train_file), str(ck), "-k", "8", "--head-dim", "32", "--head-heads", "4",
