@@ -134,3 +134,21 @@ def test_committed_results_stay_readable():
     assert read_envelope({"machine": "x86_64"})["machine"] == {"arch": "x86_64"}
     with pytest.raises(ValueError, match="JSON object"):
         read_envelope([1])
+
+
+def test_bench_frontier_writes_the_envelope(merged_checkpoint, export_dir, tmp_path, capsys):
+    """`hllm bench frontier -o`: the envelope replaces the old ``benchmark`` / top-level ``libraries`` keys."""
+    from hllm.cli import main
+    from hllm.runtime.slates import write_jsonl
+    from hllm.testing import tiny_slates
+
+    src = write_jsonl(tmp_path / "s.jsonl", tiny_slates(1, 4, seed=9))
+    f = tmp_path / "f.json"
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "frontier", str(merged_checkpoint), "-c", f"a|{export_dir}|onnxruntime|fp32", "--slates",
+              str(src), "--rounds", "1", "--warmup", "0", "--shared", "-o", str(f)])
+    assert e.value.code == 0, capsys.readouterr().err[-2000:]
+    doc = json.loads(f.read_text())
+    _check(doc, "frontier")
+    assert "benchmark" not in doc and doc["machine"]["shared"] is True
+    assert [r["name"] for r in doc["rows"] if r["name"] == "a"] == ["a"] and doc["rows"][-1]["s_per_slate"] > 0
