@@ -232,6 +232,7 @@ def cmd_paper_latency(args) -> int:
 
     from hllm.measure import summarize
     from hllm.files import atomic_write_json
+    from hllm.formats.report import envelope
 
     dev, n, s = args.device, args.n_items, args.seq
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)

@@ -3,6 +3,7 @@ writers that must use it, and the tolerant reader that still reads the committed
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import json
 import re
@@ -110,6 +111,23 @@ def test_every_script_writing_results_json_uses_the_envelope():
             if "build.json" in line or "write_jsonl" in line:  # an intermediate file, not a result
                 continue
             assert "envelope(" in line, f"{p.name}: {line.strip()}"
+        _envelope_is_imported_where_called(p)
+
+
+def _envelope_is_imported_where_called(path: Path) -> None:
+    """Every function calling ``envelope(`` imports it, in itself or at module level (scripts import lazily)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+
+    def imports(body) -> bool:
+        return any(isinstance(n, ast.ImportFrom) and n.module == "hllm.formats.report"
+                   and any(a.name == "envelope" for a in n.names) for n in body)
+
+    if imports(tree.body):
+        return
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "envelope"]
+        if calls:
+            assert imports(ast.walk(fn)), f"{path.name}: {fn.name} calls envelope() without importing it"
 
 
 def test_committed_results_stay_readable():
