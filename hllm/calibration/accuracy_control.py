@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from hllm.calibration.openvino_int8 import (IR_NAME, fake_quantize_count, ignored_node_names, nncf_input,
+from hllm.calibration.openvino_int8 import (IR_NAME, checked_feeds, fake_quantize_count, ignored_node_names, nncf_input,
                                             nncf_output_to_stderr, write_int8_export)
 from hllm.calibration.precision_debug import ranking_figures
 from hllm.calibration.ranking_validation import (VALIDATION_METRICS, RankingValidation, SearchBudgetExceeded,
@@ -26,7 +26,6 @@ from hllm.calibration.ranking_validation import (VALIDATION_METRICS, RankingVali
 from hllm.engines.openvino import check_inference_precision
 from hllm.errors import EngineError
 from hllm.formats.export import read_export
-from hllm.formats.graph import input_names, sidecar_reads_context
 
 
 @contextlib.contextmanager
@@ -146,13 +145,7 @@ def quantize_with_accuracy_control(
         raise EngineError(f"max_drop must be a finite value ≥ 0, got {max_drop}")
     if ranking_subset < 1 or (max_reverted is not None and max_reverted < 1):
         raise EngineError(f"ranking_subset and max_reverted must be ≥ 1, got {ranking_subset}, {max_reverted}")
-    feeds = list(calibration)
-    if not feeds:
-        raise EngineError("NNCF INT8 needs at least one calibration input")
-    want = set(input_names(sidecar_reads_context(meta.raw)))
-    if set(feeds[0]) != want:
-        raise EngineError(f"calibration inputs {sorted(feeds[0])} do not match the graph's {sorted(want)} "
-                          "(encode them with calibration_feeds(..., context=...))")
+    feeds = checked_feeds(meta, calibration)
     if not validation:
         raise EngineError("accuracy control needs validation slates")
     vfeeds, n_items = encode_slates(meta, validation)

@@ -95,6 +95,22 @@ def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
     return names
 
 
+def checked_feeds(meta, calibration: Iterable[dict]) -> list[dict]:
+    """The calibration feed dicts as a list, after checking there is one and that its inputs are the graph's
+    (``context_positions`` exactly when the sidecar says the head reads the user context).
+
+    Raises: EngineError (no input; inputs other than the graph's).
+    """
+    feeds = list(calibration)
+    if not feeds:
+        raise EngineError("NNCF INT8 needs at least one calibration input")
+    want = set(input_names(sidecar_reads_context(meta.raw)))
+    if set(feeds[0]) != want:
+        raise EngineError(f"calibration inputs {sorted(feeds[0])} do not match the graph's {sorted(want)} "
+                          "(encode them with calibration_feeds(..., context=...))")
+    return feeds
+
+
 def calibration_feeds(slates: Sequence[dict], builder, count: int, seed: int = 0, context: bool = False,
                       exclude_ids: Sequence[str] = ()) -> list[dict]:
     """``count`` slates drawn reproducibly (:func:`hllm.calibration.data.choose_slates`) and encoded one per feed
@@ -127,14 +143,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     import openvino as ov
 
     meta, out = nncf_input(export_dir, out_dir)
-    feeds = list(calibration)
-    if not feeds:
-        raise EngineError("NNCF INT8 needs at least one calibration input")
-
-    want = set(input_names(sidecar_reads_context(meta.raw)))
-    if set(feeds[0]) != want:
-        raise EngineError(f"calibration inputs {sorted(feeds[0])} do not match the graph's {sorted(want)} "
-                          "(encode them with calibration_feeds(..., context=...))")
+    feeds = checked_feeds(meta, calibration)
     ignored = ignored_node_names(meta.onnx_path, keep_float)
     advanced = None
     if smooth_quant_alpha is not None:
