@@ -284,6 +284,7 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
             os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result is an ordinary file
             with _output_errors(path):
                 yield tmp_path
+                os.chmod(tmp_path, 0o666 & ~umask)  # again: a writer may have replaced it (safetensors makes 0600)
                 output_target(path, "file")  # nothing put a directory or device there meanwhile
                 if overwrite:
                     os.replace(tmp_path, path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import signal
 import socket
 import subprocess
@@ -377,3 +378,20 @@ def test_json_safe_makes_strict_json_of_reports():
     assert out == {"1": [None, 2.5, 0.5, None, 3, True, "a/b"]}
     assert type(out["1"][2]) is float and out["1"][5] is True
     assert json.loads(json.dumps(out, allow_nan=False)) == out
+
+
+def test_atomic_path_result_has_the_umask_mode_even_when_the_writer_replaced_the_file(tmp_path):
+    """safetensors' save_file replaces the staging file with a 0600 one; the output still gets 0666 & ~umask."""
+    from hllm.files import atomic_path
+
+    old = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "w.bin") as tmp:
+            tmp.unlink()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # what a replacing writer leaves
+            os.write(fd, b"x")
+            os.close(fd)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "w.bin").read_bytes() == b"x"
+    assert stat.S_IMODE((tmp_path / "w.bin").stat().st_mode) == 0o644
