@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,33 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
 JSON_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError)
 
 
+#: Largest JSON file :func:`read_json` reads (bytes): hllm's sidecars, manifests and reports are far
+#: smaller; a larger input (or an endless one such as ``/dev/zero``) is refused before it fills memory.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
 def read_json(path: str | os.PathLike, error: type[Exception] = ValueError,
-              message: str = "cannot read {path}: {reason}") -> Any:
+              message: str = "cannot read {path}: {reason}", max_bytes: int | None = None) -> Any:
     """The JSON document in the UTF-8 file ``path`` (the one reader of hllm's JSON sidecars and manifests).
     Duplicate keys in an object are refused (:func:`no_duplicate_keys`).
 
-    Raises: ``error(message.format(path=path, reason=...))`` for any of :data:`JSON_READ_ERRORS`.
+    Args:
+        max_bytes: the size limit in bytes (None: :data:`MAX_JSON_BYTES` at call time); at most
+            ``max_bytes + 1`` bytes are read.
+    Raises: ``error(message.format(path=path, reason=...))`` for any of :data:`JSON_READ_ERRORS`, for a
+    path that is not a regular file (a directory; a device, FIFO or socket is refused before opening, so
+    a FIFO does not block) and for a file over ``max_bytes``.
     """
+    max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=no_duplicate_keys)
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a directory: open() says "Is a directory"
+            raise ValueError("not a regular file (a device, FIFO or socket)")
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"larger than the limit of {max_bytes} bytes (hllm.reading.MAX_JSON_BYTES)")
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except JSON_READ_ERRORS as e:
         raise error(message.format(path=path, reason=e)) from None
 

@@ -307,12 +307,23 @@ def chart_cmd(
     check_output_file(out_path)
     data_to_stdout(json_out)
     st = _load_doc(stages, ("stages",))
+    _table(stages, st)  # the checks of `bench markdown`: a missing / mistyped value is named, not a crash
     vs = None
     if versus is not None:
-        recs = _load_doc(versus, ("versus_ar",))["records"]
+        vdoc = _load_doc(versus, ("versus_ar",))
+        _table(versus, vdoc)
+        recs = vdoc["records"]
         vs = ([r for r in recs if r.get("n_items") == n_items] or recs or [None])[0]
-    sc = _load_doc(scaling, ("scaling",))["records"] if scaling is not None else None
-    write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
+    sc = None
+    if scaling is not None:
+        sdoc = _load_doc(scaling, ("scaling",))
+        _table(scaling, sdoc)
+        sc = sdoc["records"]
+    try:
+        write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
+    except _RECORD_ERRORS as e:
+        names = ", ".join(str(p) for p in (stages, versus, scaling) if p is not None)
+        raise HllmError(f"{names}: a record has a missing or mistyped value ({type(e).__name__}: {e})") from None
     out.print(f"chart → {out_path}")
     if json_out:
         emit_json({"command": "bench chart", "out": str(out_path), "stages": str(stages), "versus": versus and str(versus),
@@ -320,15 +331,39 @@ def chart_cmd(
 
 
 def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
-    """A benchmark JSON of one of ``kinds`` with a list of records. Raises HllmError naming the file."""
-    from hllm.errors import HllmError
+    """A benchmark JSON of one of ``kinds`` with a list of records, read with the size and file-type limits
+    of :func:`hllm.reading.read_json` and the envelope checks of :func:`hllm.formats.report.read_envelope`
+    (old files with ``benchmark`` instead of ``kind`` included; ``kind`` is set on the returned dict).
+    Raises HllmError naming the file (and the field)."""
+    from hllm.formats.report import ReportError, read_envelope
     from hllm.reading import read_json
 
     doc = read_json(p, HllmError)
-    if not isinstance(doc, dict) or doc.get("kind") not in kinds or not isinstance(doc.get("records"), list):
-        kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-        raise HllmError(f"{p} is not a benchmark JSON of kind {' or '.join(kinds)} (kind {kind!r})")
-    return doc
+    try:
+        kind = read_envelope(doc)["kind"]
+    except ReportError as e:
+        raise HllmError(f"{p}: {e}") from None
+    if kind not in kinds or not isinstance(doc.get("records"), list):
+        raise HllmError(f"{p} is not a benchmark JSON of kind {' or '.join(kinds)} with a list of records "
+                        f"(kind {kind!r})")
+    return {**doc, "kind": kind}
+
+
+#: What rendering / charting a record with a missing, null or mistyped value raises.
+_RECORD_ERRORS = (TypeError, KeyError, ValueError, AttributeError, IndexError)
+
+
+def _table(f: Path, doc: dict) -> str:
+    """The Markdown table of a benchmark document (``bench markdown``); also the record check of ``bench chart``.
+    Raises HllmError naming the file when a record has a missing, null or non-numeric value."""
+    from hllm.bench.markdown import lapjv_table, scaling_table, stages_table, versus_table
+
+    render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table, "scaling": scaling_table}
+    try:
+        return render[doc["kind"]](doc)
+    except _RECORD_ERRORS as e:
+        raise HllmError(f"{f}: a record of this {doc['kind']} benchmark has a missing or non-numeric value "
+                        f"({type(e).__name__}: {e})") from None
 
 
 @bench_app.command("markdown")
@@ -337,18 +372,10 @@ def markdown_cmd(
     json_out: bool = json_opt(),
 ) -> None:
     """Print the Markdown tables of benchmark JSON files (the figures docs/benchmarks.md shows)."""
-    from hllm.bench.markdown import lapjv_table, scaling_table, stages_table, versus_table
     from hllm.formats.report import read_envelope
 
-    render = {"stages": stages_table, "versus_ar": versus_table, "lapjv": lapjv_table, "scaling": scaling_table}
-    docs = [(f, _load_doc(f, tuple(render))) for f in files]  # every file checked before any output
-    tables = []
-    for f, doc in docs:  # rendered before any output: a record with null / missing / mistyped values is named
-        try:
-            tables.append(render[doc["kind"]](doc))
-        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
-            raise HllmError(f"{f}: a record of this {doc['kind']} benchmark has a missing or non-numeric value "
-                            f"({type(e).__name__}: {e})") from None
+    docs = [(f, _load_doc(f, ("stages", "versus_ar", "lapjv", "scaling"))) for f in files]  # all checked first
+    tables = [_table(f, doc) for f, doc in docs]  # rendered before any output: a bad record is named
     if json_out:  # the tables as one JSON document: [{"file", "kind", "markdown"}]
         emit_json([{"file": str(f), "kind": doc["kind"], "markdown": t} for (f, doc), t in zip(docs, tables)])
         return

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any, Mapping
 
+from hllm.errors import HllmError
 from hllm.formats.provenance import library_versions
 from hllm.measure import describe_machine
 
@@ -71,19 +72,44 @@ def is_envelope(doc: Any) -> bool:
     return isinstance(doc, Mapping) and all(k in doc for k in ENVELOPE_KEYS) and isinstance(doc["machine"], Mapping)
 
 
-def read_envelope(doc: Mapping[str, Any]) -> dict:
-    """The envelope fields of a report, new or old shape (tolerant reader; nothing is written back).
+class ReportError(HllmError, ValueError):
+    """A report's envelope field has the wrong JSON type (e.g. ``"libraries": "abc"``); the message names
+    the field. Also a :class:`ValueError`, so callers catching that keep working."""
 
-    Old shapes: ``created_utc`` → ``created``; ``benchmark`` or ``command`` → ``kind``; ``versions`` →
-    ``libraries``; a ``machine`` string → ``{"arch": str}``; a missing top-level ``machine`` → the first
-    record's. Missing fields are None.
-    Returns: ``{kind, hllm_version, libraries, machine, created}``.
-    Raises: ValueError when ``doc`` is not a JSON object.
+
+def _field(value: Any, name: str, types: tuple[type, ...], expected: str) -> Any:
+    if value is not None and not isinstance(value, types):
+        raise ReportError(f"report field {name!r} must be {expected} or absent, got {type(value).__name__} "
+                          f"{value!r:.60}")
+    return value
+
+
+def read_envelope(doc: Mapping[str, Any]) -> dict:
+    """The envelope fields of a report, new or old shape (tolerant of missing fields, strict on types;
+    nothing is written back).
+
+    Old shapes: ``created_utc`` → ``created``; ``benchmark`` or ``command`` → ``kind`` (``kind`` first,
+    then ``benchmark``, then ``command``); ``versions`` → ``libraries``; a ``machine`` string →
+    ``{"arch": str}``; a missing top-level ``machine`` → the first record's. Missing fields are None.
+    Returns: ``{kind, hllm_version, libraries, machine, created}`` (str or None, dict or None, dict or
+    None, str or None).
+    Raises: :class:`ReportError` (a ValueError) when ``doc`` is not a JSON object or a field has the
+    wrong type: ``kind`` / ``benchmark`` / ``command`` / ``hllm_version`` / ``created`` / ``created_utc``
+    not a string, ``libraries`` / ``versions`` not an object, ``machine`` neither an object nor a string,
+    ``records`` not a list; the message names the field.
     """
     if not isinstance(doc, Mapping):
-        raise ValueError(f"a report is a JSON object, got {type(doc).__name__}")
-    recs = doc.get("records") if isinstance(doc.get("records"), list) else []
+        raise ReportError(f"a report is a JSON object, got {type(doc).__name__}")
+    for name in ("kind", "benchmark", "command", "hllm_version", "created", "created_utc"):
+        _field(doc.get(name), name, (str,), "a string")
+    for name in ("libraries", "versions"):
+        _field(doc.get(name), name, (Mapping,), "a JSON object")
+    _field(doc.get("machine"), "machine", (Mapping, str), "a JSON object or a string")
+    recs = _field(doc.get("records"), "records", (list,), "a list") or []
     first = recs[0] if recs and isinstance(recs[0], Mapping) else {}
+    if first:
+        _field(first.get("versions"), "records[0].versions", (Mapping,), "a JSON object")
+        _field(first.get("machine"), "records[0].machine", (Mapping, str), "a JSON object or a string")
     libraries = doc.get("libraries") or doc.get("versions") or first.get("versions")
     machine = doc.get("machine") if doc.get("machine") is not None else first.get("machine")
     if machine is not None and not isinstance(machine, Mapping):
@@ -91,7 +117,7 @@ def read_envelope(doc: Mapping[str, Any]) -> dict:
     return {
         "kind": doc.get("kind") or doc.get("benchmark") or doc.get("command"),
         "hllm_version": doc.get("hllm_version") or (libraries or {}).get("hllm"),
-        "libraries": libraries,
+        "libraries": dict(libraries) if libraries is not None else None,
         "machine": dict(machine) if machine is not None else None,
         "created": doc.get("created") or doc.get("created_utc"),
     }

@@ -170,3 +170,17 @@ def test_bench_frontier_writes_the_envelope(merged_checkpoint, export_dir, tmp_p
     _check(doc, "frontier")
     assert "benchmark" not in doc and doc["machine"]["shared"] is True
     assert [r["name"] for r in doc["rows"] if r["name"] == "a"] == ["a"] and doc["rows"][-1]["s_per_slate"] > 0
+
+
+@pytest.mark.parametrize("doc, field", [({"libraries": "abc"}, "libraries"), ({"libraries": [1]}, "libraries"),
+                                        ({"versions": "x"}, "versions"), ({"kind": 3}, "kind"),
+                                        ({"created_utc": 1}, "created_utc"), ({"machine": [1]}, "machine"),
+                                        ({"records": {"a": 1}}, "records"),
+                                        ({"records": [{"versions": "x"}]}, "records[0].versions")])
+def test_read_envelope_refuses_mistyped_fields(doc, field):
+    from hllm.errors import HllmError
+    from hllm.formats.report import ReportError
+
+    with pytest.raises(ReportError, match=re.escape(repr(field))) as e:
+        read_envelope(doc)
+    assert isinstance(e.value, HllmError) and isinstance(e.value, ValueError)
