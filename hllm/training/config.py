@@ -107,7 +107,8 @@ class TrainConfig:
             raise HllmError(f"precision must be one of {PRECISIONS} and device one of {DEVICES}, "
                             f"got {self.precision!r}, {self.device!r}")
         if self.features and self.lora_rank and self.lora_layers is None:
-            raise HllmError("--features needs a frozen lower part: --lora-layers t or --lora-rank 0")
+            raise HllmError("--features needs a frozen lower part: --lora-layers N (fewer than the backbone's "
+                            "layers) or --lora-rank 0")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based) under :attr:`lr_schedule`."""

@@ -3,25 +3,35 @@
 ``training_state.safetensors``: ``param/<name>`` (trainable tensors) and ``opt/<i>/<key>`` (the
 optimizer's per-parameter state, e.g. AdamW ``step``, ``exp_avg``, ``exp_avg_sq``).
 ``training_state.json``: step, losses, the run's config, the optimizer's ``param_groups``, the
-validation curve and ``train_s`` (seconds spent in optimizer steps, summed over every resumed run:
-what ``hllm train-status`` divides by the steps done for its ETA). Loading reads no Python objects from the files (``torch.load`` of a crafted pickle
+validation curve, ``train_s`` (seconds spent in optimizer steps, summed over every resumed run:
+what ``hllm train-status`` divides by the steps done for its ETA) and ``runs`` (how each run computed:
+``{from_step, precision, device}``, one per start or resume). :func:`read_state_json` is the one typed
+reader of that file (``hllm train --resume`` and ``hllm train-status`` share it); it imports no torch.
+Loading reads no Python objects from the files (``torch.load`` of a crafted pickle
 would run code: safetensors and JSON cannot), so ``hllm train --resume`` on a checkpoint from elsewhere
 is safe.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from hllm.errors import CheckpointError
 from hllm.files import atomic_path, atomic_write_json
+from hllm.reading import read_json
 
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
+#: Largest JSON sidecar (``training_state.json``, ``hllm.json``, a cache's ``meta.json``) read, bytes:
+#: a million steps of losses take ≈ 20 MB; a bigger file is refused before it is read (bounded memory).
+MAX_JSON_BYTES = 64 << 20
+#: Largest step / planned steps accepted in a saved state (a billion optimizer steps).
+MAX_STEP = 10**9
+#: Largest ``train_s`` accepted, seconds (≈ 317 years): beyond it the file is corrupt, not slow.
+MAX_TRAIN_S = 1e10
 
 
 @dataclass
@@ -35,11 +45,106 @@ class TrainingState:
     config: dict
     validation: list[dict] = field(default_factory=list)
     train_s: float = 0.0
+    runs: list[dict] = field(default_factory=list)
+    param_groups: list | None = None
+
+
+def read_json_capped(path: str | os.PathLike) -> dict:
+    """The JSON object in ``path`` read strictly (:func:`hllm.reading.read_json`: duplicate keys refused),
+    after checking it is a regular file of at most :data:`MAX_JSON_BYTES` bytes.
+
+    Raises: CheckpointError ``<path>: ...`` when it is missing, not a regular file, too big, unreadable,
+        not JSON or not a JSON object.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read ({e.strerror or e})") from None
+    if not p.is_file():
+        raise CheckpointError(f"{p}: not a regular file")
+    if size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{p}: {size:,} bytes, over the {MAX_JSON_BYTES >> 20} MiB limit of a JSON sidecar")
+    data = read_json(p, CheckpointError, "{path}: unreadable ({reason})")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{p}: malformed (not a JSON object)")
+    return data
+
+
+def _int(v, name: str, lo: int = 0, hi: int = MAX_STEP) -> int:
+    if type(v) is not int or not lo <= v <= hi:  # bool, float, str: refused, never coerced
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi:,}], got {v!r}")
+    return v
+
+
+def _float(v, name: str, hi: float = math.inf, lo: float = 0.0) -> float:
+    if type(v) not in (int, float) or not (math.isfinite(v) and lo <= v <= hi):
+        raise ValueError(f"{name} must be a finite number in [{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def _choice(v, name: str, choices: tuple) -> str:
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {v!r}")
+    return v
+
+
+def read_state_json(path: str | os.PathLike) -> TrainingState:
+    """The validated content of a ``training_state.json`` (no tensors; ``param_groups`` as saved).
+
+    Checks: ``step`` an integer in [0, :data:`MAX_STEP`] equal to the number of ``losses`` (finite
+    numbers); ``config`` an object whose ``steps`` is in [1, MAX_STEP], ``batch_size`` / ``accum``
+    ≥ 1, ``precision`` / ``device`` among :data:`hllm.training.precision.PRECISIONS` / ``DEVICES``;
+    ``validation`` a list of objects with an integer ``step``; ``train_s`` finite in [0,
+    :data:`MAX_TRAIN_S`] seconds; ``runs`` a list of ``{from_step, precision, device}``; ``param_groups``
+    a list of objects. Integers must be JSON integers (``5.0``, ``"5"``, ``true`` are refused).
+    Raises: CheckpointError ``<path>: malformed (...)`` naming the first bad field (or from
+        :func:`read_json_capped`).
+    """
+    from hllm.training.precision import DEVICES, PRECISIONS
+
+    p = Path(path)
+    meta = read_json_capped(p)
+    try:
+        step = _int(meta.get("step"), "step")
+        losses = meta.get("losses")
+        if not isinstance(losses, list) or len(losses) != step:
+            raise ValueError(f"losses must be a list of one loss per step ({step}), got "
+                             f"{len(losses) if isinstance(losses, list) else type(losses).__name__}")
+        losses = [_float(x, "a loss", lo=-math.inf) for x in losses]
+        cfg = meta.get("config")
+        if not isinstance(cfg, dict):
+            raise ValueError(f"config must be an object, got {type(cfg).__name__}")
+        _int(cfg.get("steps"), "config.steps", 1)
+        for k in ("batch_size", "accum"):
+            _int(cfg.get(k, 1), f"config.{k}", 1)
+        _choice(cfg.get("precision", "fp32"), "config.precision", PRECISIONS)
+        _choice(cfg.get("device", "auto"), "config.device", DEVICES)
+        val = meta.get("validation", [])
+        if not isinstance(val, list) or not all(isinstance(r, dict) for r in val):
+            raise ValueError("validation must be a list of objects")
+        for r in val:
+            _int(r.get("step"), "validation[].step")
+        train_s = _float(meta.get("train_s", 0.0), "train_s", MAX_TRAIN_S)
+        runs = meta.get("runs", [])
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise ValueError("runs must be a list of objects")
+        for r in runs:
+            _int(r.get("from_step"), "runs[].from_step")
+            _choice(r.get("precision"), "runs[].precision", ("fp32", "bf16"))
+            _choice(r.get("device"), "runs[].device", ("cpu", "cuda"))
+        groups = meta.get("param_groups")
+        if groups is not None and (not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups)):
+            raise ValueError("param_groups must be a list of objects")
+    except ValueError as e:
+        raise CheckpointError(f"{p}: malformed ({e})") from None
+    return TrainingState(step, losses, dict(cfg), val, train_s, runs, groups)
 
 
 def save_state(directory: Path, state: TrainingState, params: dict[str, torch.nn.Parameter],
                optimizer: torch.optim.Optimizer) -> None:
     """Write both files into ``directory`` (each atomically)."""
+    import torch
     from safetensors.torch import save_file
 
     sd = optimizer.state_dict()
@@ -51,7 +156,7 @@ def save_state(directory: Path, state: TrainingState, params: dict[str, torch.nn
         save_file(tensors, str(tmp))
     atomic_write_json(Path(directory) / STATE_JSON, {
         "step": state.step, "losses": state.losses, "config": state.config, "validation": state.validation,
-        "train_s": round(state.train_s, 3), "param_groups": sd["param_groups"],
+        "train_s": round(state.train_s, 3), "runs": state.runs, "param_groups": sd["param_groups"],
     })
 
 
@@ -59,8 +164,8 @@ def load_state(directory: Path, params: dict[str, torch.nn.Parameter] | None = N
                optimizer: torch.optim.Optimizer | None = None) -> TrainingState:
     """Read the state of ``directory``; with ``params`` / ``optimizer``, copy the tensors into them.
 
-    Raises: CheckpointError when a file is missing, unreadable, or does not fit the model (a parameter
-        missing or of another shape).
+    Raises: CheckpointError when a file is missing, unreadable, malformed (:func:`read_state_json`), or
+        does not fit the model (a parameter missing or of another shape).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -69,21 +174,21 @@ def load_state(directory: Path, params: dict[str, torch.nn.Parameter] | None = N
     js, ts = d / STATE_JSON, d / STATE_TENSORS
     if not js.is_file() or not ts.is_file():
         raise CheckpointError(f"cannot resume: {js.name} / {ts.name} not found in {d}")
+    state = read_state_json(js)
     try:
-        meta = json.loads(js.read_text(encoding="utf-8"))
-        state = TrainingState(int(meta["step"]), [float(x) for x in meta["losses"]], dict(meta["config"]),
-                              list(meta.get("validation") or []), float(meta.get("train_s") or 0.0))
         tensors = load_file(str(ts)) if params is not None else {}
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
         raise CheckpointError(f"cannot resume from {d}: unreadable training state ({type(e).__name__}: {e})") from None
     if params is not None:
         _copy_params(tensors, params, d)
     if optimizer is not None:
-        _load_optimizer(tensors, meta.get("param_groups"), optimizer, d)
+        _load_optimizer(tensors, state.param_groups, optimizer, d)
     return state
 
 
 def _copy_params(tensors: dict, params: dict, d: Path) -> None:
+    import torch
+
     with torch.no_grad():
         for n, p in params.items():
             t = tensors.get(f"param/{n}")

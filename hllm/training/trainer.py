@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -115,6 +115,9 @@ def build_model(cfg: TrainConfig) -> tuple[TrainableModel, HeadSpec, int]:
     n_layers = dims.num_layers
     if cfg.lora_layers is not None and cfg.lora_layers > n_layers:
         raise HllmError(f"lora_layers={cfg.lora_layers} but the backbone has {n_layers} layers")
+    if cfg.features and cfg.lora_rank and (cfg.lora_layers or n_layers) >= n_layers:
+        raise HllmError(f"--features {cfg.features}: --lora-layers {cfg.lora_layers} trains all {n_layers} layers, "
+                        "so no frozen layer below them could come from the cache; train fewer layers or drop --features")
     start = n_layers  # frozen: everything below the head is computed once
     if cfg.lora_rank:
         from peft import get_peft_model
@@ -220,15 +223,40 @@ def _step(model, opt, cfg: TrainConfig, examples, targets, order: list[int], pad
     return total
 
 
+#: The TrainConfig fields that name files or directories: stored resolved (absolute) by :func:`train`.
+PATH_FIELDS = ("backbone", "slates", "out_dir", "teacher", "features", "init_head")
+
+
+def _resolved(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its :data:`PATH_FIELDS` made absolute (symbolic links resolved), so that a resumed run
+    names the same files however (and from whichever directory) they are spelled."""
+    return replace(cfg, **{k: str(Path(v).resolve()) for k in PATH_FIELDS if (v := getattr(cfg, k))})
+
+
+def _same_option(key: str, saved, new) -> bool:
+    if key in PATH_FIELDS and isinstance(saved, str) and isinstance(new, str):
+        return Path(saved).resolve() == Path(new).resolve()  # a run saved before paths were stored resolved
+    return saved == new
+
+
 def _resume_state(cfg: TrainConfig, params, opt) -> TrainingState:
     state = load_state(Path(cfg.out_dir), params, opt)
     new = asdict(cfg)
     free = ("steps", "save_every", "threads", "val_every", "precision", "device")  # how it computes, not what
-    diff = [k for k in new if k not in free and state.config.get(k) != new[k]]
+    diff = [k for k in new if k not in free and not _same_option(k, state.config.get(k), new[k])]
     if diff:
         raise CheckpointError(f"cannot resume {cfg.out_dir}: options differ from the saved run: {diff}")
     state.config = new  # the steps, threads, precision... of this run: what the next save records
     return state
+
+
+def _saved_compute(out: Path) -> dict:
+    """``{precision, device}`` of the previous run from the checkpoint's provenance (fp32 / cpu if absent)."""
+    from hllm.training.status import read_provenance
+
+    c = read_provenance(out / "hllm.json").get("compute", {}) if (out / "hllm.json").is_file() else {}
+    return {"precision": "bf16" if c.get("precision") == "bf16" else "fp32",
+            "device": "cuda" if c.get("device") == "cuda" else "cpu"}
 
 
 def train(cfg: TrainConfig, resume: bool = False, on_step: Callable[[int, float], None] | None = None,
@@ -238,8 +266,11 @@ def train(cfg: TrainConfig, resume: bool = False, on_step: Callable[[int, float]
 
     Args:
         cfg: the run's configuration.
-        resume: continue from the training state in ``cfg.out_dir`` (must exist; its config must match
-            except ``steps``, ``save_every``, ``val_every``, ``threads``, ``precision`` and ``device``).
+        resume: continue from the training state in ``cfg.out_dir`` (must exist and be well-formed,
+            :func:`hllm.training.state.read_state_json`, checked before any work; its config must match
+            except ``steps``, ``save_every``, ``val_every``, ``threads``, ``precision`` and ``device``;
+            paths are compared resolved). Each run's compute is recorded in the state's ``runs`` and the
+            provenance's ``compute_runs``.
         on_step: called after each optimizer step with (step, loss). on_cache: while preparing the
             frozen part, with (done, total). on_validation: with each learning-curve record.
     Raises: HllmError / CheckpointError / SlateError naming the problem (HllmError for ``precision``
@@ -248,6 +279,7 @@ def train(cfg: TrainConfig, resume: bool = False, on_step: Callable[[int, float]
     from hllm.model.threads import torch_threads
 
     cfg.validate()
+    cfg = _resolved(cfg)
     compute = resolve_compute(cfg.precision, cfg.device)
     if resume:
         if not (Path(cfg.out_dir) / STATE_JSON).is_file():
@@ -267,6 +299,12 @@ def _train(cfg, resume, on_step, on_cache, on_validation, compute: Compute) -> T
     params = _trainable(model)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = _resume_state(cfg, params, opt) if resume else TrainingState(0, [], asdict(cfg))
+    if state.step < cfg.steps:
+        run = {"from_step": state.step, "precision": str(compute.precision), "device": compute.device}
+        if state.step and not state.runs:  # saved before runs were recorded: the first run's is unknown
+            state.runs.append({"from_step": 0, **_saved_compute(Path(cfg.out_dir))})
+        if not state.runs or {**state.runs[-1], "from_step": state.step} != run:
+            state.runs.append(run)
     t0 = time.perf_counter()
     examples = prepare(model, slates, builder, cfg, on_cache, compute) if state.step < cfg.steps else []
     cache_s = time.perf_counter() - t0
@@ -292,6 +330,7 @@ def _train(cfg, resume, on_step, on_cache, on_validation, compute: Compute) -> T
             state.train_s, mark = state.train_s + now - mark, now
             save_checkpoint(model, spec, cfg, state, opt,
                             {"train_slates": n_train, "val_slates": n_val, "cache_s": round(cache_s, 1),
-                             "train_s": round(time.perf_counter() - t1, 1), "compute": compute.to_dict()})
+                             "train_s": round(time.perf_counter() - t1, 1), "compute": compute.to_dict(),
+                             "compute_runs": state.runs})
     return TrainResult(str(Path(cfg.out_dir).resolve()), state.step, state.losses, n_train, cache_s,
                        time.perf_counter() - t1, state.validation)
