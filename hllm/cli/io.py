@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -191,6 +192,37 @@ def _refuse_overlap(path: os.PathLike | str, kind: str, inputs: Iterable[os.Path
     refuse_overlap(path, others, kind)
 
 
+#: A command parameter whose name says the command writes it (``out``, ``out_dir``, ``islands_out``,
+#: ``report``, ``summary``, ``plan``, ``log``, ``timing_cache``, ``reference_scores_path``, ...).
+OUTPUT_PARAM_NAME = re.compile(r"(^|_)(out|output|report|summary|plan|log|timing_cache|reference_scores)(_|$)")
+
+
+def _refuse_shared_output(path: os.PathLike | str) -> None:
+    """Refuse an output at the same path as another output of the running command (``debug precision -o
+    f.json --report f.json``: the second write would replace the first). The command's outputs are its
+    ``Path`` parameters named by :data:`OUTPUT_PARAM_NAME`; paths are compared after resolving symbolic
+    links and ``..``, whether or not they exist yet. Outside a command: nothing is checked.
+    Raises: OutputError naming both options and the path."""
+    from typer._click.globals import get_current_context
+
+    from hllm.errors import OutputError
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return
+    here = os.path.realpath(path)
+    names = []
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if isinstance(v, Path) and not is_std(v) and OUTPUT_PARAM_NAME.search(p.name or "") \
+                and os.path.realpath(v) == here:
+            longs = [o for o in getattr(p, "opts", ()) if o.startswith("--")]
+            names.append(longs[0] if longs else p.name.upper())  # an argument: its name, as in --help
+    if len(names) >= 2:
+        raise OutputError(f"{' and '.join(names)} name the same path {path}: two outputs of one command "
+                          "cannot share a file (the second would replace the first); give each its own path")
+
+
 def check_output_file(path: Optional[os.PathLike | str], what: str = "--out",
                       inputs: Iterable[os.PathLike | str] = ()) -> None:
     """The one check of an output file, made before any work: refuses one that is, or lies inside, an
@@ -198,11 +230,13 @@ def check_output_file(path: Optional[os.PathLike | str], what: str = "--out",
     nothing is ever created inside an input, not even a probe file —, then a directory, a device / pipe /
     socket or a link to one (``/dev/null``: the atomic rename would replace it), or a location without a
     writable directory or free space (:func:`hllm.files.check_writable`). ``-`` (stdout) and None pass.
-    A symbolic link is judged by its target. Raises HllmError (OutputError) naming ``what``."""
+    A symbolic link is judged by its target. Another output of the command at the same path is refused
+    first (:func:`_refuse_shared_output`, naming both options). Raises HllmError (OutputError) naming ``what``."""
     from hllm.files import check_writable
 
     if path is None or is_std(path):
         return
+    _refuse_shared_output(path)
     try:
         _refuse_overlap(path, "file", inputs)
         check_writable(path, "file")
@@ -216,11 +250,13 @@ def check_output_dir(path: os.PathLike | str, overwrite: bool = False, what: str
     contains an input of the command or one of ``inputs`` (:func:`hllm.files.refuse_overlap`; checked
     first, before any probe file is created), an existing one without ``--overwrite`` (unless
     ``resumable``), a file in its place, or a location without a writable directory
-    (:func:`hllm.files.check_writable`). Raises FileExistsError (exists) or HllmError."""
+    (:func:`hllm.files.check_writable`); another output of the command at the same path is refused first
+    (:func:`_refuse_shared_output`). Raises FileExistsError (exists) or HllmError."""
     from hllm.files import check_writable
 
     if is_std(path):
         raise HllmError(f"{what} cannot be stdout ('-'); give a directory")
+    _refuse_shared_output(path)
     try:
         _refuse_overlap(path, "dir", inputs)
         check_writable(path, "dir", overwrite=overwrite or resumable)

@@ -232,3 +232,54 @@ def test_a_path_named_inside_a_value_is_an_input_too(argv, inputs, capsys, temp_
     before = snapshot(inputs["ROOT"])
     line = assert_refused([a.format(**inputs) for a in argv], capsys, inputs, before, temp_files_made)
     assert "inside the input" in line and inputs["EXP"] in line, line
+
+
+#: (command, parameter, parameter) → argv with {X} for both outputs, and the two option names the refusal
+#: names. Every pair of outputs of a command is here (calibrate's OUT_DIR and -o are one output given two
+#: ways, refused as such).
+SHARED: dict[tuple[str, str, str], tuple[str, str, str]] = {
+    ("parity", "out_path", "report"): ("parity {CKPT} {EXP} -s {S} -o {X} --report {X}", "--out", "--report"),
+    ("build", "plan", "timing_cache"): ("build {EXP} {X} --timing-cache {X}", "PLAN", "--timing-cache"),
+    ("teacher", "out_file", "report"): ("teacher {BB} -s {S} -o {X} --report {X}", "--out", "--report"),
+    ("teacher", "out_file", "summary"): ("teacher {BB} -s {S} -o {X} --summary {X}", "--out", "--summary"),
+    ("teacher", "report", "summary"): ("teacher {BB} -s {S} -o {W}/t.jsonl --report {X} --summary {X}",
+                                       "--report", "--summary"),
+    ("debug precision", "islands_out", "report"): ("debug precision {EXP} -s {S} -o {X} --report {X}",
+                                                   "--out", "--report"),
+    ("calibrate", "reference_scores_path", "report"): ("calibrate {EXP} {W}/q -s {S} --reference-scores {X} "
+                                                       "--report {X}", "--reference-scores", "--report"),
+    ("calibrate", "out_dir", "report"): ("calibrate {EXP} {X} -s {S} --report {X}", "OUT_DIR", "--report"),
+    ("calibrate", "out_dir", "reference_scores_path"): ("calibrate {EXP} {X} -s {S} --reference-scores {X}",
+                                                        "OUT_DIR", "--reference-scores"),
+    ("calibrate", "out_alias", "report"): ("calibrate {EXP} -o {X} -s {S} --report {X}", "--out", "--report"),
+}
+
+
+def test_every_command_with_several_outputs_has_its_pairs_tried():
+    by_command: dict[str, set[str]] = {}
+    for command, param in output_params():
+        by_command.setdefault(command, set()).add(param)
+    several = {c: ps for c, ps in by_command.items() if len(ps) >= 2}
+    assert set(several) == {c for c, _, _ in SHARED} and len(several) >= 5
+    for c, ps in several.items():
+        tried = {p for k in SHARED if k[0] == c for p in k[1:]}
+        assert tried == ps, (c, sorted(ps - tried))
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
+@pytest.mark.parametrize("key", sorted(SHARED), ids=lambda k: f"{k[0]}:{k[1]}+{k[2]}")
+def test_two_outputs_of_one_command_at_one_path_are_refused_before_any_work(key, exists, inputs, capsys,
+                                                                             temp_files_made):
+    """``debug precision -o f.json --report f.json`` would write the islands file then replace it with the
+    report: refused (exit 2) naming both options, before anything is written, whether the path exists or not."""
+    template, a, b = SHARED[key]
+    x = Path(inputs["W"]) / "same.out"
+    if exists:
+        x.write_bytes(b"kept")
+    before = snapshot(inputs["ROOT"])
+    line = assert_refused(argv_of(template.replace("{X}", "{OUT}"), inputs, str(x)), capsys, inputs, before,
+                          temp_files_made, (a, b, "same path", str(x)))
+    assert "input" not in line, line
+    assert sorted(os.listdir(inputs["W"])) == (["same.out"] if exists else [])
+    if exists:
+        assert x.read_bytes() == b"kept"
