@@ -18,12 +18,15 @@
 #   LORA_LAYERS=all runs the paper's setting instead (every layer adapted, no cache: each step runs the
 #   whole backbone forward and backward; still resumable).
 # Variables: BACKBONE TRAIN TEACHER LIMIT VAL RANK LORA_LAYERS BATCH EPOCHS STEPS LR SAVE_EVERY PRECISION THREADS
-# OBJECTIVE WORK PYTHON. Only one job per WORK runs at a time (flock on $WORK/cpu_train.lock).
+# OBJECTIVE WORK PYTHON. Only one job per WORK runs at a time (flock on $WORK/cpu_train.lock). LIMIT VAL RANK
+# BATCH STEPS SAVE_EVERY THREADS are whole numbers (LORA_LAYERS too, or 'all'), EPOCHS and LR positive numbers:
+# checked before any use, exit 2 naming the variable.
 # Costs on this project's 2 shared cores: docs/training.md ("Where training is fast"), from
 # results/quality/train-precision-speed-cpu.json.
 set -euo pipefail
 
 MODE=${1:-}
+(( $# <= 1 )) || { echo "cpu_train: give one of start, status or run, nothing else (got: $*)" >&2; exit 2; }
 case "$MODE" in start|status|run) ;; *) echo "cpu_train: give start, status or run (got '${MODE}')" >&2; exit 2 ;; esac
 PY=${PYTHON:-.venv/bin/python}
 BACKBONE=${BACKBONE:-work/smollm2}
@@ -43,9 +46,32 @@ PRECISION=${PRECISION:-auto}
 THREADS=${THREADS:-2}
 HLLM=("$PY" -m hllm)
 
+die() { echo "cpu_train: $*" >&2; exit 2; }
+count() {   # NAME [min]: a whole number >= min (default 1), normalised to base 10 (checked before any use)
+  local v=${!1}
+  [[ $v =~ ^[0-9]{1,9}$ ]] || die "$1 must be a whole number (got '$v')"
+  v=$((10#$v)); (( v >= ${2:-1} )) || die "$1 must be at least ${2:-1} (got $v)"
+  printf -v "$1" %d "$v"
+}
+real() {    # a positive decimal number (EPOCHS, LR)
+  [[ ${!1} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ && ! ${!1} =~ ^[0.]*([eE].*)?$ ]] \
+    || die "$1 must be a positive number (got '${!1}')"
+}
+for v in LIMIT RANK BATCH SAVE_EVERY THREADS; do count "$v"; done
+count VAL 0
+(( VAL < LIMIT )) || die "VAL ($VAL validation slates) must be below LIMIT ($LIMIT)"
+[[ -z ${STEPS:-} ]] || count STEPS
+[[ $LORA_LAYERS == all ]] || count LORA_LAYERS
+real EPOCHS; real LR
+
 [[ -f $BACKBONE/config.json ]] || { echo "cpu_train: backbone not found: $BACKBONE (hllm convert-gguf $BACKBONE)" >&2; exit 2; }
-N_LAYERS=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$BACKBONE/config.json")
-if [[ $LORA_LAYERS == all ]]; then LAYER=0; CACHE=""; else LAYER=$(( N_LAYERS - LORA_LAYERS )); CACHE=$WORK/feat-L$LAYER; fi
+N_LAYERS=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$BACKBONE/config.json") \
+  || die "cannot read num_hidden_layers from $BACKBONE/config.json with $PY"
+[[ $N_LAYERS =~ ^[0-9]{1,4}$ ]] || die "num_hidden_layers in $BACKBONE/config.json is not a whole number ($N_LAYERS)"
+if [[ $LORA_LAYERS == all ]]; then LAYER=0; CACHE=""; else
+  (( LORA_LAYERS < N_LAYERS )) || die "LORA_LAYERS ($LORA_LAYERS) must be below the backbone's $N_LAYERS layers (or 'all')"
+  LAYER=$(( N_LAYERS - LORA_LAYERS )); CACHE=$WORK/feat-L$LAYER
+fi
 CKPT=$WORK/ckpt
 
 if [[ $MODE == status ]]; then
@@ -65,7 +91,10 @@ mkdir -p "$WORK"
 exec 9> "$WORK/cpu_train.lock"
 flock -n 9 || { echo "cpu_train: another run holds $WORK/cpu_train.lock" >&2; exit 2; }
 echo "cpu_train: $(date -u +%FT%TZ) run: $LIMIT slates, LoRA r=$RANK on ${LORA_LAYERS} layer(s), precision $PRECISION"
-STEPS=${STEPS:-$("$PY" -c "import math; print(max(1, math.ceil(($LIMIT - $VAL) * $EPOCHS / $BATCH)))")}
+if [[ -z ${STEPS:-} ]]; then   # values as argv, never pasted into the code
+  STEPS=$("$PY" -c "import math,sys; l, v, e, b = sys.argv[1:]; print(max(1, math.ceil((int(l) - int(v)) * float(e) / int(b))))" \
+    "$LIMIT" "$VAL" "$EPOCHS" "$BATCH") || die "cannot compute STEPS with $PY"
+fi
 TEACH=()
 if [[ $OBJECTIVE != clicks ]]; then
   [[ -f $TEACHER ]] || "${HLLM[@]}" teacher minilm -s "$TRAIN" -o "$TEACHER" --kind embedding --agg max --limit "$LIMIT"

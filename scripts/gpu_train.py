@@ -18,7 +18,8 @@
     as shell assignments.
 ``check CKPT OUT --train-json FILE``
     after training: the checkpoint has a head and an adapter whose tensors are all float32; copies
-    ``hllm.json``, the head and the adapter into OUT/ckpt (not the optimizer state) and writes
+    ``hllm.json``, the head and the adapter into OUT/ckpt (not the optimizer state; an existing OUT/ckpt is
+    replaced only where an earlier ``check`` wrote it, marked by ``.gpu_train-ckpt``, else exit 2) and writes
     OUT/gpu_train.json (hllm train's --json output, the compute used, tensor counts and bytes, the
     machine). Exit 1 when a check fails.
 
@@ -36,6 +37,7 @@ from pathlib import Path
 SMOLLM2_135M = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
                 "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152,
                 "tie_word_embeddings": True}
+CKPT_MARKER = ".gpu_train-ckpt"  # written into OUT/ckpt by ``check``; an OUT/ckpt without it is never deleted
 
 
 def arithmetic(config: dict, slates: int, tokens: int, epochs: float, rank: int, peak_tflops: float,
@@ -108,9 +110,18 @@ def cmd_check(args) -> int:
                **{f"adapter/{k}": v for k, v in load_file(str(adapter)).items()}}
     not32 = sorted(k for k, v in tensors.items() if str(v.dtype) != "torch.float32")
     dst = out / "ckpt"
-    if dst.exists():
+    src_r, dst_r = ck.resolve(), dst.resolve()
+    if src_r == dst_r or dst_r in src_r.parents or src_r in dst_r.parents:
+        print(f"gpu_train check: OUT/ckpt ({dst}) overlaps the checkpoint {ck}; choose another OUT", file=sys.stderr)
+        return 2
+    if dst.exists() or dst.is_symlink():
+        if not (dst / CKPT_MARKER).is_file():   # only ever delete a copy this subcommand wrote
+            print(f"gpu_train check: {dst} exists and was not written by gpu_train check (no {CKPT_MARKER}); "
+                  "choose another OUT", file=sys.stderr)
+            return 2
         shutil.rmtree(dst)
     (dst / "adapter").mkdir(parents=True)
+    (dst / CKPT_MARKER).touch()
     for src in (ck / "hllm.json", head):
         shutil.copy2(src, dst / src.name)
     for src in (ck / "adapter").iterdir():

@@ -32,9 +32,13 @@
 # learning curve on the last 200 slates, times), merge.json (hllm merge's self-check on 4 slates: merged vs
 # adapter max|ΔM|), gpu_train.json (compute, tensor checks, machine). The optimizer state stays in $WORK.
 # hllm.json's backbone path is relative to $WORK/ckpt: point it at your backbone where you use the checkpoint.
+# WORK (PLAN_WORK for --plan, which replaces it) must be new, empty, or made by this script (it writes a
+# .gpu_train-work marker there), and hold none of TRAIN, BACKBONE, TEACHER, the checkout or $HOME: else exit 2.
+# LIMIT VAL RANK BATCH are whole numbers, EPOCHS and LR positive numbers, checked before any use (exit 2).
 set -euo pipefail
 
 MODE=gpu
+(( $# <= 1 )) || { echo "gpu_train: one option at most (got: $*)" >&2; exit 2; }
 case "${1:-}" in
   --plan) MODE=plan ;;
   --fetch-wheels) MODE=fetch ;;
@@ -57,6 +61,42 @@ WHEELS=${WHEELS:-work/gpu_wheels}
 DEVICE=cuda
 PRECISION=bf16
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+MARKER=.gpu_train-work   # written into every work folder this script makes; only such a folder is ever deleted
+
+die() { echo "gpu_train: $*" >&2; exit 2; }
+count() {   # NAME [min]: a whole number >= min (default 1), normalised to base 10
+  local v=${!1}
+  [[ $v =~ ^[0-9]{1,9}$ ]] || die "$1 must be a whole number (got '$v')"
+  v=$((10#$v)); (( v >= ${2:-1} )) || die "$1 must be at least ${2:-1} (got $v)"
+  printf -v "$1" %d "$v"
+}
+real() {    # a positive decimal number (EPOCHS, LR)
+  [[ ${!1} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ && ! ${!1} =~ ^[0.]*([eE].*)?$ ]] \
+    || die "$1 must be a positive number (got '${!1}')"
+}
+work_dir() {   # VAR: refuse a work folder that holds an input, the checkout or HOME, or that this script did not make
+  local d; d=$(realpath -m -- "${!1}")
+  local p name
+  for name in TRAIN BACKBONE TEACHER REPO PWD HOME; do
+    [[ -n ${!name:-} ]] || continue
+    p=$(realpath -m -- "${!name}")
+    [[ $p == "$d" || $p == "$d"/* ]] && die "$1=${!1} holds $name (${!name}); choose a folder of its own"
+  done
+  p=$(realpath -m -- "$BACKBONE")
+  [[ $d == "$p"/* ]] && die "$1=${!1} is inside BACKBONE ($BACKBONE); choose a folder of its own"
+  if [[ -e $d && ! -f $d/$MARKER ]]; then
+    [[ -d $d && -z $(ls -A -- "$d") ]] \
+      || die "$1=${!1} exists and was not made by this script (no $MARKER in it); choose a new folder"
+  fi
+  return 0
+}
+make_work() { mkdir -p -- "$1" && : > "$1/$MARKER"; }
+
+for v in LIMIT RANK BATCH; do count "$v"; done
+count VAL 0
+(( VAL < LIMIT )) || die "VAL ($VAL validation slates) must be below LIMIT ($LIMIT)"
+real EPOCHS; real LR
 
 if [[ $MODE == fetch ]]; then   # CPU machine with network; pins from constraints.txt
   mkdir -p "$WHEELS"
@@ -73,10 +113,18 @@ if [[ $MODE == plan ]]; then
   # The same steps on the CPU: a tiny random Llama, the first 8 slates of TRAIN cut to 10 candidates, 2 optimizer
   # steps of 2 slates; the synthetic teacher of `gpu_train.py tiny` (the real teacher file's order is over 50).
   [[ -f $TRAIN ]] || { echo "gpu_train --plan: train slates not found: $TRAIN" >&2; exit 2; }
-  WORK=${PLAN_WORK:-$WORK/plan}
-  OUT=$WORK/out
-  rm -rf "$WORK"; mkdir -p "$WORK"
-  eval "$($PY scripts/gpu_train.py tiny "$WORK/tiny" --slates "$TRAIN" --limit 8 --items 10)"   # sets BACKBONE, TRAIN, TEACHER
+  PLAN_WORK=${PLAN_WORK:-$WORK/plan}
+  work_dir PLAN_WORK
+  WORK=$PLAN_WORK OUT=$PLAN_WORK/out
+  [[ -f $WORK/$MARKER ]] && rm -rf -- "$WORK"   # only a folder this script made (work_dir checked it)
+  make_work "$WORK"
+  tiny=$($PY scripts/gpu_train.py tiny "$WORK/tiny" --slates "$TRAIN" --limit 8 --items 10) \
+    || die "--plan: the tiny-model step failed ($PY scripts/gpu_train.py tiny)"
+  for k in BACKBONE TRAIN TEACHER; do   # the stand-ins' paths, read (never evaluated) from its output
+    v=$(sed -n "s/^$k=//p" <<< "$tiny")
+    [[ -n $v ]] || die "--plan: the tiny-model step printed no $k= line"
+    printf -v "$k" %s "$v"
+  done
   LIMIT=8 VAL=2 BATCH=2 EPOCHS=0.5 RANK=4 DEVICE=auto PRECISION=auto
   echo "gpu_train --plan: tiny backbone $BACKBONE, slates $TRAIN, teacher $TEACHER"
 else
@@ -90,11 +138,13 @@ else
   fi
   $PY -c "import lap, hllm, peft" 2>/dev/null || { echo "gpu_train: lap, peft or hllm not importable (run --fetch-wheels where there is network; carry $WHEELS)" >&2; exit 2; }
   [[ -f $TRAIN ]] || { echo "gpu_train: train slates not found: $TRAIN" >&2; exit 2; }
-  mkdir -p "$WORK"
+  work_dir WORK
+  make_work "$WORK"
   [[ -f $BACKBONE/config.json ]] || $PY -m hllm convert-gguf "$BACKBONE"
 fi
 mkdir -p "$OUT"
-STEPS=$($PY -c "import math,sys; print(max(1, math.ceil(($LIMIT - $VAL) * $EPOCHS / $BATCH)))")
+STEPS=$($PY -c "import math,sys; l, v, e, b = sys.argv[1:]; print(max(1, math.ceil((int(l) - int(v)) * float(e) / int(b))))" \
+  "$LIMIT" "$VAL" "$EPOCHS" "$BATCH") || die "cannot compute STEPS with $PY"   # values as argv, not pasted into code
 $PY scripts/gpu_train.py arithmetic --backbone "$BACKBONE" --slates "$((LIMIT - VAL))" --rank "$RANK" --epochs "$EPOCHS" \
   > "$OUT/arithmetic.json"
 
@@ -113,7 +163,7 @@ $PY -m hllm train "$BACKBONE" "$WORK/ckpt" -s "$TRAIN" --limit "$LIMIT" --val-sl
   --precision "$PRECISION" --device "$DEVICE" "${RESUME[@]}" --json > "$WORK/train.json"
 cp "$WORK/train.json" "$OUT/train.json"
 # 3. merge parity as for every LoRA checkpoint: peft merge_and_unload, merged vs adapter model on 4 slates
-rm -rf "$WORK/merged"
+rm -rf -- "$WORK/merged"   # inside WORK, which this script made and which holds no input (work_dir)
 $PY -m hllm merge "$WORK/ckpt" "$WORK/merged" -s "$TRAIN" --limit 4 --json > "$OUT/merge.json"
 # 4. adapter + head (fp32 checked) and the run's record under $OUT
 $PY scripts/gpu_train.py check "$WORK/ckpt" "$OUT" --train-json "$OUT/train.json"

@@ -100,3 +100,38 @@ def test_status_of_an_unfinished_cache_and_a_checkpoint(backbones, train_file, t
     with pytest.raises(CheckpointError, match="not a feature cache"):
         cache_status(tmp_path)
     assert [hours(x) for x in (None, 42, 750, 36000)] == ["?", "42 s", "12.5 min", "10.0 h"]
+
+
+@pytest.mark.parametrize("args,env,says", [
+    (["status", "extra"], {}, "cpu_train: give one of start, status or run, nothing else (got: status extra)"),
+    (["status"], {"LORA_LAYERS": "abc"}, "cpu_train: LORA_LAYERS must be a whole number (got 'abc')"),
+    (["status"], {"LORA_LAYERS": "4"}, "cpu_train: LORA_LAYERS (4) must be below the backbone's 4 layers"),
+    (["run"], {"BATCH": "0"}, "cpu_train: BATCH must be at least 1 (got 0)"),
+    (["run"], {"LIMIT": "1e3"}, "cpu_train: LIMIT must be a whole number (got '1e3')"),
+    (["run"], {"VAL": "12", "LIMIT": "12"}, "cpu_train: VAL (12 validation slates) must be below LIMIT (12)"),
+    (["run"], {"EPOCHS": "1)+print('x'"}, "cpu_train: EPOCHS must be a positive number"),
+    (["run"], {"STEPS": "-3"}, "cpu_train: STEPS must be a whole number (got '-3')"),
+    (["run"], {"SAVE_EVERY": "0"}, "cpu_train: SAVE_EVERY must be at least 1 (got 0)"),
+])
+def test_bad_arguments_and_numbers_exit_2_naming_them(tmp_path, args, env, says):
+    bb = tmp_path / "bb"
+    bb.mkdir()
+    (bb / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    base = {**os.environ, "PYTHON": sys.executable, "BACKBONE": str(bb), "WORK": str(tmp_path / "w"),
+            "TRAIN": str(tmp_path / "missing.jsonl")}
+    r = subprocess.run(["bash", str(SH), *args], cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith(says) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_layer_count_is_never_evaluated_as_code(tmp_path):
+    bb = tmp_path / "bb"
+    bb.mkdir()
+    (bb / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    pwned = tmp_path / "pwned"
+    env = {**os.environ, "PYTHON": sys.executable, "BACKBONE": str(bb), "WORK": str(tmp_path / "w"),
+           "LORA_LAYERS": f"N_LAYERS[$(touch {pwned})]"}
+    r = subprocess.run(["bash", str(SH), "status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("cpu_train: LORA_LAYERS must be a whole number"), r.stderr
+    assert not pwned.exists()
