@@ -35,7 +35,7 @@ def serve_cmd(
     log_level: str = choice_opt("info", LOG_LEVELS, "--log-level", help="uvicorn log level."),
     max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
-    """Serve rankings over HTTP: POST /v1/rank, GET /healthz /readyz /metrics /docs (Ctrl-C or SIGTERM drains)."""
+    """Serve rankings over HTTP: POST /v1/rank, Cohere/Jina /v1/rerank and /v2/rerank, KServe v2 /v2/models/hllm_ranker/infer; GET /healthz /readyz /metrics /docs (Ctrl-C or SIGTERM drains)."""
     import logging
 
     from hllm.runtime import Ranker
