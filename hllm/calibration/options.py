@@ -46,6 +46,17 @@ class NothingToQuantize(EngineError):
     """The options left no node to quantize (every candidate excluded or no matching op type)."""
 
 
+def quantizable_op_types() -> frozenset[str]:
+    """The op types ONNX Runtime's quantizer has a rule for: the union of its QDQ, integer-ops and QLinear
+    registries (``onnxruntime.quantization.registry``); an empty set when onnxruntime is not installed
+    (nothing to check against: the quantizer then fails on its own)."""
+    try:
+        from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+    except ImportError:
+        return frozenset()
+    return frozenset(QDQRegistry) | frozenset(IntegerOpsRegistry) | frozenset(QLinearOpsRegistry)
+
+
 @dataclass
 class QuantOptions:
     """What to quantize and how.
@@ -108,6 +119,10 @@ class QuantOptions:
         if float_only:
             raise EngineError(f"op types {float_only} stay float (ONNX Runtime has no INT8 kernel for them: Q/DQ "
                               "around them would only round their inputs); quantize MatMul / Gemm")
+        unknown = sorted(set(self.op_types) - quantizable_op_types()) if quantizable_op_types() else []
+        if unknown or not self.op_types:
+            raise EngineError(f"op types {unknown or '(none)'} cannot be quantized: ONNX Runtime's quantizer "
+                              f"knows {sorted(quantizable_op_types())} (--op-type; default MatMul, Gemm)")
         if self.activation_type not in ("uint8", "int8"):
             raise EngineError(f"activation_type must be uint8 or int8, got {self.activation_type!r}")
         if self.backend == "ort-weight-only":

@@ -182,6 +182,30 @@ def run(argv: Optional[list[str]] = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _non_finite_message(e: Exception) -> Optional[str]:
+    """For a number option given ``nan`` / ``inf`` / ``-inf``: "Invalid value for '--min-tau': must be a
+    finite number (from -1.0 to 1.0), got 'nan'" — the range check of the option parser (pydantic
+    ``ge`` / ``le``) would otherwise blame the bound ("less than or equal to 1"). None for any other error."""
+    import math
+
+    param, cause = getattr(e, "param", None), e.__cause__
+    errors = getattr(cause, "errors", None)
+    if param is None or not callable(errors):
+        return None
+    try:
+        raw = errors()[0].get("input")
+        value = float(raw)
+    except (TypeError, ValueError, IndexError, AttributeError):
+        return None
+    if math.isfinite(value):
+        return None
+    lo, hi = getattr(param, "min", None), getattr(param, "max", None)
+    bounds = f" (from {lo} to {hi})" if lo is not None and hi is not None else (
+        f" (at least {lo})" if lo is not None else f" (at most {hi})" if hi is not None else "")
+    name = next((o for o in getattr(param, "opts", ()) if o.startswith("--")), param.name)
+    return f"Invalid value for '{name}': must be a finite number{bounds}, got {raw!r}"
+
+
 def _run(argv: Optional[list[str]]) -> int:
     # typer 0.29 vendors its own click: usage errors derive from typer.exceptions.TyperException,
     # and `raise typer.Exit(code)` is typer.exceptions.Exit (not the click package's classes).
@@ -206,7 +230,7 @@ def _run(argv: Optional[list[str]]) -> int:
             return EXIT_USAGE
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        _error(f"{e.format_message()}{hint}")
+        _error(f"{_non_finite_message(e) or e.format_message()}{hint}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         _error("interrupted (SIGINT); nothing partial was left in place of an output")

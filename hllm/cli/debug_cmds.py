@@ -19,12 +19,12 @@ app.add_typer(debug_app, name="debug")
 def _int_list(text: Optional[str], what: str) -> Optional[list[int]]:
     from hllm.errors import HllmError
 
-    if not text:
+    if text is None:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in text.split(",")]  # an empty item ("", ",", "1,,2") is refused, not read as "all"
     except ValueError:
-        raise HllmError(f"{what} must be a comma list of integers, got {text!r}") from None
+        raise HllmError(f"{what} must be a comma list of integers (omit it for all), got {text!r}") from None
 
 
 @debug_app.command("precision")
@@ -67,6 +67,7 @@ def precision_cmd(
         from hllm.exporter.bf16 import parse_islands
 
         base_islands = parse_islands(bf16_base)
+    layer_list = _int_list(layers, "--layers")  # a malformed list is refused before any work
     art = resolve(export_dir)
     data = load_slates(slates, limit=limit)
     builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
@@ -80,7 +81,7 @@ def precision_cmd(
                                   exclude_ids=[str(s.get("slate_id", "")) for s in data])
     n_layers = int((art.meta.get("backbone") or {}).get("num_layers") or 0)
     cands = candidate_modules(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
-                              _int_list(layers, "--layers"))
+                              layer_list)
     runner = VariantRunner(export_dir, target, batches, calib, threads, bf16_runner=bf16_runner)
     try:
         ref = runner.reference()

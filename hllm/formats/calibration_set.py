@@ -130,7 +130,11 @@ def load_calibration_set(path: str | os.PathLike) -> CalibrationSet:
     npz, js = calibration_paths(path)
     for p in (npz, js):
         if not p.is_file():
-            raise SlateError(f"calibration file not found: {p}")
+            given = Path(path)
+            what = (f"; {given} is not one (a JSONL of slates is --calib-slates)" if given.is_file()
+                    and given.suffix not in (".npz", ".json") else "")
+            raise SlateError(f"calibration set not found: {p} is missing (a saved set is a pair {npz.name} + "
+                             f"{js.name}, given as STEM, STEM.npz or STEM.json){what}")
     meta = read_json(js, SlateError)
     if not isinstance(meta, dict):
         raise SlateError(f"{js}: expected a JSON object, got {type(meta).__name__}")
