@@ -256,6 +256,10 @@ SHARED: dict[tuple[str, str, str], tuple[str, str, str]] = {
 
 
 def test_every_command_with_several_outputs_has_its_pairs_tried():
+    from hllm.cli.io import OUTPUT_PARAM_NAME
+
+    # the distinct-outputs rule sees the outputs this test enumerates
+    assert OUTPUT_PARAM_NAME.pattern == OUTPUT_NAME.pattern
     by_command: dict[str, set[str]] = {}
     for command, param in output_params():
         by_command.setdefault(command, set()).add(param)
