@@ -307,18 +307,12 @@ def chart_cmd(
     check_output_file(out_path)
     data_to_stdout(json_out)
     st = _load_doc(stages, ("stages",))
-    _table(stages, st)  # the checks of `bench markdown`: a missing / mistyped value is named, not a crash
+    _check_stage_ms(stages, st)  # the check of `bench markdown`: a missing / mistyped figure is named
     vs = None
     if versus is not None:
-        vdoc = _load_doc(versus, ("versus_ar",))
-        _table(versus, vdoc)
-        recs = vdoc["records"]
+        recs = _load_doc(versus, ("versus_ar",))["records"]
         vs = ([r for r in recs if r.get("n_items") == n_items] or recs or [None])[0]
-    sc = None
-    if scaling is not None:
-        sdoc = _load_doc(scaling, ("scaling",))
-        _table(scaling, sdoc)
-        sc = sdoc["records"]
+    sc = _load_doc(scaling, ("scaling",))["records"] if scaling is not None else None
     try:
         write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
     except _RECORD_ERRORS as e:
@@ -353,8 +347,23 @@ def _load_doc(p: Path, kinds: tuple[str, ...]) -> dict:
 _RECORD_ERRORS = (TypeError, KeyError, ValueError, AttributeError, IndexError)
 
 
+def _check_stage_ms(f: Path, doc: dict) -> None:
+    """Every record of a ``stages`` document has ``stage_ms``: a JSON object of numbers (ms) with ``total``
+    (what both ``bench markdown`` and ``bench chart`` read). Raises HllmError naming the file and record."""
+    for i, r in enumerate(doc["records"]):
+        s = r.get("stage_ms") if isinstance(r, dict) else None
+        bad = None if isinstance(s, dict) else f"is {type(s).__name__ if s is not None else 'null or missing'}"
+        if bad is None:
+            wrong = [k for k, v in s.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+            bad = (f"has non-numeric {wrong[0]!r}: {s[wrong[0]]!r:.40}" if wrong
+                   else "has no 'total'" if "total" not in s else None)
+        if bad:
+            raise HllmError(f"{f}: records[{i}].stage_ms {bad}; expected an object of numbers (ms per stage) "
+                            "with 'total' (a record of this stages benchmark has a missing or non-numeric value)")
+
+
 def _table(f: Path, doc: dict) -> str:
-    """The Markdown table of a benchmark document (``bench markdown``); also the record check of ``bench chart``.
+    """The Markdown table of a benchmark document (``bench markdown``).
     Raises HllmError naming the file when a record has a missing, null or non-numeric value."""
     from hllm.bench.markdown import lapjv_table, scaling_table, stages_table, versus_table
 
@@ -375,6 +384,9 @@ def markdown_cmd(
     from hllm.formats.report import read_envelope
 
     docs = [(f, _load_doc(f, ("stages", "versus_ar", "lapjv", "scaling"))) for f in files]  # all checked first
+    for f, doc in docs:
+        if doc["kind"] == "stages":
+            _check_stage_ms(f, doc)
     tables = [_table(f, doc) for f, doc in docs]  # rendered before any output: a bad record is named
     if json_out:  # the tables as one JSON document: [{"file", "kind", "markdown"}]
         emit_json([{"file": str(f), "kind": doc["kind"], "markdown": t} for (f, doc), t in zip(docs, tables)])

@@ -82,8 +82,11 @@ def test_read_json_size_cap(tmp_path, monkeypatch):
     assert reading.read_json(f, max_bytes=1000)["pad"] == "x" * 200
 
 
-@pytest.mark.parametrize("stage_ms", [{"prompt": "x", "engine": 1.0, "decode_output": 1.0, "total": 3.0}, None, [1]])
-def test_chart_and_markdown_refuse_mistyped_stage_ms(_invoke, tmp_path, stage_ms):
+@pytest.mark.parametrize("stage_ms, why", [
+    ({"prompt": "x", "engine": 1.0, "decode_output": 1.0, "total": 3.0}, "non-numeric 'prompt'"),
+    (None, "null or missing"), ([1], "is list"), ({"prompt": 1.0, "engine": 2.0}, "no 'total'"),
+    ({"prompt": 1.0, "total": True}, "non-numeric 'total'")])
+def test_chart_and_markdown_refuse_mistyped_stage_ms(_invoke, tmp_path, stage_ms, why):
     doc = copy.deepcopy(_doc("stages.json"))
     doc["records"][0]["stage_ms"] = stage_ms
     f = tmp_path / "st_bad.json"
@@ -92,5 +95,5 @@ def test_chart_and_markdown_refuse_mistyped_stage_ms(_invoke, tmp_path, stage_ms
     for args in (("bench", "chart", "--stages", f, "-o", png), ("bench", "markdown", f)):
         r = _invoke(*args)
         assert r.exit_code == 2, r.output
-        assert str(f) in r.output and "non-numeric value" in r.output and "Traceback" not in r.output
+        assert f"{f}: records[0].stage_ms" in r.output and why in r.output and "Traceback" not in r.output
     assert not png.exists()
