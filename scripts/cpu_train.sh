@@ -46,17 +46,8 @@ PRECISION=${PRECISION:-auto}
 THREADS=${THREADS:-2}
 HLLM=("$PY" -m hllm)
 
-die() { echo "cpu_train: $*" >&2; exit 2; }
-count() {   # NAME [min]: a whole number >= min (default 1), normalised to base 10 (checked before any use)
-  local v=${!1}
-  [[ $v =~ ^[0-9]{1,9}$ ]] || die "$1 must be a whole number (got '$v')"
-  v=$((10#$v)); (( v >= ${2:-1} )) || die "$1 must be at least ${2:-1} (got $v)"
-  printf -v "$1" %d "$v"
-}
-real() {    # a positive decimal number (EPOCHS, LR)
-  [[ ${!1} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ && ! ${!1} =~ ^[0.]*([eE].*)?$ ]] \
-    || die "$1 must be a positive number (got '${!1}')"
-}
+PROG=cpu_train
+. "$(dirname "${BASH_SOURCE[0]}")/args.sh"   # die, count, real
 for v in LIMIT RANK BATCH SAVE_EVERY THREADS; do count "$v"; done
 count VAL 0
 (( VAL < LIMIT )) || die "VAL ($VAL validation slates) must be below LIMIT ($LIMIT)"

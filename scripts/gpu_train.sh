@@ -64,17 +64,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MARKER=.gpu_train-work   # written into every work folder this script makes; only such a folder is ever deleted
 
-die() { echo "gpu_train: $*" >&2; exit 2; }
-count() {   # NAME [min]: a whole number >= min (default 1), normalised to base 10
-  local v=${!1}
-  [[ $v =~ ^[0-9]{1,9}$ ]] || die "$1 must be a whole number (got '$v')"
-  v=$((10#$v)); (( v >= ${2:-1} )) || die "$1 must be at least ${2:-1} (got $v)"
-  printf -v "$1" %d "$v"
-}
-real() {    # a positive decimal number (EPOCHS, LR)
-  [[ ${!1} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ && ! ${!1} =~ ^[0.]*([eE].*)?$ ]] \
-    || die "$1 must be a positive number (got '${!1}')"
-}
+PROG=gpu_train
+. "$(dirname "${BASH_SOURCE[0]}")/args.sh"   # die, count, real
 work_dir() {   # VAR: refuse a work folder that holds an input, the checkout or HOME, or that this script did not make
   local d; d=$(realpath -m -- "${!1}")
   local p name

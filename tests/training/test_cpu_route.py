@@ -12,31 +12,15 @@ import pytest
 
 from hllm.errors import CheckpointError
 from hllm.formats.prompt import PromptSpec
-from hllm.runtime.slates import read_slates, write_jsonl
-from hllm.testing import tiny_slates
+from hllm.runtime.slates import read_slates
 from hllm.training.features import build_cache
 from hllm.training.status import cache_status, hours, training_status
 from hllm.training.trainer import train
 from tests.conftest import train_config
+from tests.training.conftest import run as _run
 
 ROOT = Path(__file__).resolve().parents[2]
 SH = ROOT / "scripts" / "cpu_train.sh"
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("cpu") / "train.jsonl"
-    write_jsonl(p, tiny_slates(6, (2, 8), seed=5))
-    return p
-
-
-def _run(argv, capsys):
-    from hllm.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    cap = capsys.readouterr()
-    return e.value.code, cap.out, cap.err
 
 
 def test_script_accumulates_across_runs_and_reports_status(backbones, train_file, tmp_path):

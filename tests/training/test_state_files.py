@@ -11,30 +11,13 @@ from pathlib import Path
 import pytest
 
 from hllm.errors import CheckpointError, HllmError
-from hllm.runtime.slates import write_jsonl
-from hllm.testing import tiny_slates
 from hllm.training.state import MAX_JSON_BYTES, read_state_json
 from hllm.training.status import cache_status, training_status
 from tests.conftest import train_config
+from tests.training.conftest import run as _run
 
 GOOD = {"step": 2, "losses": [1.5, 1.25], "config": {"steps": 4, "batch_size": 2, "accum": 1},
         "validation": [], "train_s": 3.0, "param_groups": []}
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("st") / "train.jsonl"
-    write_jsonl(p, tiny_slates(6, (2, 8), seed=5))
-    return p
-
-
-def _run(argv, capsys):
-    from hllm.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    cap = capsys.readouterr()
-    return e.value.code, cap.out, cap.err
 
 
 def _ckpt(d: Path, state_text: str, manifest: str | None = None) -> Path:
