@@ -55,11 +55,15 @@ def test_auto_falls_back_to_fp32_and_bf16_is_refused_without_instructions(no_bf1
         resolve_compute("bf16", "cpu")
 
 
-@pytest.mark.parametrize("family,lora_layers", [("llama", None), ("qwen3", 1)])
+@pytest.mark.parametrize("family,lora_layers,context", [("llama", None, False), ("qwen3", 1, False),
+                                                         ("qwen2", None, True)])
 def test_bf16_training_saves_fp32_and_its_loss_is_near_fp32(backbones, train_file, tmp_path, cpu_bf16, family,
-                                                              lora_layers):
+                                                              lora_layers, context):
+    """bf16 autocast trains (also with a head that reads the user context: ``context_positions``), saves fp32."""
+    from tests.conftest import TINY_HEAD
+
     bb = backbones[family]
-    kw = dict(steps=6, save_every=10, lora_layers=lora_layers, device="cpu")
+    kw = dict(steps=6, save_every=10, lora_layers=lora_layers, device="cpu", head_kwargs={**TINY_HEAD, "context": context})
     a = train(train_config(bb, train_file, tmp_path / "fp32", precision="fp32", **kw))
     b = train(train_config(bb, train_file, tmp_path / "bf16", precision="bf16", **kw))
     assert len(b.losses) == 6 and all(np.isfinite(b.losses))
@@ -69,6 +73,8 @@ def test_bf16_training_saves_fp32_and_its_loss_is_near_fp32(backbones, train_fil
     for f in ("head.safetensors", "adapter/adapter_model.safetensors", "training_state.safetensors"):
         tensors = load_file(str(tmp_path / "bf16" / f))
         assert tensors and {t.dtype for k, t in tensors.items() if not k.endswith("/step")} == {torch.float32}, f
+    head = json.loads((tmp_path / "bf16" / "hllm.json").read_text())["head"]
+    assert head.get("context", False) is context, head  # the head reads the user context row
     prov = json.loads((tmp_path / "bf16" / "hllm.json").read_text())["provenance"]
     assert prov["compute"]["precision"] == "bf16" and prov["config"]["precision"] == "bf16"
     prov32 = json.loads((tmp_path / "fp32" / "hllm.json").read_text())["provenance"]
