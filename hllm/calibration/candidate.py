@@ -1,5 +1,5 @@
 """One engine × precision to build, gate or time: the type shared by ``hllm calibrate --backend auto`` (its
-candidates, :data:`hllm.calibration.select.CANDIDATES`, built from an FP32 export) and ``hllm bench frontier``
+candidates, :data:`hllm.calibration.auto_candidates.CANDIDATES`, built from an FP32 export) and ``hllm bench frontier``
 (its contenders, artefacts already built, :func:`hllm.bench.frontier.frontier`).
 """
 

@@ -1,40 +1,30 @@
-"""``hllm calibrate --backend auto``: build every engine × precision this CPU can run from one FP32 export,
-gate each on labelled held-out slates, time the ones that pass interleaved, keep the fastest.
+"""``hllm calibrate --backend auto``: build every engine × precision this CPU can run from one FP32 export
+(:mod:`hllm.calibration.auto_candidates`), time them, and gate them from the fastest down until one passes.
 
-Candidates (:data:`CANDIDATES`), each with the instruction sets it needs and the export flavour it reads:
+The run, in order:
 
-============================  ==========  =========  ===========================================
-name                          engine      precision  needs
-============================  ==========  =========  ===========================================
-``onnxruntime-fp32``          ONNX Runt.  fp32       the export itself (the baseline)
-``onnxruntime-fused-fp32``    ONNX Runt.  fp32       flavour ``standard`` (fused here: ort-cpu ops)
-``openvino-fp32``             OpenVINO    fp32       flavour ``standard``
-``openvino-bf16``             OpenVINO    bf16       flavour ``standard``; AVX512_BF16 or AMX-BF16
-``openvino-bf16-islands``     OpenVINO    bf16       as above; typed bf16 GEMMs with fp32 islands
-``openvino-int8``             OpenVINO    int8       flavour ``standard``; calibration data (NNCF accuracy control)
-``openvino-int8-bf16``        OpenVINO    int8       as above, float ops in bf16; AVX512_BF16 or AMX-BF16
-``onnxruntime-int8-dynamic``  ONNX Runt.  int8       —
-``onnxruntime-int8-static``   ONNX Runt.  int8       calibration data
-============================  ==========  =========  ===========================================
+1. **FP32 reference** scores on the evaluation slates, from the fastest fp32 engine of the export
+   (:func:`hllm.calibration.pipeline.fastest_fp32`) or the ``--reference-scores`` cache.
+2. **Build** every candidate the CPU and the export allow (a refused one is listed with the reason); the
+   accuracy-control candidates wait for step 5.
+3. **Baseline check**: ``onnxruntime-fp32`` (the export itself) by tensor parity, so a run always has a
+   candidate to write.
+4. **Time, then gate fastest first.** Every built candidate is timed interleaved
+   (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1); they are checked
+   in that order and the first that passes is selected: a slower one could not be selected, so it is
+   recorded as ``skipped`` with the candidate that passed before it. An fp32 candidate computes the same
+   function in another order of summation, so it is checked by tensor parity on the first
+   :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| ≤ :data:`FP32_PARITY_ATOL`, all finite);
+   a reduced-precision one by the gate (:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor
+   by default, ``strict`` on request) on all the slates, scored in chunks and stopped as soon as it can no
+   longer pass (:func:`hllm.verify.sequential.hopeless`).
+5. **NNCF accuracy control** (:data:`~hllm.calibration.auto_candidates.ACCURACY_CONTROL`) runs last, with
+   what is left of ``time_budget_s`` after :data:`ACCURACY_CONTROL_RESERVE_S` for its own timing and gate;
+   below :data:`ACCURACY_CONTROL_MIN_S` it is refused with the figures (its statistics collection alone
+   takes minutes on 2 cores). It validates on ``validation_slates``, never gate slates.
 
-A candidate the CPU or the export cannot run is listed with the reason (``refused``) and never built.
-The accuracy-control candidates (:data:`ACCURACY_CONTROL`) let NNCF validate on ``validation_slates``,
-which must not be gate slates (:func:`check_validation`); without them they are refused.
-The FP32 reference scores on the evaluation slates come from the fastest fp32 engine of the export
-(:func:`hllm.calibration.pipeline.fastest_fp32`), or from the ``--reference-scores`` cache. An fp32
-candidate computes the same function in another order of summation, so it is checked by tensor parity
-on the first :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| ≤ :data:`FP32_PARITY_ATOL`, all
-finite) instead of a ranking gate over every slate. A reduced-precision candidate is judged by the gate
-(:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor by default, ``strict`` on request)
-on all the slates, scored in chunks and stopped as soon as it can no longer pass
-(:func:`hllm.verify.sequential.hopeless`). Those that pass are timed interleaved
-(:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1) and the fastest is
-promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm rank``,
-``serve``, ``eval`` and ``parity`` open it as it is. The FP32 baseline passes its parity check unless an
-engine is broken, so a run writes a directory (possibly the FP32 graph itself when nothing faster passes).
-
-Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF post-training quantization
-(``nncf.quantize``); ONNX Runtime quantization (``onnxruntime.quantization``).
+The winner is promoted to ``out_dir`` — an export directory whose sidecar names its engine, so ``hllm
+rank``, ``serve``, ``eval`` and ``parity`` open it as it is (the FP32 graph itself when nothing faster passes).
 """
 
 from __future__ import annotations
@@ -46,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hllm.calibration.candidate import Candidate
+from hllm.calibration.auto_candidates import (ACCURACY_CONTROL, BASELINE, CANDIDATES, NO_VALIDATION, build,
+                                              check_start, check_validation, refusal)
 from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_line
 from hllm.calibration.speed import compare_speed
-from hllm.errors import EngineError, SlateError
+from hllm.errors import EngineError
 from hllm.extras import optional
-from hllm.files import _staging_prefix, atomic_write_json, copy_files, promote_dir
-from hllm.formats.export import read_export, write_export
+from hllm.files import _staging_prefix, atomic_write_json, promote_dir
+from hllm.formats.export import read_export
 from hllm.formats.precision import Precision
 from hllm.formats.report import envelope
 from hllm.verify.parity import ParityReport, Thresholds, compare_slate
@@ -68,59 +59,14 @@ SELECTION_NAME = "selection_report.json"
 #: by < 5e-5 on scores of magnitude ~10, so 1e-3 leaves room for other kernels and catches a wrong graph.
 FP32_PARITY_SLATES = 8
 FP32_PARITY_ATOL = 1e-3
-
-
-CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("onnxruntime-fp32", "onnxruntime", "fp32"),
-    Candidate("onnxruntime-fused-fp32", "onnxruntime", "fp32", flavour="standard"),
-    Candidate("openvino-fp32", "openvino", "fp32", inference_precision="f32", flavour="standard"),
-    Candidate("openvino-bf16", "openvino", "bf16", inference_precision="bf16", flavour="standard",
-              isa=("avx512_bf16", "amx_bf16")),
-    Candidate("openvino-bf16-islands", "openvino", "bf16", flavour="standard", isa=("avx512_bf16", "amx_bf16")),
-    Candidate("openvino-int8", "openvino", "int8", inference_precision="f32", flavour="standard",
-              needs_calibration=True),
-    Candidate("openvino-int8-bf16", "openvino", "int8", inference_precision="bf16", flavour="standard",
-              isa=("avx512_bf16", "amx_bf16"), needs_calibration=True),
-    Candidate("onnxruntime-int8-dynamic", "onnxruntime", "int8"),
-    Candidate("onnxruntime-int8-static", "onnxruntime", "int8", needs_calibration=True),
-)
-BASELINE = CANDIDATES[0].name
-
-
-#: Candidates built by NNCF's accuracy control: their ``validation_fn`` runs on slates of their own, which
-#: must not be the gate's (a search tuned on the slates that then judge it would pass by selection).
-ACCURACY_CONTROL = ("openvino-int8", "openvino-int8-bf16")
-NO_VALIDATION = ("needs validation slates apart from the gate's for NNCF's accuracy control (`hllm calibrate` "
-                 "takes the slates after --limit in --slates: give a file with more slates than --limit)")
-
-
-def check_validation(validation: Sequence[dict], eval_slates: Sequence[dict]) -> None:
-    """Refuse validation slates of NNCF's accuracy control that are also gate slates (same ``slate_id``).
-
-    Args: validation / eval_slates: slate dicts (``slate_id`` strings; a slate without one is compared as "").
-    Raises: SlateError naming how many overlap and a few of their ids.
-    """
-    gate_ids = {str(s.get("slate_id", "")) for s in eval_slates}
-    both = sorted({str(s.get("slate_id", "")) for s in validation} & gate_ids)
-    if both:
-        raise SlateError(f"{len(both)} validation slate(s) of the accuracy control are also gate slates (e.g. "
-                         f"{both[:3]}): NNCF must validate on other slates than those that judge its result")
-
-
-def refusal(c: Candidate, flavour: str, features: Sequence[str], has_calibration: bool,
-            openvino_installed: bool) -> str | None:
-    """Why ``c`` cannot be built here (None = it can): the export's flavour, the CPU's instruction sets
-    (``features`` as :func:`hllm.measure.cpu_flags` names them), missing calibration data or OpenVINO."""
-    if c.flavour is not None and flavour != c.flavour:
-        return f"needs an export of flavour {c.flavour} (this one is {flavour}; `hllm export --flavour {c.flavour}`)"
-    if c.isa and not set(c.isa) & set(features):
-        return (f"this CPU lacks {' and '.join(i.upper() for i in c.isa)} "
-                f"(CPU features: {', '.join(features) or 'unknown'})")
-    if c.engine == "openvino" and not openvino_installed:
-        return "OpenVINO is not installed (pip install 'hllm[openvino]')"
-    if c.needs_calibration and not has_calibration:
-        return "needs calibration data (--calib-slates or --calibration)"
-    return None
+#: Default wall-clock budget of a run, seconds: 20 min, what a 200-slate selection takes on 2 cores (the
+#: FP32 reference computed in the run; docs/calibration.md, "Measured").
+TIME_BUDGET_S = 1200.0
+#: NNCF accuracy control: the least search time worth starting (its two statistics passes over 32
+#: calibration inputs took 3–7 min on 2 cores before any group was ranked), and the time kept after it
+#: for timing and gating its result.
+ACCURACY_CONTROL_MIN_S = 600.0
+ACCURACY_CONTROL_RESERVE_S = 120.0
 
 
 @dataclass
@@ -128,7 +74,9 @@ class SelectRequest:
     """One selection run. ``export_dir``: the FP32 export; ``out_dir``: where the winner goes;
     ``eval_slates``: labelled held-out slates of the gate (≥ 200 recommended); ``calibration``: a
     :class:`hllm.formats.calibration_set.CalibrationSet` or None; ``only``: candidate names to consider
-    (empty = all); ``rounds`` / ``warmup``: interleaved timing rounds; ``threads``: engine threads."""
+    (empty = all); ``rounds`` / ``warmup``: interleaved timing rounds; ``threads``: engine threads;
+    ``time_budget_s``: wall-clock seconds of the run from which the accuracy-control search gets what is
+    left (None = no limit: it gets :data:`~hllm.calibration.accuracy_control.CANDIDATE_SETTINGS`' budget)."""
 
     export_dir: Path
     out_dir: Path
@@ -143,13 +91,14 @@ class SelectRequest:
     overwrite: bool = False
     bf16_islands: Path | None = None  # islands file of `hllm debug precision --precision bf16` (None = base islands)
     validation_slates: list[dict] = field(default_factory=list)  # NNCF accuracy control's: disjoint from eval_slates
+    time_budget_s: float | None = TIME_BUDGET_S
 
 
 @dataclass
 class SelectionResult:
     """What a selection run decided: ``selected`` (a candidate name), ``candidates`` (one record per
-    candidate: refused / gate figures / engine ms per slate / speed-up over ``onnxruntime-fp32``), the
-    machine it ran on and the gate's slates. ``to_dict`` is ``selection_report.json``."""
+    candidate: refused / skipped / gate or parity figures / engine ms per slate / speed-up over
+    ``onnxruntime-fp32``), the machine it ran on and the gate's slates. ``to_dict`` is ``selection_report.json``."""
 
     selected: str
     candidates: list[dict]
@@ -170,80 +119,83 @@ class SelectionResult:
         return envelope("calibration_selection", self.to_dict(), machine=self.machine)
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """New directory ``dst`` with a copy of every file of ``src`` (:func:`hllm.files.copy_files`: never hard
-    links, so writing the selected export in place cannot change the input export)."""
-    dst.mkdir(parents=True)
-    copy_files(src, dst)
+class _Run:
+    """The state of one :func:`select` run: records by name, built paths, the reference, the clock."""
 
+    def __init__(self, req: SelectRequest, ref, ref_info: dict, say: Say, progress, work: Path, t_start: float):
+        self.req, self.ref, self.ref_info, self.say, self.progress = req, ref, ref_info, say, progress
+        self.work, self.t_start = work, t_start
+        self.records: dict[str, dict] = {}
+        self.built: dict[str, Path] = {}
 
-def check_start(meta, only: Sequence[str] = ()) -> None:
-    """Refuse what a selection cannot start from, before any work: a candidate name in ``only`` that is
-    not in :data:`CANDIDATES`, an export that is not fp32, or one whose sidecar selects another engine
-    than ONNX Runtime (e.g. ``engine: openvino``, a previous selection's result: the ``onnxruntime-*``
-    candidates built from it would inherit that engine and be timed on OpenVINO).
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t_start
 
-    Args:
-        meta: the export's :class:`hllm.formats.export.ExportMeta`. only: ``--candidate`` names.
-    Raises: EngineError naming the problem and the way out.
-    """
-    names = {c.name for c in CANDIDATES}
-    bad = [n for n in only if n not in names]
-    if bad:
-        raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
-    if meta.precision is not Precision.FP32:
-        raise EngineError(f"{meta.root} is a {meta.precision.value} export: --backend auto starts from the FP32 export")
-    engine = meta.engine
-    if engine != "onnxruntime":
-        raise EngineError(f"{meta.root}: its sidecar selects the {engine} engine (a `calibrate --backend auto` result?); "
-                          "--backend auto starts from the ONNX Runtime FP32 export it was made from")
+    def build(self, c, ac_settings: dict | None = None) -> bool:
+        """Build ``c`` into the work directory; on failure the record gets ``error``. Returns success."""
+        r, rec = self.req, self.records[c.name]
+        t0 = time.perf_counter()
+        try:
+            self.built[c.name] = build(c, r.export_dir, self.work / c.name, r.calibration, bf16_islands=r.bf16_islands,
+                                       validation=r.validation_slates, thresholds=r.thresholds, ac_settings=ac_settings)
+        except Exception as e:  # one candidate's failure is a record, never the end of the run
+            rec["error"] = f"{type(e).__name__}: {e}"
+            self.say(f"{c.name}: failed — {rec['error']}")
+            return False
+        finally:
+            rec["build_s"] = round(time.perf_counter() - t0, 1)
+        return True
 
+    def check(self, c) -> bool:
+        """Parity (fp32) or the fail-fast gate (reduced precision) of the built ``c``; fills its record."""
+        r, rec, path = self.req, self.records[c.name], self.built[c.name]
+        t0 = time.perf_counter()
+        try:
+            if c.precision is Precision.FP32 and c.name == self.ref_info.get("engine"):
+                rec["check"], rec["passed"] = "reference", True  # it computed the reference: nothing to compare it with
+                self.say(f"{c.name}: computed the FP32 reference")
+            elif c.precision is Precision.FP32:
+                par = fp32_parity(self.ref, path, r.eval_slates, r.threads)
+                rec["check"], rec["parity"], rec["passed"] = "parity", par.to_dict(per_slate=False), par.passed
+                self.say(f"{c.name}: parity on {par.summary().slates} slates, max|ΔM| "
+                         f"{par.summary().max_abs_diff:.2g} (≤ {FP32_PARITY_ATOL:g}) → {'pass' if par.passed else 'FAIL'}")
+            else:
+                advance = self.progress(f"gate {c.name}", len(r.eval_slates))
+                rep = gate_fail_fast(self.ref, path, r.eval_slates, r.thresholds, r.threads, on_progress=advance)[0]
+                g = rep.to_dict()
+                rec["check"], rec["gate"], rec["passed"] = "gate", _gate_record(g), bool(rep.passed)
+                self.say(f"{c.name}: {gate_line(g)}")
+        except Exception as e:  # noqa: BLE001 — recorded, the run goes on
+            rec["error"], rec["passed"] = f"{type(e).__name__}: {e}", False
+            self.say(f"{c.name}: failed — {rec['error']}")
+        rec["check_s"] = round(time.perf_counter() - t0, 1)
+        return bool(rec["passed"])
 
-def build(c: Candidate, export_dir: Path, dst: Path, calibration=None, bf16_islands: Path | None = None,
-          validation: Sequence[dict] = (), thresholds=None) -> Path:
-    """Write candidate ``c`` of ``export_dir`` to the new directory ``dst``; returns ``dst``.
-
-    Fused fp32: :func:`hllm.exporter.fusion.fuse_export`. fp32 / bf16 OpenVINO: the export's files with a sidecar that says ``engine: openvino`` and the
-    inference precision. INT8: NNCF with accuracy control on OpenVINO (:func:`hllm.calibration.accuracy_control.build_candidate`:
-    NNCF validates on the ``validation`` slates — held out from the gate's, :func:`check_validation` — with a
-    ``max_drop`` from ``thresholds``)
-    or ``onnxruntime.quantization`` (dynamic / static).
-    Raises: EngineError / NothingToQuantize from the quantizers.
-    """
-    if c.name == BASELINE:
-        _copy_tree(export_dir, dst)
-    elif c.name == "openvino-bf16-islands":
-        from hllm.calibration.bf16_islands import build_candidate
-
-        build_candidate(export_dir, dst, bf16_islands)
-    elif c.name == "onnxruntime-fused-fp32":
-        from hllm.exporter.fusion import fuse_export
-
-        fuse_export(export_dir, dst)
-    elif c.engine == "openvino" and c.precision in (Precision.FP32, Precision.BF16):
-        _copy_tree(export_dir, dst)
-        raw = read_export(export_dir).raw
-        write_export(dst, {**raw, "engine": "openvino", "openvino": {"inference_precision": c.inference_precision}})
-    elif c.name in ACCURACY_CONTROL:  # NNCF accuracy control on validation slates apart from the gate's
-        from hllm.calibration.accuracy_control import build_candidate
-
-        build_candidate(export_dir, dst, calibration, validation, thresholds,
-                        inference_precision=c.inference_precision)
-    else:
-        from hllm.calibration.options import QuantOptions
-        from hllm.calibration.quantize import quantize_export
-
-        backend = "ort-dynamic" if c.name.endswith("dynamic") else "ort-static"
-        quantize_export(export_dir, dst, QuantOptions(backend=backend, precision=Precision.INT8), calibration)
-    return dst
+    def fastest_passing(self, names: Sequence[str], timing: dict, winner: str) -> str:
+        """Check ``names`` from the fastest down (by ``timing``'s medians), stopping at the first that passes
+        or at one no faster than ``winner``; the rest are recorded as ``skipped``. Returns the new winner."""
+        ms = {n: timing["engine_ms"][n]["median"] for n in names}
+        limit = timing["engine_ms"][winner]["median"] if winner in timing["engine_ms"] else float("inf")
+        by_name = {c.name: c for c in CANDIDATES}
+        found = None
+        for n in sorted(names, key=ms.get):
+            if found is None and ms[n] < limit and n != winner:
+                if self.check(by_name[n]):
+                    found = n
+                continue
+            if n != winner and "check" not in self.records[n]:
+                better = found or winner
+                self.records[n]["skipped"] = f"not faster than {better}, which passed (it could not be selected)"
+        return found or winner
 
 
 def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tuple[SelectionResult, Path]:
     """Run the selection (module doc); returns ``(result, out_dir)``. ``progress(description, total)`` →
     ``advance(n)`` shows the reference pass and each candidate's gate (:data:`hllm.calibration.pipeline.Progress`).
 
-    Raises: EngineError from :func:`check_start` (unknown candidate, not an ONNX Runtime fp32 export) or when
-        the FP32 export itself cannot be gated; FileExistsError if ``out_dir`` exists and
+    Raises: EngineError from :func:`~hllm.calibration.auto_candidates.check_start` (unknown candidate, not an
+        ONNX Runtime fp32 export) or when the FP32 export itself cannot be checked; SlateError from
+        :func:`~hllm.calibration.auto_candidates.check_validation`; FileExistsError if ``out_dir`` exists and
         ``overwrite`` is False; the quantizers' errors are recorded per candidate, not raised.
     """
     from hllm.measure import cpu_flags, describe_machine
@@ -262,62 +214,67 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
-    records, built = [], {}
+    run = _Run(req, ref, ref_info, say, progress, work, t_start)
     try:
+        deferred = []
         for c in CANDIDATES:
-            rec = {"name": c.name, "engine": c.engine, "precision": str(c.precision)}
-            records.append(rec)
+            rec = run.records[c.name] = {"name": c.name, "engine": c.engine, "precision": str(c.precision)}
             why = "not requested (--candidate)" if req.only and c.name not in req.only and c.name != BASELINE else \
                 refusal(c, flavour, features, req.calibration is not None, have_ov) or \
                 (NO_VALIDATION if c.name in ACCURACY_CONTROL and not req.validation_slates else None)
             if why:
                 rec["refused"] = why
                 say(f"{c.name}: refused — {why}")
-                continue
-            t0 = time.perf_counter()
-            try:
-                path = build(c, req.export_dir, work / c.name, req.calibration, bf16_islands=req.bf16_islands,
-                             validation=req.validation_slates, thresholds=req.thresholds)
-                rec["build_s"] = round(time.perf_counter() - t0, 1)
-                t0 = time.perf_counter()
-                if c.precision is Precision.FP32 and c.name == ref_info.get("engine"):
-                    rec["check"] = "reference"  # it computed the reference: nothing to compare it with
-                    rec["passed"] = True
-                    say(f"{c.name}: computed the FP32 reference")
-                elif c.precision is Precision.FP32:
-                    par = fp32_parity(ref, path, req.eval_slates, req.threads)
-                    rec["check"], rec["parity"], rec["passed"] = "parity", par.to_dict(per_slate=False), par.passed
-                    say(f"{c.name}: parity on {par.summary().slates} slates, max|ΔM| {par.summary().max_abs_diff:.2g} "
-                        f"(≤ {FP32_PARITY_ATOL:g}) → {'pass' if par.passed else 'FAIL'}")
-                else:
-                    advance = progress(f"gate {c.name}", len(req.eval_slates))
-                    rep = gate_fail_fast(ref, path, req.eval_slates, req.thresholds, req.threads, on_progress=advance)[0]
-                    g = rep.to_dict()
-                    rec["check"], rec["gate"], rec["passed"] = "gate", _gate_record(g), bool(rep.passed)
-                    say(f"{c.name}: {gate_line(g)}")
-                rec["check_s"] = round(time.perf_counter() - t0, 1)
-            except Exception as e:  # one candidate's failure is a record, never the end of the run
-                rec["error"] = f"{type(e).__name__}: {e}"
-                say(f"{c.name}: failed — {rec['error']}")
-                continue
-            if rec["passed"]:
-                built[c.name] = path
-        if BASELINE not in built:
-            why = records[0].get("error") or f"parity with the FP32 reference failed: {records[0].get('parity', {}).get('failures')}"
+            elif c.name in ACCURACY_CONTROL:
+                deferred.append(c)
+            else:
+                run.build(c)
+        if BASELINE not in run.built or not run.check(CANDIDATES[0]):
+            rec = run.records[BASELINE]
+            why = rec.get("error") or f"parity with the FP32 reference failed: {rec.get('parity', {}).get('failures')}"
             raise EngineError(f"the FP32 export itself could not be checked: {why}")
-        timing = _time(req, built, records, say)
-        best = min(built, key=lambda n: timing["engine_ms"][n]["median"]) if timing else BASELINE
-        say(f"selected {best}")
-        result = SelectionResult(best, records, {**describe_machine(), "load_avg_1m_start": load_start},
+        timing = _time(req, run.built, list(run.records.values()), say)
+        winner = run.fastest_passing(list(run.built), timing, BASELINE) if timing else BASELINE
+        if deferred:
+            winner, timing = _accuracy_control(run, deferred, winner, timing)
+        say(f"selected {winner}")
+        result = SelectionResult(winner, list(run.records.values()),
+                                 {**describe_machine(), "load_avg_1m_start": load_start},
                                  _slates_record(req.eval_slates),
                                  {**req.thresholds.to_dict(), "fp32_parity": {"slates": FP32_PARITY_SLATES,
-                                                                              "atol": FP32_PARITY_ATOL}},
-                                 timing, ref_info, round(time.perf_counter() - t_start, 1))
-        atomic_write_json(built[best] / SELECTION_NAME, result.to_report())
-        promote_dir(built[best], out, overwrite=req.overwrite)
+                                                                              "atol": FP32_PARITY_ATOL},
+                                  "time_budget_s": req.time_budget_s},
+                                 timing, ref_info, round(run.elapsed(), 1))
+        atomic_write_json(run.built[winner] / SELECTION_NAME, result.to_report())
+        promote_dir(run.built[winner], out, overwrite=req.overwrite)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result, out
+
+
+def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> tuple[str, dict]:
+    """Step 5 of the module doc: build the NNCF accuracy-control candidates with the time left (or refuse
+    them), time them beside the baseline and ``winner``, and check those faster than ``winner``.
+    Returns ``(winner, timing)``; the timing of this step is stored under ``timing["accuracy_control"]``."""
+    req = run.req
+    settings = None
+    if req.time_budget_s is not None:
+        left = req.time_budget_s - run.elapsed() - ACCURACY_CONTROL_RESERVE_S
+        if left < ACCURACY_CONTROL_MIN_S:
+            why = (f"time budget: {max(left, 0):.0f} s of the {req.time_budget_s:.0f} s budget left for NNCF accuracy "
+                   f"control, which needs ≥ {ACCURACY_CONTROL_MIN_S:.0f} s here (raise --time-budget)")
+            for c in deferred:
+                run.records[c.name]["refused"] = why
+                run.say(f"{c.name}: refused — {why}")
+            return winner, timing
+        settings = {"budget_s": left}
+    ok = [c.name for c in deferred if run.build(c, settings)]
+    if not ok:
+        return winner, timing
+    sp = _time(req, {n: run.built[n] for n in dict.fromkeys([BASELINE, winner, *ok])}, [run.records[n] for n in ok],
+               run.say)
+    new = run.fastest_passing([*ok, winner], sp, winner) if sp else winner
+    return new, {**timing, "accuracy_control": sp}
 
 
 def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, threads: int | None = None,
@@ -360,8 +317,9 @@ def _gate_record(g: dict) -> dict:
 
 
 def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
-    """Interleaved engine timing of the candidates that passed; fills each record's ``engine_ms`` and
-    ``speedup_vs_fp32``. Returns compare_speed's record (empty when only the baseline passed)."""
+    """Interleaved engine timing of the ``built`` candidates (``{name: export dir}``, the baseline among them)
+    on the first ``req.rounds`` gate slates; fills the ``records`` of those candidates with
+    ``engine_ms_median`` and ``speedup_vs_fp32``. Returns compare_speed's record (empty with one candidate)."""
     if len(built) < 2:
         return {}
     say(f"timing {', '.join(built)} interleaved ({req.rounds} rounds)")

@@ -57,6 +57,7 @@ def calibrate_cmd(
     max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Strict gate: max |ΔAUC| (slates with labels)."),
     candidate: List[str] = typer.Option([], "--candidate", help="With --backend auto: consider only these candidates (onnxruntime-fp32 always). Repeatable."),
     bf16_islands: Optional[Path] = typer.Option(None, "--bf16-islands", help="With --backend auto: the islands file of `hllm debug precision --precision bf16` that the openvino-bf16-islands candidate keeps in fp32 (default: every attention matrix product, q/k/v/o projections and scores, and the head; the MLP runs bf16)."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", min=60.0, max=7 * 86400.0, show_default=False, help="With --backend auto: seconds the whole run may take (default 1200); NNCF's accuracy control runs last on what is left and is refused when that is under 10 min."),
     bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip; --backend auto: default 5)."),
     bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
     threads: Optional[int] = threads_opt("Intra-op threads of the ORT engines."),
@@ -93,7 +94,9 @@ def calibrate_cmd(
                        slates=slates, limit=limit, calib=(calibration, calib_slates, calib_count, calib_seed, calib_batch_size),
                        candidates=tuple(candidate), rounds=bench_runs or 5, warmup=bench_warmup, threads=threads,
                        reference_cache=reference_scores_path, report=report, overwrite=overwrite, json_out=json_out,
-                       bf16_islands=bf16_islands)
+                       bf16_islands=bf16_islands, time_budget=time_budget)
+    if time_budget is not None:
+        raise typer.BadParameter("--time-budget applies to --backend auto only")
     if candidate:
         raise typer.BadParameter("--candidate applies to --backend auto only")
     if bf16_islands is not None:
@@ -155,13 +158,18 @@ def warn_unlabelled(slates: list[dict]) -> None:
 
 
 def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: tuple, candidates: tuple, rounds: int,
-            warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool, bf16_islands=None) -> None:
+            warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool, bf16_islands=None,
+            time_budget: Optional[float] = None) -> None:
     """``--backend auto``: :func:`hllm.calibration.select.select` with the console's progress; prints the
     candidates table and writes the selected export (always: the FP32 baseline passes its own gate)."""
     from hllm.calibration.pipeline import prepare_calibration
-    from hllm.calibration.select import SelectRequest, check_start, select
+    from hllm.calibration.auto_candidates import check_start
+    from hllm.calibration.select import TIME_BUDGET_S, SelectRequest, select
     from hllm.formats.export import read_export
 
+    import time
+
+    t_start = time.perf_counter()  # the budget counts the calibration data and the checks before select
     calibration, calib_slates, count, seed, batch = calib
     th, calib_slates = _check_run(th_kw, json_out, report, out_dir, overwrite, reference_cache, calib_slates)
     art, builder = _onnx_export(export_dir, "auto")
@@ -182,7 +190,9 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
             cal = prepare_calibration(art, builder, "ort-static", calibration, calib_slates, count, seed, batch,
                                       [str(s.get("slate_id", "")) for s in evals])
     req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
-                        reference_cache, overwrite, bf16_islands=bf16_islands, validation_slates=validation)
+                        reference_cache, overwrite, bf16_islands=bf16_islands, validation_slates=validation,
+                        time_budget_s=(TIME_BUDGET_S if time_budget is None else time_budget)
+                        - (time.perf_counter() - t_start))
     with progress_lines(progress()) as bar:
         result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
     finish_report(report, result.to_report(), json_out, show=_print_selection)
@@ -231,7 +241,7 @@ def _print_selection(r: dict) -> None:
         q, fid = g.get("quality") or {}, g.get("fidelity") or {}
         f = lambda v, fmt="{:.3f}": "-" if v is None else fmt.format(v)  # noqa: E731
         lb = lambda m: f((q.get(m) or {}).get("lower_bound"), "{:+.4f}")  # noqa: E731
-        status = c.get("refused") or c.get("error") or ("pass" if c.get("passed") else "FAIL")
+        status = c.get("refused") or c.get("error") or c.get("skipped") or ("pass" if c.get("passed") else "FAIL")
         if c.get("passed") is False and g.get("failures"):
             status += ": " + ", ".join(x["criterion"] for x in g["failures"])
         check = c.get("check", "-")

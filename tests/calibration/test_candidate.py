@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from hllm.calibration.candidate import Candidate
-from hllm.calibration.select import CANDIDATES
+from hllm.calibration.auto_candidates import CANDIDATES
 from hllm.cli.frontier_cmds import parse_contender
 from hllm.errors import HllmError
 from hllm.formats.precision import Precision

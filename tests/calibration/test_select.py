@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from hllm.calibration.select import CANDIDATES, refusal  # noqa: E402
+from hllm.calibration.auto_candidates import CANDIDATES, refusal  # noqa: E402
 from hllm.testing import tiny_slates  # noqa: E402
 
 BY_NAME = {c.name: c for c in CANDIDATES}
@@ -29,7 +29,7 @@ def test_refusal_names_the_missing_instruction_set_flavour_and_data():
     assert refusal(BY_NAME["onnxruntime-fp32"], "ort-cpu", [], False, False) is None
 
 
-def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_export_dir, tmp_path):
+def test_auto_times_every_candidate_and_writes_the_fastest_that_passes(standard_export_dir, tmp_path):
     from hllm.runtime.slates import write_jsonl as write_slates
 
     write_slates(tmp_path / "eval.jsonl", tiny_slates(8, (2, 8), seed=11))  # the gate's 6, then NNCF's 2
@@ -49,31 +49,42 @@ def test_auto_gates_every_candidate_writes_the_fastest_passing_one(standard_expo
     rec = {c["name"]: c for c in doc["candidates"]}
     assert list(rec) == [c.name for c in CANDIDATES]
     assert "AVX512_BF16" in rec["openvino-bf16"]["refused"]
-    # fp32 engines: tensor parity with the reference on a few slates (the one that computed it is not rerun);
-    # reduced precision: the gate over every slate (or until it cannot pass), with its criteria
+    # every built candidate is timed first; they are checked from the fastest down until one passes (fp32: tensor
+    # parity with the reference on a few slates, the engine that computed it not rerun; reduced precision: the gate
+    # over every slate or until it cannot pass); the slower ones are skipped, never checked
     from hllm.calibration.select import FP32_PARITY_ATOL
 
     assert doc["reference"]["engine"] in ("onnxruntime-fp32", "openvino-fp32") and doc["wall_s"] > 0
-    for name in ("onnxruntime-fp32", "onnxruntime-fused-fp32", "openvino-fp32"):
-        c = rec[name]
-        assert c["passed"], c
-        if name == doc["reference"]["engine"]:
-            assert c["check"] == "reference" and "parity" not in c
-        else:
-            assert c["check"] == "parity" and c["parity"]["slates"] == 6 and c["parity"]["max_abs_diff"] <= FP32_PARITY_ATOL
-    for name in ("openvino-int8", "onnxruntime-int8-dynamic", "onnxruntime-int8-static"):
-        g = rec[name]["gate"]
-        assert rec[name]["check"] == "gate" and g["gate"] == "quality" and rec[name]["passed"] == g["passed"]
-        assert {c["name"] for c in g["criteria"]} >= {"auc_delta", "kendall_tau_mean", "regret_p95", "top1_agreement"}
-        assert g["slates"] == 6 or g["stopped_after"] == g["slates"] < 6
-    built = [c for c in rec.values() if "check" in c]
-    assert {c["name"] for c in built} >= {"onnxruntime-fp32", "onnxruntime-fused-fp32", "openvino-fp32", "openvino-int8",
-                                          "onnxruntime-int8-dynamic", "onnxruntime-int8-static"}
-    passed = {n: c["engine_ms_median"] for n, c in rec.items() if c.get("passed")}
-    assert doc["selected"] == min(passed, key=passed.get)
+    assert doc["thresholds"]["time_budget_s"] > 0
+    built = {n: c for n, c in rec.items() if "build_s" in c and "error" not in c}
+    assert set(built) >= {"onnxruntime-fp32", "onnxruntime-fused-fp32", "openvino-fp32", "onnxruntime-int8-dynamic",
+                          "onnxruntime-int8-static"}
+    assert all(c["engine_ms_median"] > 0 for c in built.values())
+    assert rec["onnxruntime-fp32"]["passed"]  # the baseline is always checked: the run always has an export to write
+    for name, c in built.items():
+        if c.get("check") == "parity":
+            assert c["precision"] == "fp32" and c["parity"]["slates"] == 6
+            assert c["passed"] == (c["parity"]["max_abs_diff"] <= FP32_PARITY_ATOL)
+        elif c.get("check") == "gate":
+            g = c["gate"]
+            assert g["gate"] == "quality" and c["passed"] == g["passed"]
+            assert {x["name"] for x in g["criteria"]} >= {"auc_delta", "kendall_tau_mean", "regret_p95", "top1_agreement"}
+            assert g["slates"] == 6 or g["stopped_after"] == g["slates"] < 6
+        elif c.get("check") != "reference":
+            assert "skipped" in c and "passed" not in c, c
+    sel, ac = doc["selected"], ("openvino-int8", "openvino-int8-bf16")  # NNCF's are timed in a second run
+    assert rec[sel]["passed"]
+    if sel not in ac:
+        for name, c in built.items():
+            if name in (sel, "onnxruntime-fp32", *ac):
+                continue
+            if c["engine_ms_median"] < rec[sel]["engine_ms_median"]:
+                assert c["passed"] is False, (name, c)  # faster than the winner: checked, and it failed
+            else:
+                assert "skipped" in c, (name, c)
     base_ms = rec["onnxruntime-fp32"]["engine_ms_median"]  # the baseline: fp32 ONNX Runtime, standard graph
-    for name, ms in passed.items():
-        assert rec[name]["speedup_vs_fp32"] == pytest.approx(base_ms / ms, rel=0.01, abs=2e-3), name
+    for name in set(built) - {"openvino-int8", "openvino-int8-bf16"}:
+        assert rec[name]["speedup_vs_fp32"] == pytest.approx(base_ms / rec[name]["engine_ms_median"], rel=0.01, abs=2e-3)
     # the selected directory is an export that ranks as it is, and carries the report
     assert json.loads((out / "selection_report.json").read_text())["selected"] == doc["selected"]
     ranked = tmp_path / "r.jsonl"
@@ -150,7 +161,7 @@ def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_ex
     """A previous selection that picked OpenVINO (sidecar ``engine: openvino``) is not an ONNX Runtime FP32
     start: its "onnxruntime-*" candidates would inherit that engine. Refused, as is a --candidate typo,
     before the slates are read."""
-    from hllm.calibration.select import build
+    from hllm.calibration.auto_candidates import build
     from hllm.cli import main
 
     ov = build(BY_NAME["openvino-fp32"], standard_export_dir, tmp_path / "ov")
@@ -168,7 +179,8 @@ def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_expo
     """NNCF's accuracy control gets the validation slates, never the gate's: overlapping ones are refused before
     any work, none at all refuse the candidate, disjoint ones are what its build receives."""
     from hllm.calibration import accuracy_control, pipeline
-    from hllm.calibration.select import NO_VALIDATION, SelectRequest, check_validation, select
+    from hllm.calibration.auto_candidates import NO_VALIDATION, check_validation
+    from hllm.calibration.select import SelectRequest, select
     from hllm.errors import EngineError, SlateError
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker
@@ -201,3 +213,68 @@ def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_expo
     rec = run(validation, "apart")["openvino-int8"]
     assert rec["error"] == "EngineError: stopped here by the test"
     assert seen == [["held-out-0", "held-out-1", "held-out-2"]]
+
+
+def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_dir, tmp_path, monkeypatch):
+    """NNCF's search runs last with the run's budget minus what was spent and a reserve for its own gate; under
+    the minimum it is refused with the figures, and never built."""
+    from hllm.calibration import accuracy_control, pipeline, select as sel
+    from hllm.calibration.select import SelectRequest, select
+    from hllm.errors import EngineError
+    from hllm.verify.gate import GateThresholds
+    from hllm.verify.reference import cpu_ranker
+
+    slates = tiny_slates(6, (3, 6), seed=32)
+    evals, validation = slates[:3], [{**s, "slate_id": f"held-out-{i}"} for i, s in enumerate(slates[3:])]
+    budgets = []
+
+    def fake_build(export_dir, dst, calibration, validation, *a, settings=None, **k):
+        budgets.append(settings["budget_s"])
+        raise EngineError("stopped here by the test")
+
+    monkeypatch.setattr(accuracy_control, "build_candidate", fake_build)
+    monkeypatch.setattr(pipeline, "fp32_engines", lambda art, threads=None: {"onnxruntime-fp32": cpu_ranker(art, threads)})
+
+    def run(budget, out):
+        req = SelectRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
+                            only=("openvino-int8",), threads=1, validation_slates=validation, time_budget_s=budget)
+        res = select(req)[0]
+        return {c["name"]: c for c in res.candidates}, res
+
+    rec, res = run(sel.ACCURACY_CONTROL_MIN_S, "short")
+    assert rec["openvino-int8"]["refused"].startswith("time budget: ") and "raise --time-budget" in rec["openvino-int8"]["refused"]
+    assert budgets == [] and res.selected == "onnxruntime-fp32" and res.thresholds["time_budget_s"] == sel.ACCURACY_CONTROL_MIN_S
+    rec, res = run(3600.0, "long")
+    assert len(budgets) == 1
+    assert 3600 - sel.ACCURACY_CONTROL_RESERVE_S - res.wall_s - 0.1 <= budgets[0] <= 3600 - sel.ACCURACY_CONTROL_RESERVE_S
+
+
+def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skipped(tmp_path):
+    """The first candidate (by median engine time) that passes wins; the faster ones were checked and failed,
+    the slower ones — and any slower than the baseline — are skipped without a check."""
+    from hllm.calibration.select import _Run
+
+    ms = {"onnxruntime-fp32": 40.0, "openvino-bf16": 10.0, "onnxruntime-int8-dynamic": 15.0,
+          "openvino-bf16-islands": 20.0, "openvino-fp32": 30.0, "onnxruntime-int8-static": 50.0}
+    verdict = {"openvino-bf16": False, "onnxruntime-int8-dynamic": False, "openvino-bf16-islands": True}
+    run = _Run(None, None, {}, lambda m: None, None, tmp_path, 0.0)
+    run.records = {n: {"name": n} for n in ms}
+    checked = []
+
+    def check(c):
+        checked.append(c.name)
+        run.records[c.name].update(check="gate", passed=verdict[c.name])
+        return verdict[c.name]
+
+    run.check = check
+    timing = {"engine_ms": {n: {"median": v} for n, v in ms.items()}}
+    assert run.fastest_passing(list(ms), timing, "onnxruntime-fp32") == "openvino-bf16-islands"
+    assert checked == ["openvino-bf16", "onnxruntime-int8-dynamic", "openvino-bf16-islands"]
+    assert "openvino-bf16-islands" in run.records["openvino-fp32"]["skipped"]
+    assert "skipped" in run.records["onnxruntime-int8-static"] and "skipped" not in run.records["onnxruntime-fp32"]
+    # nothing passes: every candidate faster than the baseline is checked, the baseline stays the winner
+    verdict.update({"openvino-bf16-islands": False, "openvino-fp32": False})
+    run.records, checked[:] = {n: {"name": n} for n in ms}, []
+    assert run.fastest_passing(list(ms), timing, "onnxruntime-fp32") == "onnxruntime-fp32"
+    assert checked == ["openvino-bf16", "onnxruntime-int8-dynamic", "openvino-bf16-islands", "openvino-fp32"]
+    assert "onnxruntime-fp32, which passed" in run.records["onnxruntime-int8-static"]["skipped"]

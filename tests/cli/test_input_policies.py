@@ -150,7 +150,7 @@ def test_a_sidecar_engine_hllm_cannot_run_is_refused_naming_the_field(engine, ex
 def test_a_selected_fp32_export_shares_no_inode_with_its_input(export_dir, tmp_path):
     """The ``onnxruntime-fp32`` selection is a copy: writing the selected graph in place leaves the input's
     graph byte for byte as it was (a hard link would change both)."""
-    from hllm.calibration.select import BASELINE, CANDIDATES, build
+    from hllm.calibration.auto_candidates import BASELINE, CANDIDATES, build
 
     exp = tmp_path / "exp"
     shutil.copytree(export_dir, exp)

@@ -277,7 +277,7 @@ def test_search_writes_frontier_and_islands_file(setup, tmp_path):
 
 def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
     from hllm.calibration.bf16_islands import CANDIDATE_ISLANDS
-    from hllm.calibration.select import CANDIDATES, build, refusal
+    from hllm.calibration.auto_candidates import CANDIDATES, build, refusal
     from hllm.errors import EngineError
 
     c = next(c for c in CANDIDATES if c.name == "openvino-bf16-islands")
