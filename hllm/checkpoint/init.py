@@ -82,7 +82,9 @@ def init_checkpoint(
 
             from hllm.model.hllm import load_backbone
 
-            model = get_peft_model(load_backbone(backbone), lora_config(lora_rank))
+            with torch.random.fork_rng(devices=[]):  # peft draws lora_A from the global generator: seed it here
+                torch.manual_seed(seed + 1)
+                model = get_peft_model(load_backbone(backbone), lora_config(lora_rank))
             gen = torch.Generator().manual_seed(seed + 1)
             with torch.no_grad():
                 for name, p in model.named_parameters():
