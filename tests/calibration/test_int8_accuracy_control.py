@@ -107,7 +107,8 @@ def int8_inputs(standard_export_dir):
     meta = read_export(standard_export_dir)
     builder = PromptBuilder(load_tokenizer(meta.tokenizer_path), meta.prompt, max_items=meta.num_positions)
     train = [{**s, "slate_id": f"train-{i}"} for i, s in enumerate(tiny_slates(6, 8, seed=21))]
-    return calibration_feeds(train, builder, 6, 0), tiny_slates(12, 8, seed=22)
+    # validation slates on which the fully quantized tiny graph loses some assignment objective (5 of 12)
+    return calibration_feeds(train, builder, 6, 0), tiny_slates(12, 8, seed=33)
 
 
 def test_accuracy_control_reverts_groups_and_writes_an_engine_that_ranks(standard_export_dir, int8_inputs, tmp_path):
