@@ -1,28 +1,25 @@
 """Atomic file writes and output-path checks (reading JSON and content hashes: :mod:`hllm.reading`).
 
-Every artefact hllm writes goes to a temporary name in the destination folder and is renamed into
-place only when complete, so an interrupted or failed command never leaves a partial file where a
-good one was (POSIX ``os.replace`` is atomic within one file system).
+Every artefact hllm writes goes to a temporary name in the destination folder and is renamed into place only when
+complete, so an interrupted or failed command never leaves a partial file where a good one was (POSIX
+``os.replace`` is atomic within one file system).
 
 Output-path policy, the same for every writer:
 
-* The destination of a file must be absent or a regular file; a directory, character or block
-  device, FIFO or socket is refused up front (:class:`OutputError`) — ``os.replace`` would otherwise
-  turn ``/dev/full`` into a regular file. The destination of a directory must be absent or a
-  directory (then ``overwrite`` is needed).
-* A symbolic link is followed: hllm writes to (atomically replaces) the link's target, which must
-  exist and pass the same check, and the link is kept — like a shell's ``>``. A dangling link is
-  refused (it would create a file somewhere the user did not name).
-* A read-only or missing-permission directory, or a full disk, is found before the work by
-  :func:`check_writable` (callers that run long, e.g. ``hllm rank``, call it first); running out of
-  space during the write (ENOSPC, EDQUOT, EFBIG) raises :class:`OutputError` and leaves no partial
-  file.
-* SIGTERM while a temporary file or staging directory exists removes it (a handler that raises
-  ``SystemExit(143)`` is installed for the duration, in the main thread, when SIGTERM has its
-  default action), and staging directories of the same target left by a killed process
-  (SIGKILL, power loss) are swept by the next :func:`atomic_dir` of that target: their names carry
-  the writer's pid and process start time (``.NAME.PID-START.XXXXXXXX.tmp``), so a live writer's
-  directory is never touched.
+* The destination of a file must be absent or a regular file; a directory, character or block device, FIFO or
+  socket is refused up front (:class:`OutputError`) — ``os.replace`` would otherwise turn ``/dev/full`` into a
+  regular file. The destination of a directory must be absent or a directory (then ``overwrite`` is needed).
+* A symbolic link is followed: hllm writes to (atomically replaces) the link's target, which must exist and pass
+  the same check, and the link is kept — like a shell's ``>``. A dangling link is refused (it would create a file
+  somewhere the user did not name).
+* A read-only or missing-permission directory, or a full disk, is found before the work by :func:`check_writable`
+  (callers that run long, e.g. ``hllm rank``, call it first); running out of space during the write (ENOSPC,
+  EDQUOT, EFBIG) raises :class:`OutputError` and leaves no partial file.
+* SIGTERM while a temporary file or staging directory exists removes it (a handler that raises ``SystemExit(143)``
+  is installed for the duration, in the main thread, when SIGTERM has its default action), and staging directories
+  of the same target left by a killed process (SIGKILL, power loss) are swept by the next :func:`atomic_dir` of
+  that target: their names carry the writer's pid and process start time (``.NAME.PID-START.XXXXXXXX.tmp``), so a
+  live writer's directory is never touched.
 """
 
 from __future__ import annotations
@@ -79,6 +76,9 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+MAX_OUTPUT_NAME = 255 - 64  #: longest output name, bytes: the file system's 255 less room for the staging suffix
+
+
 def output_target(path: str | os.PathLike, kind: str = "file") -> Path:
     """The path hllm really writes for the output ``path`` (module doc: symbolic links are followed),
     after refusing a destination of the wrong kind.
@@ -86,10 +86,12 @@ def output_target(path: str | os.PathLike, kind: str = "file") -> Path:
     Args:
         path: the output the user named. kind: ``"file"`` or ``"dir"``.
     Returns: ``path`` itself, or the target of a symbolic link.
-    Raises: OutputError (dangling link; a directory, device, FIFO or socket where a file goes; a
-        non-directory where a directory goes).
+    Raises: OutputError (a name over :data:`MAX_OUTPUT_NAME` bytes; dangling link; a directory, device, FIFO
+        or socket where a file goes; a non-directory where a directory goes).
     """
     p = Path(path)
+    if len(os.fsencode(p.name)) > MAX_OUTPUT_NAME:  # its staging name beside it adds ".PID-START.XXXXXXXX.tmp"
+        raise OutputError(f"{p.name[:32]}…: an output's name takes at most {MAX_OUTPUT_NAME} bytes (staged under a longer one)")
     if p.is_symlink():
         target = Path(os.path.realpath(p))
         if not target.exists():

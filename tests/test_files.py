@@ -395,3 +395,20 @@ def test_atomic_path_result_has_the_umask_mode_even_when_the_writer_replaced_the
         os.umask(old)
     assert (tmp_path / "w.bin").read_bytes() == b"x"
     assert stat.S_IMODE((tmp_path / "w.bin").stat().st_mode) == 0o644
+
+
+def test_an_output_name_too_long_for_its_staging_name_is_refused_before_any_work(tmp_path):
+    """Every output is first written under ``.NAME.PID-START.XXXXXXXX.tmp`` beside it: a name the file
+    system takes but whose staging name it would not is refused up front, naming the limit."""
+    ok = tmp_path / ("a" * files.MAX_OUTPUT_NAME)
+    assert output_target(ok) == ok
+    with atomic_dir(ok) as d:
+        (d / "x").write_text("1")
+    assert (ok / "x").read_text() == "1"
+    long = tmp_path / ("b" * (files.MAX_OUTPUT_NAME + 1))
+    for kind in ("file", "dir"):
+        with pytest.raises(OutputError, match=f"at most {files.MAX_OUTPUT_NAME} bytes"):
+            output_target(long, kind)
+    with pytest.raises(OutputError):
+        atomic_write_text(long, "x")
+    assert not long.exists() and sorted(p.name for p in tmp_path.iterdir()) == [ok.name]

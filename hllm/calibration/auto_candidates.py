@@ -22,6 +22,7 @@ Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -55,14 +56,22 @@ NO_VALIDATION = ("needs validation slates apart from the gate's for NNCF's accur
                  "takes the slates after --limit in --slates: give a file with more slates than --limit)")
 
 
-def check_validation(validation: Sequence[dict], eval_slates: Sequence[dict]) -> None:
-    """Refuse validation slates of NNCF's accuracy control that are also gate slates (same ``slate_id``).
+def _slate_key(s: dict) -> str:
+    """A slate's identity: its ``slate_id``, or for a slate without one its whole content (canonical JSON)."""
+    sid = s.get("slate_id")
+    return f"id:{sid}" if sid not in (None, "") else "content:" + json.dumps(s, sort_keys=True, default=str)
 
-    Args: validation / eval_slates: slate dicts (``slate_id`` strings; a slate without one is compared as "").
-    Raises: SlateError naming how many overlap and a few of their ids.
+
+def check_validation(validation: Sequence[dict], eval_slates: Sequence[dict]) -> None:
+    """Refuse validation slates of NNCF's accuracy control that are also gate slates: the same ``slate_id``,
+    or for slates without one the same content.
+
+    Args: validation / eval_slates: slate dicts.
+    Raises: SlateError naming how many overlap and a few of them (ids, or the first characters of the content).
     """
-    gate_ids = {str(s.get("slate_id", "")) for s in eval_slates}
-    both = sorted({str(s.get("slate_id", "")) for s in validation} & gate_ids)
+    gate = {_slate_key(s) for s in eval_slates}
+    both = sorted({_slate_key(s) for s in validation} & gate)
+    both = [b[3:] if b.startswith("id:") else b[8:40] + "…" for b in both]
     if both:
         raise SlateError(f"{len(both)} validation slate(s) of the accuracy control are also gate slates (e.g. "
                          f"{both[:3]}): NNCF must validate on other slates than those that judge its result")
@@ -106,7 +115,7 @@ def check_start(meta, only: Sequence[str] = ()) -> None:
     if bad:
         raise EngineError(f"unknown candidate(s) {bad}; one of {sorted(names)}")
     if meta.precision is not Precision.FP32:
-        raise EngineError(f"{meta.root} is a {meta.precision.value} export: --backend auto starts from the FP32 export")
+        raise EngineError(f"{meta.root} is an export of precision {meta.precision.value}: --backend auto starts from the FP32 export")
     engine = meta.engine
     if engine != "onnxruntime":
         raise EngineError(f"{meta.root}: its sidecar selects the {engine} engine (a `calibrate --backend auto` result?); "

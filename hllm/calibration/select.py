@@ -42,7 +42,7 @@ from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_lin
 from hllm.calibration.speed import compare_speed
 from hllm.errors import EngineError
 from hllm.extras import optional
-from hllm.files import _staging_prefix, atomic_write_json, promote_dir
+from hllm.files import _staging_prefix, atomic_write_json, promote_dir, sweep_stale_staging
 from hllm.formats.export import read_export
 from hllm.formats.precision import Precision
 from hllm.formats.report import envelope
@@ -75,8 +75,10 @@ class SelectRequest:
     ``eval_slates``: labelled held-out slates of the gate (≥ 200 recommended); ``calibration``: a
     :class:`hllm.formats.calibration_set.CalibrationSet` or None; ``only``: candidate names to consider
     (empty = all); ``rounds`` / ``warmup``: interleaved timing rounds; ``threads``: engine threads;
-    ``time_budget_s``: wall-clock seconds of the run from which the accuracy-control search gets what is
-    left (None = no limit: it gets :data:`~hllm.calibration.accuracy_control.CANDIDATE_SETTINGS`' budget)."""
+    ``time_budget_s``: the wall-clock seconds the run plans for; the accuracy-control search gets what is left
+    of it (None = no limit: it gets :data:`~hllm.calibration.accuracy_control.CANDIDATE_SETTINGS`' budget);
+    ``spent_before_s``: seconds the caller spent on this run before :func:`select` (calibration data), counted
+    against the budget."""
 
     export_dir: Path
     out_dir: Path
@@ -92,6 +94,7 @@ class SelectRequest:
     bf16_islands: Path | None = None  # islands file of `hllm debug precision --precision bf16` (None = base islands)
     validation_slates: list[dict] = field(default_factory=list)  # NNCF accuracy control's: disjoint from eval_slates
     time_budget_s: float | None = TIME_BUDGET_S
+    spent_before_s: float = 0.0
 
 
 @dataclass
@@ -129,7 +132,7 @@ class _Run:
         self.built: dict[str, Path] = {}
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t_start
+        return time.perf_counter() - self.t_start + (self.req.spent_before_s if self.req is not None else 0.0)
 
     def build(self, c, ac_settings: dict | None = None) -> bool:
         """Build ``c`` into the work directory; on failure the record gets ``error``. Returns success."""
@@ -204,15 +207,18 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     progress = progress or (lambda d, n: (lambda k: None))
     meta = read_export(req.export_dir)
     check_start(meta, req.only)
-    check_validation(req.validation_slates, req.eval_slates)
     flavour, features = meta.flavour, cpu_flags()
     have_ov = optional("openvino") is not None
+    if any(c.name in ACCURACY_CONTROL and not (req.only and c.name not in req.only)
+           and refusal(c, flavour, features, req.calibration is not None, have_ov) is None for c in CANDIDATES):
+        check_validation(req.validation_slates, req.eval_slates)  # only when NNCF would validate on them
     ref_info: dict = {}
     ref, _ = fp32_reference(CalibrateRequest(req.export_dir, req.out_dir, None, req.thresholds, req.eval_slates, "",
                                              threads=req.threads, reference_cache=req.reference_cache),
                             progress, say, info=ref_info)
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_staging(out)  # staging directories of OUT_DIR left by killed runs (their writer is gone)
     work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
     run = _Run(req, ref, ref_info, say, progress, work, t_start)
     try:
@@ -244,7 +250,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
                                  {**req.thresholds.to_dict(), "fp32_parity": {"slates": FP32_PARITY_SLATES,
                                                                               "atol": FP32_PARITY_ATOL},
                                   "time_budget_s": req.time_budget_s},
-                                 timing, ref_info, round(run.elapsed(), 1))
+                                 timing, ref_info, round(time.perf_counter() - t_start, 1))
         atomic_write_json(run.built[winner] / SELECTION_NAME, result.to_report())
         promote_dir(run.built[winner], out, overwrite=req.overwrite)
     finally:
@@ -271,9 +277,10 @@ def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> t
     ok = [c.name for c in deferred if run.build(c, settings)]
     if not ok:
         return winner, timing
-    sp = _time(req, {n: run.built[n] for n in dict.fromkeys([BASELINE, winner, *ok])}, [run.records[n] for n in ok],
-               run.say)
-    new = run.fastest_passing([*ok, winner], sp, winner) if sp else winner
+    sub = {n: run.built[n] for n in dict.fromkeys([BASELINE, winner, *ok])}
+    sp = _time(req, sub, [run.records[n] for n in ok], run.say)  # drops from ``sub`` what cannot be timed
+    names = [n for n in dict.fromkeys([*ok, winner]) if n in sub]
+    new = run.fastest_passing(names, sp, winner) if sp and winner in sub else winner
     return new, {**timing, "accuracy_control": sp}
 
 
@@ -324,13 +331,41 @@ def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dic
         return {}
     say(f"timing {', '.join(built)} interleaved ({req.rounds} rounds)")
     evals = req.eval_slates[: max(1, min(len(req.eval_slates), req.rounds))]
-    sp = compare_speed(dict(built), evals, rounds=req.rounds, warmup=req.warmup, threads=req.threads,
-                       baseline=BASELINE)
+    try:
+        sp = compare_speed(dict(built), evals, rounds=req.rounds, warmup=req.warmup, threads=req.threads,
+                           baseline=BASELINE)
+    except Exception:  # noqa: BLE001 — find the candidates that cannot run, record them, time the rest
+        bad = _unrunnable(built, evals[:1], req.threads)
+        if not bad:
+            raise
+        for name, why in bad.items():
+            built.pop(name)
+            for r in records:
+                if r["name"] == name:
+                    r["error"] = f"timing: {why}"
+            say(f"{name}: cannot be timed — {why}")
+        return _time(req, built, records, say) if BASELINE in built else {}
     for r in records:
         if r["name"] in built:
             r["engine_ms_median"] = round(sp["engine_ms"][r["name"]]["median"], 3)
             r["speedup_vs_fp32"] = sp[f"speedup_vs_{BASELINE}"][r["name"]]
     return sp
+
+
+def _unrunnable(built: dict, probe: Sequence[dict], threads: int | None) -> dict[str, str]:
+    """``{name: error}`` of the candidates in ``built`` that fail to load or to score the ``probe`` slates.
+    Raises: EngineError when the baseline itself is one of them (it passed its parity check before)."""
+    bad = {}
+    for name, path in built.items():
+        try:
+            r = cpu_ranker(path, threads)
+            with r:
+                ranker_scores(r, list(probe))
+        except Exception as e:  # noqa: BLE001 — reported per candidate
+            bad[name] = f"{type(e).__name__}: {e}"
+    if BASELINE in bad:
+        raise EngineError(f"the FP32 export cannot be timed: {bad[BASELINE]}")
+    return bad
 
 
 def _load_1m() -> float | None:

@@ -86,7 +86,7 @@ def stream_rankings(ranker, rows: Iterable[dict], on_progress: Optional[Callable
 def _rank_summary(json_out: bool, n: int, engine: str, seconds: float, out_path: Path, model: Path, batch_size: int,
                   workers: Optional[int] = None) -> None:
     where = f"on Ray with {workers} actors" if workers else f"with {engine}"
-    out.print(f"ranked {n} slates {where} in {seconds:.1f} s → {out_path}")
+    out.print(f"ranked {n} slate{'' if n == 1 else 's'} {where} in {seconds:.1f} s → {out_path}")
     if json_out:
         emit_json({"command": "rank", "slates": n, "engine": engine, "model": str(model), "out": str(out_path),
                    "batch_size": batch_size, "workers": workers, "seconds": round(seconds, 3)})

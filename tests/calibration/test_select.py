@@ -235,18 +235,24 @@ def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_d
     monkeypatch.setattr(accuracy_control, "build_candidate", fake_build)
     monkeypatch.setattr(pipeline, "fp32_engines", lambda art, threads=None: {"onnxruntime-fp32": cpu_ranker(art, threads)})
 
-    def run(budget, out):
+    def run(budget, out, spent=0.0):
         req = SelectRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
-                            only=("openvino-int8",), threads=1, validation_slates=validation, time_budget_s=budget)
+                            only=("openvino-int8",), threads=1, validation_slates=validation, time_budget_s=budget,
+                            spent_before_s=spent)
         res = select(req)[0]
         return {c["name"]: c for c in res.candidates}, res
 
     rec, res = run(sel.ACCURACY_CONTROL_MIN_S, "short")
     assert rec["openvino-int8"]["refused"].startswith("time budget: ") and "raise --time-budget" in rec["openvino-int8"]["refused"]
     assert budgets == [] and res.selected == "onnxruntime-fp32" and res.thresholds["time_budget_s"] == sel.ACCURACY_CONTROL_MIN_S
-    rec, res = run(3600.0, "long")
-    assert len(budgets) == 1
-    assert 3600 - sel.ACCURACY_CONTROL_RESERVE_S - res.wall_s - 0.1 <= budgets[0] <= 3600 - sel.ACCURACY_CONTROL_RESERVE_S
+    stale = tmp_path / ".long.999999-12345.abcdefgh.tmp"  # a staging directory of a killed run (no such writer)
+    (stale / "openvino-fp32").mkdir(parents=True)
+    rec, res = run(3600.0, "long", spent=100.0)
+    assert len(budgets) == 1 and res.thresholds["time_budget_s"] == 3600.0  # the budget as given
+    top = 3600 - sel.ACCURACY_CONTROL_RESERVE_S - 100.0  # what the caller spent before counts
+    assert top - res.wall_s - 0.1 <= budgets[0] <= top
+    assert not stale.exists()  # swept before the run staged its own
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skipped(tmp_path):
@@ -278,3 +284,45 @@ def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skippe
     assert run.fastest_passing(list(ms), timing, "onnxruntime-fp32") == "onnxruntime-fp32"
     assert checked == ["openvino-bf16", "onnxruntime-int8-dynamic", "openvino-bf16-islands", "openvino-fp32"]
     assert "onnxruntime-fp32, which passed" in run.records["onnxruntime-int8-static"]["skipped"]
+
+
+
+def test_slates_without_ids_are_compared_by_content_and_only_when_nncf_would_validate(standard_export_dir, tmp_path):
+    """Validation slates without a ``slate_id`` are the gate's only when their content is; the overlap is
+    checked only when an accuracy-control candidate is going to be built."""
+    from hllm.calibration.auto_candidates import check_validation
+    from hllm.calibration.select import SelectRequest, select
+    from hllm.errors import SlateError
+    from hllm.verify.gate import GateThresholds
+
+    plain = [{k: v for k, v in s.items() if k != "slate_id"} for s in tiny_slates(5, (3, 6), seed=33)]
+    check_validation(plain[3:], plain[:3])  # other content: no overlap, although every id is missing
+    with pytest.raises(SlateError, match="1 validation slate"):
+        check_validation(plain[2:], plain[:3])
+    # NNCF not requested: the same slates as validation are no reason to stop the run
+    req = SelectRequest(standard_export_dir, tmp_path / "sel", GateThresholds(), plain[:3], only=("onnxruntime-fp32",),
+                        threads=1, validation_slates=plain[:3])
+    assert select(req)[0].selected == "onnxruntime-fp32"
+
+
+def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(standard_export_dir, tmp_path):
+    """One built candidate whose graph is broken ends neither the timing nor the run: its record says why."""
+    import shutil
+
+    from hllm.calibration.select import SelectRequest, _time
+    from hllm.verify.gate import GateThresholds
+
+    good, broken = tmp_path / "good", tmp_path / "broken"
+    shutil.copytree(standard_export_dir, good)
+    shutil.copytree(standard_export_dir, broken)
+    (broken / "model.onnx").write_bytes(b"not onnx")
+    built = {"onnxruntime-fp32": standard_export_dir, "onnxruntime-fused-fp32": good, "onnxruntime-int8-dynamic": broken}
+    records = [{"name": n} for n in built]
+    req = SelectRequest(standard_export_dir, tmp_path / "o", GateThresholds(), tiny_slates(3, (2, 5), seed=34),
+                        rounds=2, warmup=0, threads=1)
+    said = []
+    sp = _time(req, built, records, said.append)
+    assert set(sp["engine_ms"]) == {"onnxruntime-fp32", "onnxruntime-fused-fp32"} and "onnxruntime-int8-dynamic" not in built
+    assert records[2]["error"].startswith("timing: ") and "engine_ms_median" not in records[2]
+    assert all(r["engine_ms_median"] > 0 for r in records[:2])
+    assert any("onnxruntime-int8-dynamic: cannot be timed" in m for m in said)
