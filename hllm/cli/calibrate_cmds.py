@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -166,8 +167,6 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     from hllm.calibration.auto_candidates import check_start
     from hllm.calibration.select import TIME_BUDGET_S, SelectRequest, select
     from hllm.formats.export import read_export
-
-    import time
 
     t_start = time.perf_counter()  # the budget counts the calibration data and the checks before select
     calibration, calib_slates, count, seed, batch = calib
