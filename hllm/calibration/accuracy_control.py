@@ -23,7 +23,7 @@ from hllm.calibration.openvino_int8 import (IR_NAME, checked_feeds, fake_quantiz
 from hllm.calibration.precision_debug import ranking_figures
 from hllm.calibration.ranking_validation import (VALIDATION_METRICS, RankingValidation, SearchBudgetExceeded,
                                                  encode_slates, max_drop_for)
-from hllm.engines.openvino import check_inference_precision
+from hllm.engines.openvino import check_inference_precision, no_signal_stack_after_compile
 from hllm.errors import EngineError
 from hllm.formats.export import read_export
 
@@ -165,7 +165,7 @@ def quantize_with_accuracy_control(
     say(f"NNCF accuracy control: {metric}, max drop {drop:g}, {len(feeds)} calibration inputs, "
         f"{len(vfeeds)} validation slates, ranking subset {ranking_subset}")
     try:
-        with nncf_output_to_stderr(), _restorer_report() as probe_rep:
+        with nncf_output_to_stderr(), _restorer_report() as probe_rep, no_signal_stack_after_compile():
             q = nncf.quantize_with_accuracy_control(
                 model, nncf.Dataset(feeds), nncf.Dataset(list(range(len(vfeeds)))), fn,
                 max_drop=drop, drop_type=nncf.DropType.ABSOLUTE, subset_size=len(feeds),

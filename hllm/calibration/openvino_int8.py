@@ -35,6 +35,7 @@ from typing import Iterable, Iterator, Sequence
 
 from hllm.calibration.data import choose_slates
 from hllm.calibration.parts import nodes_in_part
+from hllm.engines.openvino import no_signal_stack_after_compile
 from hllm.errors import EngineError
 from hllm.files import copy_files
 from hllm.formats.export import read_export, write_export
@@ -152,7 +153,7 @@ def quantize_openvino(export_dir: str | os.PathLike, out_dir: str | os.PathLike,
     t0 = time.perf_counter()
     model = ov.Core().read_model(str(meta.onnx_path))
     try:
-        with nncf_output_to_stderr():
+        with nncf_output_to_stderr(), no_signal_stack_after_compile():
             q = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                               subset_size=subset_size or len(feeds),
                               ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,

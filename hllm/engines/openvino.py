@@ -20,8 +20,12 @@ https://docs.openvino.ai/2026/openvino-workflow/running-inference/optimize-infer
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -31,6 +35,54 @@ from hllm.extras import require
 from hllm.formats.graph import OUTPUT_NAME, input_names
 from hllm.formats.precision import Precision
 from hllm.measure import bf16_support
+
+class _StackT(ctypes.Structure):  # stack_t of sigaltstack(2) (Linux, x86-64 / aarch64)
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+_SS_DISABLE = 2  # <bits/sigstack.h>
+
+
+def drop_signal_stack() -> bool:
+    """Disable the calling thread's alternate signal stack (``sigaltstack(SS_DISABLE)``, POSIX); returns
+    whether it was done (False off Linux or where libc cannot be reached).
+
+    Why: OpenVINO's CPU plugin (2026.4) leaves an ~11 KB alternate signal stack registered on the thread that
+    compiled a model and frees it with the compiled model. Python's handlers run there (``SA_ONSTACK``), so a
+    SIGINT / SIGTERM later crashed the process with SIGSEGV (exit 139): after NNCF's accuracy control, every time
+    (the kernel cannot write the signal frame into the freed stack); while models were alive, often (the dynamic
+    loader's lazy binding in the handler overflowed 11 KB on an AVX-512 CPU). Measured from core dumps. Without
+    it the handlers run on the thread's own stack, as in a process that never loaded OpenVINO.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.sigaltstack(ctypes.byref(_StackT(None, _SS_DISABLE, 0)), None) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def no_signal_stack_after_compile() -> Iterator[None]:
+    """Within the block, every ``openvino.Core.compile_model`` (NNCF's quantizers compile through it too) is
+    followed by :func:`drop_signal_stack` on the compiling thread; the method is restored on exit. Reversible
+    patch around third-party code that compiles models itself."""
+    ov = require("openvino", EngineError)
+    original = ov.Core.compile_model
+
+    def compile_model(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            drop_signal_stack()
+
+    ov.Core.compile_model = compile_model
+    try:
+        yield
+    finally:
+        ov.Core.compile_model = original
+
 
 #: Inference precisions this engine accepts (OpenVINO's names for ``INFERENCE_PRECISION_HINT``).
 INFERENCE_PRECISIONS = ("f32", "bf16")
@@ -119,6 +171,8 @@ class OpenVinoEngine(Engine):
             self._compiled = core.compile_model(model, "CPU", self.config())
         except Exception as e:
             raise EngineError(f"OpenVINO cannot compile {self.model_path} for the CPU: {e}") from None
+        finally:
+            drop_signal_stack()  # the plugin's alternate signal stack outlives nothing safely (drop_signal_stack)
         self._request = self._compiled.create_infer_request()
 
     def _deactivate(self) -> None:
