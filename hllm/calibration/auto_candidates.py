@@ -22,7 +22,6 @@ Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +30,7 @@ from hllm.errors import EngineError, SlateError
 from hllm.files import copy_files
 from hllm.formats.export import read_export, write_export
 from hllm.formats.precision import Precision
+from hllm.runtime.slates import slate_ids
 
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("onnxruntime-fp32", "onnxruntime", "fp32"),
@@ -56,22 +56,16 @@ NO_VALIDATION = ("needs validation slates apart from the gate's for NNCF's accur
                  "takes the slates after --limit in --slates: give a file with more slates than --limit)")
 
 
-def _slate_key(s: dict) -> str:
-    """A slate's identity: its ``slate_id``, or for a slate without one its whole content (canonical JSON)."""
-    sid = s.get("slate_id")
-    return f"id:{sid}" if sid not in (None, "") else "content:" + json.dumps(s, sort_keys=True, default=str)
-
-
 def check_validation(validation: Sequence[dict], eval_slates: Sequence[dict]) -> None:
-    """Refuse validation slates of NNCF's accuracy control that are also gate slates: the same ``slate_id``,
-    or for slates without one the same content.
+    """Refuse validation slates of NNCF's accuracy control that are also gate slates, by the project's one id
+    rule (:func:`hllm.runtime.slates.slate_id`): ``validation`` follows ``eval_slates`` in the input, so a slate
+    without ``slate_id`` is named by its index after the gate's.
 
-    Args: validation / eval_slates: slate dicts.
-    Raises: SlateError naming how many overlap and a few of them (ids, or the first characters of the content).
+    Args: validation / eval_slates: slate dicts, in input order (the gate's first).
+    Raises: SlateError naming how many overlap and a few of their ids.
     """
-    gate = {_slate_key(s) for s in eval_slates}
-    both = sorted({_slate_key(s) for s in validation} & gate)
-    both = [b[3:] if b.startswith("id:") else b[8:40] + "…" for b in both]
+    gate = set(slate_ids(eval_slates))
+    both = sorted(set(slate_ids(validation, len(eval_slates))) & gate)
     if both:
         raise SlateError(f"{len(both)} validation slate(s) of the accuracy control are also gate slates (e.g. "
                          f"{both[:3]}): NNCF must validate on other slates than those that judge its result")

@@ -287,21 +287,24 @@ def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skippe
 
 
 
-def test_slates_without_ids_are_compared_by_content_and_only_when_nncf_would_validate(standard_export_dir, tmp_path):
-    """Validation slates without a ``slate_id`` are the gate's only when their content is; the overlap is
-    checked only when an accuracy-control candidate is going to be built."""
+def test_slates_without_ids_follow_the_id_rule_and_overlap_is_checked_only_when_nncf_validates(standard_export_dir,
+                                                                                               tmp_path):
+    """Validation slates come after the gate's in the input: one without ``slate_id`` is named by that index
+    (the project's id rule), so it never collides with a gate slate; an explicit id shared with the gate does.
+    The overlap is checked only when an accuracy-control candidate is going to be built."""
     from hllm.calibration.auto_candidates import check_validation
     from hllm.calibration.select import SelectRequest, select
     from hllm.errors import SlateError
     from hllm.verify.gate import GateThresholds
 
     plain = [{k: v for k, v in s.items() if k != "slate_id"} for s in tiny_slates(5, (3, 6), seed=33)]
-    check_validation(plain[3:], plain[:3])  # other content: no overlap, although every id is missing
-    with pytest.raises(SlateError, match="1 validation slate"):
-        check_validation(plain[2:], plain[:3])
-    # NNCF not requested: the same slates as validation are no reason to stop the run
-    req = SelectRequest(standard_export_dir, tmp_path / "sel", GateThresholds(), plain[:3], only=("onnxruntime-fp32",),
-                        threads=1, validation_slates=plain[:3])
+    check_validation(plain[3:], plain[:3])  # named "3", "4" after the gate's "0", "1", "2"
+    with pytest.raises(SlateError, match="1 validation slate.*'1'"):
+        check_validation([{**plain[3], "slate_id": "1"}], plain[:3])  # an explicit id equal to a gate slate's
+    # NNCF not requested: an overlap is no reason to stop the run
+    named = [{**s, "slate_id": f"s{i}"} for i, s in enumerate(plain[:3])]
+    req = SelectRequest(standard_export_dir, tmp_path / "sel", GateThresholds(), named, only=("onnxruntime-fp32",),
+                        threads=1, validation_slates=named)
     assert select(req)[0].selected == "onnxruntime-fp32"
 
 
