@@ -25,6 +25,7 @@ from hllm.errors import CheckpointError, ParityError
 from hllm.files import atomic_dir
 from hllm.reading import contained_path, sha256_tree
 from hllm.engines.reference import TorchEngine
+from hllm.model.adapter import lora_b_norm
 from hllm.model.hllm import load_model
 from hllm.verify.scoring import score_slates
 from hllm.checkpoint.init import copy_tokenizer_files
@@ -37,13 +38,17 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
 class MergeReport:
     """Result of a merge: where it went and how close merged and adapter models are.
 
-    ``max_abs_diff`` is max |M_merged − M_adapter| over the sample slates (float32).
+    ``max_abs_diff`` is max |M_merged − M_adapter| over the sample slates (float32); ``adapter_effect``
+    is max |M_adapter − M_bare| (the same model with the adapter disabled): what the adapter changes;
+    ``lora_b_max`` the largest |value| of its lora_B matrices (0: peft's initial state, a no-op adapter).
     """
 
     out_dir: str
     slates: int
     max_abs_diff: float
     tol: float
+    adapter_effect: float
+    lora_b_max: float
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -64,7 +69,8 @@ def merge_checkpoint(
         slates: sample slates for the self-check (at least one).
         tol: max allowed |ΔM|.
     Raises:
-        CheckpointError: no adapter, or adapter files left in the merged backbone.
+        CheckpointError: no adapter, adapter files left in the merged backbone, or an adapter with
+            non-zero lora_B whose scores equal the bare backbone's (it did not apply).
         ParityError: merged and adapter models differ by more than ``tol`` (nothing written).
     """
     m = load_manifest(ckpt)
@@ -75,6 +81,14 @@ def merge_checkpoint(
     builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=m.num_positions)
     with TorchEngine(m.root) as adapter_engine:  # the adapter, unmerged: the reference
         (ref,) = score_slates([adapter_engine], builder, slates)
+        peft_model = adapter_engine.model.backbone
+        with peft_model.disable_adapter():  # peft: the same modules with LoRA off = the bare backbone
+            (bare,) = score_slates([adapter_engine], builder, slates)
+        b_max = lora_b_norm(peft_model)
+    effect = max(float(np.abs(a - b).max()) for a, b in zip(ref, bare))
+    if b_max > 0 and not effect > 0:
+        raise CheckpointError(f"the adapter {m.adapter_path} has non-zero lora_B (max |B| {b_max:.3g}) but the "
+                              "adapter model scores exactly as the bare backbone: it did not apply")
     merged_backbone = load_model(m, merge=True).backbone
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         bdir = tmp / "backbone"
@@ -94,4 +108,4 @@ def merge_checkpoint(
         diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
         if not diff <= tol:
             raise ParityError(f"merged model differs from the adapter model: max|ΔM|={diff:.3g} > tol={tol:g}")
-    return MergeReport(str(Path(out_dir)), len(slates), diff, tol)
+    return MergeReport(str(Path(out_dir)), len(slates), diff, tol, effect, b_max)

@@ -14,7 +14,7 @@ from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, ove
                               slates_opt)
 from hllm.formats.graph import MAX_SEQ
 from hllm.errors import HllmError
-from hllm.formats.checkpoint import HEAD_KINDS
+from hllm.formats.checkpoint import ACTIVATIONS, HEAD_KINDS
 from hllm.formats.export import FLAVOURS
 
 
@@ -92,6 +92,48 @@ def init_cmd(
                    "num_positions": positions, "lora_rank": lora_rank, "seed": seed, "prompt": spec.to_dict()})
 
 
+@app.command("import")
+def import_cmd(
+    backbone: Path = typer.Argument(..., help="Hugging Face model directory (Qwen3, Qwen2 or Llama; safetensors + tokenizer.json), as save_pretrained wrote it. Referred to, never copied."),
+    out_dir: Path = typer.Argument(..., help="hllm checkpoint directory to write."),
+    head: Path = typer.Option(..., "--head", help="The head's state dict: .safetensors, or .pt/.pth/.bin (torch.load weights_only)."),
+    kind: str = choice_opt(None, HEAD_KINDS, "--head-kind", help="Head kind (docs/formats.md, Scoring heads): probe = one Linear(D, K); linear = Linear → [activation] → Linear (an MLP with --activation); self_attention; slot_query."),
+    adapter: Optional[Path] = typer.Option(None, "--adapter", help="peft LoRA adapter directory as peft saved it (from a *ForCausalLM or the bare model; any task_type)."),
+    head_map: list[str] = typer.Option([], "--head-map", help="THEIRS=OURS: rename head keys starting with THEIRS (longest rule wins; repeatable), e.g. encoder.layers.=blocks."),
+    head_prefix: str = typer.Option("", "--head-prefix", help="Keep only head keys starting with this prefix, cut it (a whole model's state dict: head.)."),
+    num_heads: Optional[int] = typer.Option(None, "--num-heads", min=1, max=4096, help="Attention heads of a self_attention / slot_query head."),
+    activation: Optional[str] = choice_opt(None, ACTIVATIONS, "--activation", help="Between the linear layers (linear: default none; blocks' feed-forward: default gelu; nn.TransformerEncoderLayer's default is relu)."),
+    post_norm: bool = typer.Option(False, "--post-norm", help="Post-LayerNorm blocks (nn.TransformerEncoderLayer's default, norm_first=False); default pre-LayerNorm."),
+    positions: Optional[int] = typer.Option(None, "--num-positions", min=1, max=MAX_SEQ, help="K, checked against the head's weights (which give it)."),
+    prompt: Optional[Path] = typer.Option(None, "--prompt", help="JSON or YAML object of prompt fields (templates, budgets, bos_token; docs/prompt-format.md). Default: hllm's prompt."),
+    overwrite: bool = overwrite_opt("OUT_DIR"),
+    json_out: bool = json_opt(),
+) -> None:
+    """Import a checkpoint trained elsewhere: HF backbone + peft adapter + PyTorch head → an hllm checkpoint.
+
+    The head's sizes come from its tensors; every tensor must map onto a parameter and every adapter
+    tensor must land on a module of the backbone, else exit 2 names the keys left over. Walk-through:
+    docs/bring-your-own.md.
+    """
+    from hllm.checkpoint.importer import import_checkpoint, load_prompt
+
+    if kind is None:
+        raise typer.BadParameter(f"--head-kind is required: one of {', '.join(HEAD_KINDS)}")
+    data_to_stdout(json_out)
+    check_output_dir(out_dir, overwrite, "OUT_DIR")
+    spec = load_prompt(prompt)
+    quiet_libraries()
+    with step(f"importing a {kind} head{' + LoRA adapter' if adapter else ''} onto {backbone}"):
+        rep = import_checkpoint(backbone, head, out_dir, kind, adapter, head_map, head_prefix, num_heads, activation,
+                                not post_norm, positions, spec, overwrite)
+    h = rep.head
+    out.print(f"imported → {rep.out_dir}: {h['kind']} head K={h['num_positions']} (d_model {h['d_model']}, "
+              f"activation {h['act']}{'' if h['kind'] not in ('self_attention', 'slot_query') else ', ' + ('pre' if h['norm_first'] else 'post') + '-LN'})"
+              + (f"; adapter ({rep.adapter_layout} layout) lands on {rep.adapter_modules} modules" if rep.adapter_layout else ""))
+    if json_out:
+        emit_json({"command": "import", **rep.to_dict()})
+
+
 @app.command("merge")
 def merge_cmd(
     checkpoint: Path = typer.Argument(..., help="Checkpoint with a LoRA adapter."),
@@ -118,7 +160,8 @@ def merge_cmd(
     sample = load_slates(slates, limit=limit)
     with step("merging LoRA into the backbone and re-scoring"):
         rep = merge_checkpoint(checkpoint, out_dir, sample, tol=atol, overwrite=overwrite)
-    out.print(f"merged → {rep.out_dir}; max|ΔM| merged vs adapter = {rep.max_abs_diff:.3g} on {rep.slates} slates (atol {atol:g})")
+    out.print(f"merged → {rep.out_dir}; max|ΔM| merged vs adapter = {rep.max_abs_diff:.3g} on {rep.slates} slates "
+              f"(atol {atol:g}); the adapter changes M by max|ΔM| = {rep.adapter_effect:.3g} vs the bare backbone")
     if json_out:
         emit_json({"command": "merge", **rep.__dict__})
 

@@ -40,6 +40,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from hllm.formats.adapter import AdapterLayout, read_adapter
 from hllm.formats.architectures import BackboneDims, backbone_dims, read_config
 from hllm.errors import CheckpointError
 from hllm.files import atomic_write_json
@@ -50,17 +51,24 @@ from hllm.formats.tokenizer import check_tokenizer
 MANIFEST = "hllm.json"
 FORMAT = "hllm-checkpoint"
 FORMAT_VERSION = 1
-HEAD_KINDS = ("linear", "self_attention", "slot_query")
+HEAD_KINDS = ("probe", "linear", "self_attention", "slot_query")
+#: Activations a head may use between its linear layers (``None``: the kind's default, see HeadSpec).
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+#: Kinds built of attention blocks (num_heads, ff_dim, num_layers and the block options apply).
+ATTENTION_KINDS = ("self_attention", "slot_query")
 
 
 @dataclass(frozen=True)
 class HeadSpec:
     """Scoring head hyper-parameters (paper §3.3).
 
+    The equations and parameter names of each kind: docs/formats.md, "Scoring heads".
+
     Attributes:
-        kind: ``linear`` (probe: Linear(D,d)→Linear(d,K) per item), ``self_attention``
-            (Linear(D,d) → ``num_layers`` encoder layers over items → Linear(d,K)) or ``slot_query``
-            (K learned position queries cross-attend to items; M = items · queriesᵀ).
+        kind: ``probe`` (one Linear(D,K) per item), ``linear`` (Linear(D,d) → activation → Linear(d,K) per
+            item; no activation by default, an MLP head with one), ``self_attention`` (Linear(D,d) →
+            ``num_layers`` encoder layers over items → [LayerNorm] → Linear(d,K)) or ``slot_query``
+            (K learned position queries cross-attend to items; M = items · queriesᵀ / √d).
         input_dim: D, the backbone hidden size.
         d_model: head width (paper 512).
         num_layers / num_heads / ff_dim: encoder geometry (self_attention; slot_query uses one
@@ -70,6 +78,12 @@ class HeadSpec:
         context: the head also reads the user context: the final hidden state at the last token of
             the user context (graph input ``context_positions``), projected to ``d_model`` and added
             as one more token the items attend to (beyond the paper; docs/training.md says what it buys).
+        activation: between the two linear layers of ``linear`` (default ``none``) and of each block's
+            feed-forward (default ``gelu``): ``none``, ``relu``, ``gelu`` (exact erf) or ``silu``.
+        norm_first: attention blocks are pre-LayerNorm (True, hllm's own) or post-LayerNorm (False: the
+            default of ``torch.nn.TransformerEncoderLayer``).
+        final_norm: a LayerNorm after the last block (True, hllm's own; ``nn.TransformerEncoder`` has
+            none unless given ``norm=``).
     """
 
     kind: str
@@ -81,6 +95,14 @@ class HeadSpec:
     ff_dim: int = 1024
     file: str = "head.safetensors"
     context: bool = False
+    activation: str | None = None
+    norm_first: bool = True
+    final_norm: bool = True
+
+    @property
+    def act(self) -> str:
+        """The activation in force: ``activation``, else ``none`` for ``linear`` and ``gelu`` for blocks."""
+        return self.activation or ("gelu" if self.kind in ATTENTION_KINDS else "none")
 
     def validate(self) -> None:
         """Raise CheckpointError for an unknown kind or non-positive / inconsistent sizes."""
@@ -92,9 +114,14 @@ class HeadSpec:
                 raise CheckpointError(f"head {name} must be a positive integer, got {v!r}")
         if not isinstance(self.file, str) or not self.file.strip():
             raise CheckpointError(f"head file must be a file name, got {self.file!r}")
-        if not isinstance(self.context, bool):
-            raise CheckpointError(f"head context must be true or false, got {self.context!r}")
-        if self.d_model % self.num_heads:
+        for name in ("context", "norm_first", "final_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise CheckpointError(f"head {name} must be true or false, got {getattr(self, name)!r}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise CheckpointError(f"head activation must be one of {', '.join(ACTIVATIONS)} (or null), got {self.activation!r}")
+        if self.kind == "probe" and self.context:
+            raise CheckpointError("a probe head (one Linear(D, K)) cannot read the user context; use kind linear")
+        if self.kind in ATTENTION_KINDS and self.d_model % self.num_heads:
             raise CheckpointError(f"head d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
 
     @classmethod
@@ -126,6 +153,8 @@ class Manifest:
         prompt: :class:`PromptSpec`.
         dims: backbone dimensions from its config.
         extra: other top-level keys (e.g. ``training`` provenance), kept on save.
+        adapter_layout: where the adapter's tensors land (:class:`hllm.formats.adapter.AdapterLayout`),
+            None without an adapter.
     """
 
     root: Path
@@ -135,6 +164,7 @@ class Manifest:
     prompt: PromptSpec
     dims: BackboneDims
     extra: dict = field(default_factory=dict)
+    adapter_layout: AdapterLayout | None = None
 
     @property
     def head_path(self) -> Path:
@@ -218,7 +248,7 @@ def load_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         raise CheckpointError(f"{mpath}: bad prompt section: {e}") from None
     except CheckpointError as e:
         raise CheckpointError(f"{mpath}: {e}") from None
-    adapter = None
+    adapter, layout = None, None
     section = d.get("adapter")
     if section is not None:
         if not isinstance(section, dict):
@@ -226,10 +256,10 @@ def load_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         adapter = contained_path(root, section.get("path"), f"{mpath}: adapter.path", CheckpointError)
         if not adapter.is_dir():
             raise CheckpointError(f"{mpath}: adapter.path {section.get('path')!r} is not a directory")
-        check_adapter(adapter, dims)
+        layout = read_adapter(adapter, dims)
     known = {"format", "format_version", "backbone", "adapter", "head", "prompt"}
     extra = {k: v for k, v in d.items() if k not in known}
-    return Manifest(root, backbone, adapter, head, prompt, dims, extra)
+    return Manifest(root, backbone, adapter, head, prompt, dims, extra, layout)
 
 
 def _read_json_object(path: Path, what: str) -> dict:
@@ -253,98 +283,3 @@ def _head_spec(section: dict, root: Path, mpath: Path) -> HeadSpec:
     if not path.is_file():
         raise CheckpointError(f"head weights not found: {path}")
     return replace(head, file=path.relative_to(root).as_posix())
-
-
-def check_adapter(adapter_dir: Path, dims: BackboneDims) -> None:
-    """Check a PEFT LoRA adapter fits the backbone: its ``adapter_config.json`` is a LoRA config whose
-    ``target_modules`` exist in the backbone (:func:`lora_module_names`), and every
-    ``lora_A [r, in]`` / ``lora_B [out, r]`` matches the in/out features of the linear layer it targets.
-
-    Raises: CheckpointError naming the field or the first mismatching tensor (adapter trained on
-        another base), or a corrupt config / weights file.
-    """
-    cfg = adapter_dir / "adapter_config.json"
-    weights = adapter_dir / "adapter_model.safetensors"
-    for p in (cfg, weights):
-        if not p.is_file():
-            raise CheckpointError(f"adapter file not found: {p}")
-    _check_adapter_config(_read_json_object(cfg, "adapter config"), cfg, dims)
-    from safetensors import safe_open
-
-    shapes = dims.linear_shapes()
-    try:
-        with safe_open(str(weights), framework="numpy") as f:
-            tensors = {name: f.get_slice(name).get_shape() for name in f.keys()}
-    except Exception as e:  # safetensors raises SafetensorError (not exported everywhere) on bad headers
-        raise CheckpointError(f"adapter weights {weights} are not a readable safetensors file: {e}") from None
-    for name, shape in tensors.items():
-        proj = next((p for p in shapes if f".{p}." in name), None)
-        if proj is None or "lora_" not in name:
-            continue
-        fin, fout = shapes[proj]
-        if ".lora_A." in name and shape[1] != fin:
-            raise CheckpointError(
-                f"adapter does not match the backbone: {name} has in_features {shape[1]}, backbone {proj} has {fin}"
-            )
-        if ".lora_B." in name and shape[0] != fout:
-            raise CheckpointError(
-                f"adapter does not match the backbone: {name} has out_features {shape[0]}, backbone {proj} has {fout}"
-            )
-        layer = _layer_index(name)
-        if layer is not None and layer >= dims.num_layers:
-            raise CheckpointError(
-                f"adapter does not match the backbone: {name} targets layer {layer}, backbone has {dims.num_layers}"
-            )
-
-
-def lora_module_names(dims: BackboneDims) -> list[str]:
-    """Names of the LoRA-targetable linear modules of a supported backbone, as peft sees them on the
-    base model (``model.layers.N.self_attn.q_proj`` / ``model.layers.N.mlp.up_proj``; Qwen3, Qwen2 and
-    Llama share this layout)."""
-    names = []
-    for i in range(dims.num_layers):
-        for proj in dims.linear_shapes():
-            block = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            names.append(f"model.layers.{i}.{block}.{proj}")
-    return names
-
-
-def _check_adapter_config(cfg: dict, where: Path, dims: BackboneDims) -> None:
-    """peft's LoRA config: ``peft_type`` LORA, ``r`` a positive integer, ``target_modules`` a list of
-    module names (matched as peft does: equal to, or a ``.``-suffix of, a module name) or a regular
-    expression (``re.fullmatch``), matching at least one module of the backbone each."""
-    import re
-
-    kind = cfg.get("peft_type", "LORA")
-    if kind != "LORA":
-        raise CheckpointError(f"{where}: peft_type {kind!r} is not supported (hllm reads LoRA adapters)")
-    r = cfg.get("r")
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise CheckpointError(f"{where}: r must be a positive integer, got {r!r}")
-    targets = cfg.get("target_modules")
-    names = lora_module_names(dims)
-    short = sorted(dims.linear_shapes())
-    if isinstance(targets, str):
-        try:
-            pattern = re.compile(targets)
-        except re.error as e:
-            raise CheckpointError(f"{where}: target_modules {targets!r} is not a valid regular expression ({e})") from None
-        if not any(pattern.fullmatch(n) or pattern.fullmatch(n.removeprefix("model.")) for n in names):
-            raise CheckpointError(f"{where}: target_modules {targets!r} matches no module of the backbone "
-                                  f"(its linear modules: {', '.join(short)})")
-        return
-    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
-        raise CheckpointError(f"{where}: target_modules must be a non-empty list of module names or a regular "
-                              f"expression, got {targets!r}")
-    for t in targets:
-        if not any(n == t or n.endswith("." + t) for n in names):
-            raise CheckpointError(f"{where}: target_modules names {t!r}, which the backbone does not have "
-                                  f"(its linear modules: {', '.join(short)})")
-
-
-def _layer_index(name: str) -> int | None:
-    parts = name.split(".")
-    for a, b in zip(parts, parts[1:]):
-        if a == "layers" and b.isdigit():
-            return int(b)
-    return None

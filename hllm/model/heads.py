@@ -46,25 +46,38 @@ class _Attention(nn.Module):
         return self.o(a.transpose(1, 2).reshape(b, nq, d))
 
 
-class _Block(nn.Module):
-    """Pre-LayerNorm transformer block: attention + GELU MLP, both residual."""
+#: ``HeadSpec.act`` → the function (GELU exact, as ``nn.TransformerEncoderLayer(activation="gelu")``).
+ACTIVATION_FNS = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
-    def __init__(self, d_model: int, num_heads: int, ff_dim: int):
+
+class _Block(nn.Module):
+    """Transformer block: attention + MLP, both residual. Pre-LayerNorm (``norm_first``, hllm's own):
+    ``x + attn(ln1(x)); x + ff(ln2(x))``; post-LayerNorm (``nn.TransformerEncoderLayer``'s default):
+    ``ln1(x + attn(x)); ln2(x + ff(x))``. With ``kv`` (slot-query) the attention reads ``kv`` unnormalised."""
+
+    def __init__(self, spec: HeadSpec):
         super().__init__()
-        self.norm1 = nn.LayerNorm(d_model)
-        self.attn = _Attention(d_model, num_heads)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.ff1 = nn.Linear(d_model, ff_dim)
-        self.ff2 = nn.Linear(ff_dim, d_model)
+        self.norm_first = spec.norm_first
+        self.act = ACTIVATION_FNS[spec.act]
+        self.norm1 = nn.LayerNorm(spec.d_model)
+        self.attn = _Attention(spec.d_model, spec.num_heads)
+        self.norm2 = nn.LayerNorm(spec.d_model)
+        self.ff1 = nn.Linear(spec.d_model, spec.ff_dim)
+        self.ff2 = nn.Linear(spec.ff_dim, spec.d_model)
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
+        if not self.norm_first:
+            x = _ln(self.norm1, x + self.attn(x, x if kv is None else kv, key_mask))
+            return _ln(self.norm2, x + self.ff2(self.act(self.ff1(x))))
         h = _ln(self.norm1, x)
         x = x + self.attn(h, h if kv is None else kv, key_mask)
-        return x + self.ff2(F.gelu(self.ff1(_ln(self.norm2, x))))
+        return x + self.ff2(self.act(self.ff1(_ln(self.norm2, x))))
 
 
-def _ln(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """LayerNorm computed in float32 (FP16 statistics overflow), cast back to x's dtype."""
+def _ln(norm: nn.LayerNorm | None, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm computed in float32 (FP16 statistics overflow), cast back to x's dtype; None: x itself."""
+    if norm is None:
+        return x
     return F.layer_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps).to(x.dtype)
 
 
@@ -92,13 +105,29 @@ def _context_of(head: nn.Module, context: torch.Tensor | None) -> torch.Tensor |
     return context
 
 
+class ProbeHead(nn.Module):
+    """The plainest head: ``M = out(items)``, one Linear(D, K) per item (parameters ``out.weight [K, D]``,
+    ``out.bias [K]``). No interaction between items."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.out = nn.Linear(spec.input_dim, spec.num_positions)
+        self.context = None
+
+    def forward(self, items: torch.Tensor, item_mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return _mask_rows(self.out(items), item_mask)
+
+
 class LinearHead(nn.Module):
-    """Linear probe: per item Linear(D, d) → Linear(d, K). No interaction between items."""
+    """Per item Linear(D, d) → activation (``none`` by default: a linear probe; relu/gelu/silu: an MLP
+    head) → Linear(d, K). No interaction between items. With the user context its projection is added
+    to each item's before the activation."""
 
     def __init__(self, spec: HeadSpec):
         super().__init__()
         self.proj = nn.Linear(spec.input_dim, spec.d_model)
         self.out = nn.Linear(spec.d_model, spec.num_positions)
+        self.act = ACTIVATION_FNS[spec.act]
         self.context = _ContextToken(spec) if spec.context else None
 
     def forward(self, items: torch.Tensor, item_mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
@@ -106,20 +135,18 @@ class LinearHead(nn.Module):
         ctx = _context_of(self, context)
         if ctx is not None:
             x = x + self.context.proj(ctx).to(x.dtype).unsqueeze(1)
-        return _mask_rows(self.out(x), item_mask)
+        return _mask_rows(self.out(self.act(x)), item_mask)
 
 
 class SelfAttentionHead(nn.Module):
     """Linear(D, d) → ``num_layers`` self-attention blocks over the N items (key padding mask)
-    → LayerNorm → Linear(d, K). The paper's default head."""
+    → LayerNorm (``final_norm``) → Linear(d, K). The paper's default head."""
 
     def __init__(self, spec: HeadSpec):
         super().__init__()
         self.proj = nn.Linear(spec.input_dim, spec.d_model)
-        self.blocks = nn.ModuleList(
-            _Block(spec.d_model, spec.num_heads, spec.ff_dim) for _ in range(spec.num_layers)
-        )
-        self.norm = nn.LayerNorm(spec.d_model)
+        self.blocks = nn.ModuleList(_Block(spec) for _ in range(spec.num_layers))
+        self.norm = nn.LayerNorm(spec.d_model) if spec.final_norm else None
         self.out = nn.Linear(spec.d_model, spec.num_positions)
         self.context = _ContextToken(spec) if spec.context else None
 
@@ -143,10 +170,8 @@ class SlotQueryHead(nn.Module):
         super().__init__()
         self.proj = nn.Linear(spec.input_dim, spec.d_model)
         self.queries = nn.Parameter(torch.randn(spec.num_positions, spec.d_model) * 0.02)
-        self.blocks = nn.ModuleList(
-            _Block(spec.d_model, spec.num_heads, spec.ff_dim) for _ in range(spec.num_layers)
-        )
-        self.norm = nn.LayerNorm(spec.d_model)
+        self.blocks = nn.ModuleList(_Block(spec) for _ in range(spec.num_layers))
+        self.norm = nn.LayerNorm(spec.d_model) if spec.final_norm else None
         self.context = _ContextToken(spec) if spec.context else None
 
     def forward(self, items: torch.Tensor, item_mask: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
@@ -163,7 +188,7 @@ class SlotQueryHead(nn.Module):
         return _mask_rows(scores, item_mask)
 
 
-HEADS = {"linear": LinearHead, "self_attention": SelfAttentionHead, "slot_query": SlotQueryHead}
+HEADS = {"probe": ProbeHead, "linear": LinearHead, "self_attention": SelfAttentionHead, "slot_query": SlotQueryHead}
 
 
 def build_head(spec: HeadSpec, seed: int | None = None) -> nn.Module:

@@ -19,6 +19,7 @@ from torch import nn
 
 from hllm.formats.checkpoint import Manifest, load_manifest
 from hllm.errors import CheckpointError
+from hllm.model.adapter import attach_adapter, unwrap
 from hllm.model.heads import build_head
 
 
@@ -37,8 +38,8 @@ def gather_context(hidden: torch.Tensor, context_positions: torch.Tensor | None)
 
 def base_model(backbone: nn.Module) -> nn.Module:
     """The HF base decoder inside a (possibly peft-wrapped) backbone: has ``embed_tokens``, ``layers``,
-    ``norm`` and ``rotary_emb``."""
-    return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
+    ``norm`` and ``rotary_emb`` (:func:`hllm.model.adapter.unwrap`)."""
+    return unwrap(backbone)
 
 
 def run_layers(backbone: nn.Module, h_or_ids: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -168,19 +169,18 @@ def load_model(ckpt: str | os.PathLike | Manifest, merge: bool = False, dtype: t
     Args:
         ckpt: checkpoint directory or a loaded :class:`Manifest`.
         merge: with an adapter, merge LoRA into the backbone (peft ``merge_and_unload``) instead of
-            running it as an adapter.
+            running it as an adapter; the backbone is then the bare decoder.
         dtype: weights dtype (float32 for the reference).
     Returns: :class:`HllmModel` in eval mode on CPU.
-    Raises: CheckpointError (see :func:`hllm.formats.checkpoint.load_manifest`).
+    Raises: CheckpointError (see :func:`hllm.formats.checkpoint.load_manifest`; an adapter that does not
+        land whole: :func:`hllm.model.adapter.attach_adapter`).
     """
     m = ckpt if isinstance(ckpt, Manifest) else load_manifest(ckpt)
     backbone = load_backbone(m.backbone_path, dtype)
     if m.adapter_path is not None:
-        from peft import PeftModel
-
-        backbone = PeftModel.from_pretrained(backbone, str(m.adapter_path), is_trainable=False)
+        backbone = attach_adapter(backbone, m.adapter_path, m.adapter_layout)
         if merge:
-            backbone = backbone.merge_and_unload()
+            backbone = unwrap(backbone.merge_and_unload())
     model = HllmModel(backbone, load_head(m).to(dtype))
     return model.eval()
 

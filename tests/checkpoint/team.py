@@ -1,0 +1,149 @@
+"""Another team's hLLM, made the way outside users make it, and its own scorer — no hllm model code.
+
+The artefacts: a backbone saved by ``AutoModelForCausalLM.save_pretrained`` (the tests' tiny random
+families), a LoRA made with ``get_peft_model(AutoModelForCausalLM…, LoraConfig(task_type=…))`` +
+``save_pretrained`` (non-zero B), a head written with plain ``torch.nn`` in the team's own key names
+(``nn.TransformerEncoderLayer`` defaults: post-LN, ReLU, fused ``in_proj_weight``), and the team's own
+prompt templates. :func:`team_scores` is the team's scorer: transformers + peft + that head, the prompt
+built segment by segment from the team's templates with ``tokenizers`` alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+#: The team's prompt: its own wording and a candidate field beyond the title.
+TEAM_PROMPT = {"user_template": "Customer history:\n{history}Candidates:\n", "history_item_template": "* {title}\n",
+               "candidate_template": "[{index}] {title}", "separator": "\n", "candidate_token_budget": 24,
+               "history_token_budget": 96, "max_history": 5, "max_seq_len": 1024, "bos_token": None}
+
+
+class EncoderHead(nn.Module):
+    """Linear(D, d) → nn.TransformerEncoder (PyTorch defaults: post-LN, ReLU, fused in_proj) → Linear(d, K)."""
+
+    def __init__(self, dim: int, k: int, d: int = 32, heads: int = 4, ff: int = 64, layers: int = 2,
+                 norm_first: bool = False, activation: str = "relu"):
+        super().__init__()
+        self.inp = nn.Linear(dim, d)
+        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                           activation=activation)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.score = nn.Linear(d, k)
+
+    def forward(self, x, mask):
+        return self.score(self.encoder(self.inp(x), src_key_padding_mask=~mask))
+
+
+class MLPHead(nn.Module):
+    """Linear(D, d) → activation → Linear(d, K), keys ``fc1`` / ``fc2``."""
+
+    def __init__(self, dim: int, k: int, d: int = 24, act: str = "silu"):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, d), nn.Linear(d, k)
+        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "silu": nn.SiLU()}[act]
+
+    def forward(self, x, mask):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class PlainHead(nn.Module):
+    """One nn.Linear(D, K), key ``classifier``."""
+
+    def __init__(self, dim: int, k: int):
+        super().__init__()
+        self.classifier = nn.Linear(dim, k)
+
+    def forward(self, x, mask):
+        return self.classifier(x)
+
+
+def make_adapter(backbone: Path, out: Path, task_type: str | None = "CAUSAL_LM", seed: int = 0) -> Path:
+    """A LoRA on every linear projection of a ``*ForCausalLM``, non-zero B, saved by peft."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    lm = AutoModelForCausalLM.from_pretrained(str(backbone), dtype=torch.float32)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                          "down_proj"], task_type=task_type)
+    model = get_peft_model(lm, cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(out))
+    return out
+
+
+def save_head(head: nn.Module, path: Path) -> Path:
+    """The team's head weights, in its own key names (``.safetensors`` or ``torch.save``)."""
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, str(path))
+    else:
+        torch.save(state, str(path))
+    return path
+
+
+def write_prompt(path: Path) -> Path:
+    path.write_text(json.dumps(TEAM_PROMPT), encoding="utf-8")
+    return path
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def team_inputs(tokenizer_json: Path, slate: dict, prompt: dict = TEAM_PROMPT) -> tuple[list[int], list[int]]:
+    """The team's prompt for one slate: context, then each candidate text and the separator, each
+    tokenized on its own; readout = each candidate's last token (budgets: the slates here are short)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    hist = slate.get("history", [])[-prompt["max_history"]:]
+    rendered = "".join(prompt["history_item_template"].format(title=t, index=i + 1) for i, t in enumerate(hist))
+    ids = _ids(tok, prompt["user_template"].format(history=rendered))
+    readout = []
+    for i, c in enumerate(slate["candidates"]):
+        ids += _ids(tok, prompt["candidate_template"].format(index=i + 1, **c))[: prompt["candidate_token_budget"]]
+        readout.append(len(ids) - 1)
+        ids += _ids(tok, prompt["separator"])
+    return ids, readout
+
+
+def team_scores(backbone: Path, adapter: Path | None, head: nn.Module, slates: list[dict]) -> list[np.ndarray]:
+    """The team's score matrices ``M [N, K]`` float32: peft's own loading of its adapter on the
+    ``*ForCausalLM``, the final (normed) hidden state at each readout, the head."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(str(backbone), dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        lm = PeftModel.from_pretrained(lm, str(adapter))
+    lm.eval()
+    head.eval()
+    out = []
+    with torch.no_grad():
+        for s in slates:
+            ids, readout = team_inputs(Path(backbone) / "tokenizer.json", s)
+            hidden = lm(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1]
+            items = hidden[:, readout]
+            out.append(head(items, torch.ones(1, len(readout), dtype=torch.bool))[0].float().numpy())
+    return out
+
+
+def team_ranking(scores: np.ndarray) -> list[int]:
+    """Item indices best first: maximum-weight assignment of the N items to the first N positions (scipy)."""
+    from scipy.optimize import linear_sum_assignment
+
+    n = scores.shape[0]
+    rows, cols = linear_sum_assignment(scores[:, :n], maximize=True)
+    return [int(i) for i in rows[np.argsort(cols)]]

@@ -1,0 +1,136 @@
+"""``hllm import`` on artefacts made the way other teams make them, ranked by hllm exactly as the team's own
+scorer (transformers + peft + plain torch head + scipy) ranks them; unmapped keys refused, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hllm.testing import tiny_backbone, tiny_slates
+from tests.checkpoint.team import (EncoderHead, MLPHead, PlainHead, make_adapter, save_head, team_ranking, team_scores,
+                                   write_prompt)
+from tests.cli.conftest import run
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory):
+    """{family: (backbone, CAUSAL_LM adapter)} for qwen3, qwen2 (q/k/v biases), llama (tied embeddings)."""
+    root = tmp_path_factory.mktemp("team")
+    out = {}
+    for i, fam in enumerate(("qwen3", "qwen2", "llama")):
+        bb = tiny_backbone(root / f"bb-{fam}", fam, seed=10 + i)
+        out[fam] = (bb, make_adapter(bb, root / f"adapter-{fam}", "CAUSAL_LM", seed=i))
+    return out
+
+
+def _hllm_scores(ckpt, slates):
+    from hllm.engines.reference import TorchEngine
+    from hllm.formats.checkpoint import load_manifest
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+    from hllm.verify.scoring import score_slates
+
+    m = load_manifest(ckpt)
+    builder = PromptBuilder(load_tokenizer(m.tokenizer_path), m.prompt, max_items=m.num_positions)
+    with TorchEngine(ckpt) as eng:
+        (scores,) = score_slates([eng], builder, slates)
+    return scores
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+def test_import_ranks_as_the_team_does(team, family, tmp_path, capsys):
+    bb, adapter = team[family]
+    torch.manual_seed(3)
+    head = EncoderHead(32, K)
+    hfile = save_head(head, tmp_path / "head.pt")
+    code, out, err = run(["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "self_attention",
+                          "--adapter", str(adapter), "--head-map", "inp.=proj.", "--head-map", "encoder.layers.=blocks.",
+                          "--head-map", "score.=out.", "--num-heads", "4", "--activation", "relu", "--post-norm",
+                          "--prompt", str(write_prompt(tmp_path / "prompt.json")), "--json"], capsys)
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["adapter_layout"] == "causal_lm" and rep["adapter_modules"] == 14  # 2 layers × 7 projections
+    assert rep["head"]["norm_first"] is False and rep["head"]["final_norm"] is False and rep["head"]["num_layers"] == 2
+    slates = tiny_slates(5, (3, K), seed=4)
+    ours = _hllm_scores(tmp_path / "ck", slates)
+    theirs = team_scores(bb, adapter, head, slates)
+    bare = team_scores(bb, None, head, slates)
+    for a, b, c in zip(ours, theirs, bare):
+        assert np.abs(a - b).max() <= 1e-4
+        assert np.abs(b - c).max() > 1e-3  # the adapter matters here: a dropped one could not pass
+        assert team_ranking(a) == team_ranking(b)
+
+
+@pytest.mark.parametrize("task_type", ["CAUSAL_LM", "FEATURE_EXTRACTION", None])
+def test_every_task_type_applies(team, task_type, tmp_path, capsys):
+    """The silent drop: a CAUSAL_LM-layout adapter with task_type null loaded as nothing (byte-identical
+    scores to no adapter); with CAUSAL_LM it crashed. Both now land, and score as peft on the LM does."""
+    bb, _ = team["qwen3"]
+    adapter = make_adapter(bb, tmp_path / "adapter", task_type, seed=7)
+    head = PlainHead(32, K)
+    hfile = save_head(head, tmp_path / "head.safetensors")
+    args = ["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "probe",
+            "--head-map", "classifier.=out.", "--prompt", str(write_prompt(tmp_path / "p.json"))]
+    assert run(args + ["--adapter", str(adapter)], capsys)[0] == 0
+    assert run([*args[:2], str(tmp_path / "bare"), *args[3:]], capsys)[0] == 0
+    slates = tiny_slates(3, (2, K), seed=1)
+    with_adapter, without = _hllm_scores(tmp_path / "ck", slates), _hllm_scores(tmp_path / "bare", slates)
+    assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(with_adapter, without))
+    assert all(np.abs(a - t).max() <= 1e-4 for a, t in zip(with_adapter, team_scores(bb, adapter, head, slates)))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
+def test_mlp_head(team, act, tmp_path, capsys):
+    bb, _ = team["llama"]
+    head = MLPHead(32, K, act=act)
+    hfile = save_head(head, tmp_path / "head.safetensors")
+    code, _, err = run(["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "linear",
+                        "--activation", act, "--head-map", "fc1.=proj.", "--head-map", "fc2.=out.",
+                        "--prompt", str(write_prompt(tmp_path / "p.json"))], capsys)
+    assert code == 0, err
+    slates = tiny_slates(3, (2, K), seed=2)
+    for a, b in zip(_hllm_scores(tmp_path / "ck", slates), team_scores(bb, None, head, slates)):
+        assert np.abs(a - b).max() <= 1e-4
+
+
+def test_pre_ln_gelu_encoder_head(team, tmp_path, capsys):
+    bb, adapter = team["qwen2"]
+    head = EncoderHead(32, K, norm_first=True, activation="gelu")
+    hfile = save_head(head, tmp_path / "head.pt")
+    code, _, err = run(["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "self_attention",
+                        "--adapter", str(adapter), "--head-map", "inp.=proj.", "--head-map", "encoder.layers.=blocks.",
+                        "--head-map", "score.=out.", "--num-heads", "4", "--activation", "gelu",
+                        "--prompt", str(write_prompt(tmp_path / "p.json"))], capsys)
+    assert code == 0, err
+    slates = tiny_slates(3, (2, K), seed=5)
+    for a, b in zip(_hllm_scores(tmp_path / "ck", slates), team_scores(bb, adapter, head, slates)):
+        assert np.abs(a - b).max() <= 1e-4
+
+
+def test_unmapped_head_keys_are_named(team, tmp_path, capsys):
+    bb, _ = team["qwen3"]
+    hfile = save_head(EncoderHead(32, K), tmp_path / "head.pt")
+    code, _, err = run(["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "self_attention",
+                        "--head-map", "inp.=proj.", "--head-map", "score.=out.", "--num-heads", "4"], capsys)
+    assert code == 2
+    assert "encoder.layers.0" in err and "blocks.0" in err and "--head-map" in err
+    assert not (tmp_path / "ck").exists()
+
+
+def test_adapter_keys_left_over_are_named(team, tmp_path, capsys):
+    """A LoRA on lm_head (not part of the graph) is refused, naming the key; nothing is written."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    bb, _ = team["qwen3"]
+    lm = AutoModelForCausalLM.from_pretrained(str(bb))
+    get_peft_model(lm, LoraConfig(r=2, target_modules=["q_proj", "lm_head"])).save_pretrained(str(tmp_path / "ad"))
+    hfile = save_head(PlainHead(32, K), tmp_path / "head.safetensors")
+    code, _, err = run(["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "probe",
+                        "--head-map", "classifier.=out.", "--adapter", str(tmp_path / "ad")], capsys)
+    assert code == 2 and "lm_head" in err
+    assert not (tmp_path / "ck").exists()
