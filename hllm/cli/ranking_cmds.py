@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import typer
 from rich.table import Table
 
-from hllm.cli.app import app, console, out, progress, quiet_libraries
+from hllm.cli.app import app, console, out, progress, quiet_libraries, step
 from hllm.cli.io import (check_output_file, data_to_stdout, emit_json, finish_report, iter_input_slates, load_slates,
                          slates_file, slates_source, write_records)
 from hllm.cli.options import (MAX_WORKERS, batch_opt, hidden_alias, json_opt, limit_opt, out_opt, pick, slates_opt,
@@ -117,8 +117,8 @@ def _rank_on_ray(model: Path, slates: Optional[Path], out_path: Path, batch_size
 
 @app.command("parity")
 def parity_cmd(
-    reference: Path = typer.Argument(..., help="Reference checkpoint (PyTorch)."),
-    test: Path = typer.Argument(..., help="Backend under test: export dir / .onnx, .plan, or checkpoint."),
+    reference: Path = typer.Argument(..., help="Reference checkpoint (PyTorch); with --expected, the artefact checked against the trainer's numbers."),
+    test: Optional[Path] = typer.Argument(None, help="Backend under test: export dir / .onnx, .plan, or checkpoint (not with --expected)."),
     slates: Optional[Path] = slates_opt(),
     limit: Optional[int] = limit_opt(),
     batch_size: int = batch_opt(),
@@ -133,13 +133,19 @@ def parity_cmd(
     allow_non_torch_reference: bool = typer.Option(
         False, "--allow-non-torch-reference",
         help="Accept an export or plan as REFERENCE (engine vs engine; refused by default, since parity is against PyTorch)."),
+    expected: Optional[Path] = typer.Option(
+        None, "--expected",
+        help="The trainer's own numbers for these slates: .npz (slate_ids + scores [S, N, K]) or JSONL rankings "
+             "({slate_id, ranking}); REFERENCE is compared with them and a mismatch is explained (docs/bring-your-own.md)."),
     report: Optional[Path] = hidden_alias("--report", "--out"),
 ) -> None:
     """Compare a backend with the PyTorch reference on real slates; exit 1 if the thresholds fail.
 
     REFERENCE must be a checkpoint (run by PyTorch); an export or a plan is refused (exit 2) unless
     --allow-non-torch-reference is given, so `hllm parity EXPORT EXPORT` cannot pass a CI gate by comparing
-    an engine with itself.
+    an engine with itself. With --expected (and no TEST), REFERENCE's rankings and scores are compared
+    with the trainer's; when they differ, the common convention mismatches are tried and the one that
+    explains the trainer's numbers is named.
     """
     from hllm.runtime import Ranker
     from hllm.runtime.artefact import resolve
@@ -149,6 +155,11 @@ def parity_cmd(
     out_path = pick(out_path, report)
     check_output_file(out_path)
     data_to_stdout(json_out, out_path)
+    if (expected is None) == (test is None):
+        raise HllmError("give TEST (a backend vs the PyTorch reference) or --expected FILE (the trainer's numbers), "
+                        "not both or neither")
+    if expected is not None:
+        return _parity_expected(reference, expected, slates, limit, atol, threads, out_path, json_out)
     ref_art, test_art = resolve(reference), resolve(test)  # bad path: before any output
     if ref_art.kind != "checkpoint" and not allow_non_torch_reference:
         raise HllmError(f"REFERENCE {reference} is a {ref_art.kind} artefact, not a PyTorch checkpoint: parity compares a "
@@ -169,6 +180,34 @@ def parity_cmd(
     finish_report(out_path, d, json_out, show=print_parity)
     if not rep.passed:
         console.print(f"[red]parity FAILED:[/] {d['failures']}")
+        raise typer.Exit(1)
+
+
+def _parity_expected(model: Path, expected: Path, slates, limit, atol, threads, out_path, json_out) -> None:
+    """``parity MODEL --expected FILE``: agreement with the trainer's numbers, the mismatch named."""
+    from hllm.formats.report import envelope
+    from hllm.runtime import Ranker
+    from hllm.runtime.artefact import resolve
+    from hllm.verify.expected import ExpectedReport, compare_expected, diagnose, read_expected, rescorer
+    from hllm.verify.scoring import score_slates
+
+    want = read_expected(expected)
+    ranker = Ranker.from_path(resolve(model), **({"threads": threads} if threads else {}))
+    data = load_slates(slates, limit=limit)
+    with ranker, step(f"scoring {len(data)} slates and comparing with {expected.name}"):
+        (ours,) = score_slates([ranker.engine], ranker.builder, data)
+        rep = ExpectedReport(want.kind, compare_expected(want, data, ours, atol), atol)
+        if not rep.passed:
+            rep.convention, rep.convention_agreement = diagnose(
+                want, data, ours, rescorer(ranker.engine, ranker.builder, data), atol)
+    d = envelope("parity", rep.to_dict())
+    finish_report(out_path, d, json_out, show=lambda r: out.print(
+        f"{r['slates']} slates: {r['agreement']:.0%} agree with {expected.name}"
+        + (f", max|ΔM| {r['max_abs_diff']:.3g}" if r["max_abs_diff"] is not None else "")))
+    if not rep.passed:
+        why = (f"the trainer's numbers match hllm's under the convention '{rep.convention}' (docs/bring-your-own.md)"
+               if rep.convention else f"no known convention explains it ({rep.convention_agreement})")
+        console.print(f"[red]parity with {expected.name} FAILED:[/] {why}")
         raise typer.Exit(1)
 
 

@@ -101,26 +101,41 @@ def _ids(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False).ids
 
 
-def team_inputs(tokenizer_json: Path, slate: dict, prompt: dict = TEAM_PROMPT) -> tuple[list[int], list[int]]:
+def team_inputs(tokenizer_json: Path, slate: dict, prompt: dict = TEAM_PROMPT, convention: str | None = None
+                ) -> tuple[list[int], list[int]]:
     """The team's prompt for one slate: context, then each candidate text and the separator, each
-    tokenized on its own; readout = each candidate's last token (budgets: the slates here are short)."""
+    tokenized on its own; readout = each candidate's last token (budgets: the slates here are short).
+    ``convention``: ``separator`` reads at the separator's last token; ``whole_string`` tokenizes the
+    whole prompt text at once and reads at the token holding each candidate's last character."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     hist = slate.get("history", [])[-prompt["max_history"]:]
     rendered = "".join(prompt["history_item_template"].format(title=t, index=i + 1) for i, t in enumerate(hist))
-    ids = _ids(tok, prompt["user_template"].format(history=rendered))
-    readout = []
+    text = prompt["user_template"].format(history=rendered)
+    ids = _ids(tok, text)
+    readout, ends = [], []
     for i, c in enumerate(slate["candidates"]):
+        text += prompt["candidate_template"].format(index=i + 1, **c)
+        ends.append(len(text))
         ids += _ids(tok, prompt["candidate_template"].format(index=i + 1, **c))[: prompt["candidate_token_budget"]]
         readout.append(len(ids) - 1)
-        ids += _ids(tok, prompt["separator"])
+        sep = _ids(tok, prompt["separator"])
+        ids += sep
+        text += prompt["separator"]
+        if convention == "separator":
+            readout[-1] += len(sep)
+    if convention == "whole_string":
+        enc = tok.encode(text, add_special_tokens=False)
+        return enc.ids, [next(t for t, (s, e) in enumerate(enc.offsets) if s < end <= e) for end in ends]
     return ids, readout
 
 
-def team_scores(backbone: Path, adapter: Path | None, head: nn.Module, slates: list[dict]) -> list[np.ndarray]:
+def team_scores(backbone: Path, adapter: Path | None, head: nn.Module, slates: list[dict], prompt: dict = TEAM_PROMPT,
+                convention: str | None = None) -> list[np.ndarray]:
     """The team's score matrices ``M [N, K]`` float32: peft's own loading of its adapter on the
-    ``*ForCausalLM``, the final (normed) hidden state at each readout, the head."""
+    ``*ForCausalLM``, the final (normed) hidden state at each readout, the head. ``convention``:
+    ``pre_norm`` reads the hidden state entering the final norm; others: :func:`team_inputs`."""
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(str(backbone), dtype=torch.float32)
@@ -130,13 +145,18 @@ def team_scores(backbone: Path, adapter: Path | None, head: nn.Module, slates: l
         lm = PeftModel.from_pretrained(lm, str(adapter))
     lm.eval()
     head.eval()
-    out = []
+    out, seen = [], []
+    norm = next(m for n, m in lm.named_modules() if n.endswith("model.norm"))
+    hook = norm.register_forward_hook(lambda mod, args, res: seen.append(args[0]))
     with torch.no_grad():
         for s in slates:
-            ids, readout = team_inputs(Path(backbone) / "tokenizer.json", s)
+            ids, readout = team_inputs(Path(backbone) / "tokenizer.json", s, prompt, convention)
             hidden = lm(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1]
+            if convention == "pre_norm":
+                hidden = seen[-1]
             items = hidden[:, readout]
             out.append(head(items, torch.ones(1, len(readout), dtype=torch.bool))[0].float().numpy())
+    hook.remove()
     return out
 
 
