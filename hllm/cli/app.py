@@ -206,6 +206,18 @@ def _non_finite_message(e: Exception) -> Optional[str]:
     return f"Invalid value for '{name}': must be a finite number{bounds}, got {raw!r}"
 
 
+def _sample_hint(e: Exception, argv: Optional[list[str]]) -> str:
+    """For a slate over the head's K read from the packaged sample (no ``--slates`` given): say so."""
+    from hllm.errors import SlateError
+
+    args = sys.argv[1:] if argv is None else argv
+    given = any(a in ("-s", "--slates") or a.startswith("--slates=") for a in args)
+    if isinstance(e, SlateError) and "the head ranks at most K" in str(e) and not given:
+        return (" — these are the packaged sample slates (50 candidates each); pass slates of at most K candidates "
+                "with --slates")
+    return ""
+
+
 def _run(argv: Optional[list[str]]) -> int:
     # typer 0.29 vendors its own click: usage errors derive from typer.exceptions.TyperException,
     # and `raise typer.Exit(code)` is typer.exceptions.Exit (not the click package's classes).
@@ -241,7 +253,7 @@ def _run(argv: Optional[list[str]]) -> int:
     except (HllmError, FileExistsError) as e:
         if _state["debug"]:
             raise
-        _error(str(e))
+        _error(str(e) + _sample_hint(e, argv))
         return EXIT_USAGE
     except ModuleNotFoundError as e:  # an optional dependency: name the extra that brings it
         message = missing_message(e)

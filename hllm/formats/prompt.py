@@ -9,11 +9,20 @@ from dataclasses import asdict, dataclass, fields
 from hllm.errors import CheckpointError
 
 #: The ``{placeholders}`` each template may use (``str.format`` fields; ``{{`` / ``}}`` are literal braces).
+#: ``candidate_template`` may also name any string field of a candidate (``{brand}``; :data:`ANY_FIELD`).
 PLACEHOLDERS = {
     "user_template": ("history",),
     "history_item_template": ("title", "index"),
     "candidate_template": ("title", "index"),
 }
+#: The templates whose placeholders may also be any field name of the candidate (an identifier).
+ANY_FIELD = ("candidate_template",)
+
+
+def candidate_fields(template: str) -> tuple[str, ...]:
+    """The candidate fields ``template`` names besides ``{index}`` (``title`` first when used), in order."""
+    names = [f for _, f, _, _ in string.Formatter().parse(template) if f and f != "index"]
+    return tuple(dict.fromkeys(names))
 #: Integer fields and their smallest allowed value.
 MINIMUMS = {"candidate_token_budget": 1, "history_token_budget": 1, "max_history": 0, "max_seq_len": 1}
 
@@ -25,8 +34,9 @@ class PromptSpec:
     Attributes:
         user_template: user-context text; ``{history}`` is replaced by the rendered history items.
         history_item_template: one history item; ``{title}`` and ``{index}`` (1-based) available.
-        candidate_template: one candidate's text; ``{title}`` and ``{index}`` (1-based). Its last
-            token is the candidate's readout position.
+        candidate_template: one candidate's text; ``{title}``, ``{index}`` (1-based) and any other string
+            field of the candidate (``{brand}``: a slate whose candidate lacks it is refused, naming it).
+            Its last token is the candidate's readout position.
         separator: text after each candidate (tokenized once).
         candidate_token_budget: max tokens per candidate text; longer ones are truncated (recorded),
             never dropped.
@@ -107,11 +117,12 @@ def _check_template(name: str, template: str, allowed: tuple[str, ...]) -> set[s
             raise CheckpointError(f"prompt spec {name}: the placeholder {{{field_name}"
                                   f"{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} has a "
                                   f"format spec or conversion; only plain placeholders such as {{{field_name}}} are allowed")
-        if field_name not in allowed:
+        if field_name not in allowed and not (name in ANY_FIELD and field_name.isidentifier()):
             raise CheckpointError(f"prompt spec {name} uses the unknown placeholder {{{field_name}}}; "
                                   f"allowed: {', '.join('{' + a + '}' for a in allowed)} (write {{{{ }}}} for a literal brace)")
     try:
-        template.format(**{a: ("1" if a != "index" else 1) for a in allowed})
+        template.format(**{a: ("1" if a != "index" else 1) for a in allowed},
+                        **{f: "1" for _, f, _, _ in parsed if f and f not in allowed})
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"prompt spec {name} cannot be formatted ({e}): {template!r}") from None
     return {f for _, f, _, _ in parsed if f is not None}

@@ -25,7 +25,7 @@ import numpy as np
 
 from hllm.errors import CheckpointError, SlateError
 from hllm.formats.graph import feed_dict
-from hllm.formats.prompt import PromptSpec
+from hllm.formats.prompt import PromptSpec, candidate_fields
 
 #: The most characters one token is assumed to cover. A text is cut to ``token budget × this`` characters
 #: before it is tokenized: byte-level BPE tokens of natural text average 3-5 characters and rarely exceed 16,
@@ -135,11 +135,26 @@ class PromptBuilder:
             if tid is None:
                 raise CheckpointError(f"bos_token {spec.bos_token!r} is not in the tokenizer vocabulary")
             self._bos = [tid]
+        self._cand_fields = candidate_fields(spec.candidate_template)
         pad = tokenizer.token_to_id("<|endoftext|>")
         self.pad_id = int(pad) if pad is not None else 0
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _fields(self, cand: dict, sid, i: int, budget: int) -> tuple[dict[str, str], bool]:
+        """The candidate's fields the template names, each cut to the token budget (:func:`cut_text`),
+        and whether any was cut. Raises SlateError naming a field the candidate lacks or that is not a string."""
+        out, cut = {}, False
+        for name in self._cand_fields:
+            v = cand.get(name)
+            if not isinstance(v, str):
+                what = "lacks" if v is None else f"has a non-string ({type(v).__name__})"
+                raise SlateError(f"slate {sid}: candidate {i} {what} field {name!r}, which the prompt's "
+                                 f"candidate_template uses")
+            out[name], c = cut_text(v, budget)
+            cut = cut or c
+        return out, cut
 
     def _context_ids(self, history: Sequence[str]) -> tuple[list[int], int]:
         spec = self.spec
@@ -175,8 +190,8 @@ class PromptBuilder:
         ids = self._bos + ids
         context_end = len(ids) - 1
         budget = self.spec.candidate_token_budget
-        cuts = [cut_text(c["title"], budget) for c in cands]
-        texts = [self.spec.candidate_template.format(title=t, index=i + 1) for i, (t, _) in enumerate(cuts)]
+        cuts = [self._fields(c, sid, i, budget) for i, c in enumerate(cands)]
+        texts = [self.spec.candidate_template.format(index=i + 1, **f) for i, (f, _) in enumerate(cuts)]
         encs = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         readout, truncated = [], []
         for i, enc in enumerate(encs):

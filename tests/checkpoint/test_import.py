@@ -134,3 +134,10 @@ def test_adapter_keys_left_over_are_named(team, tmp_path, capsys):
                         "--head-map", "classifier.=out.", "--adapter", str(tmp_path / "ad")], capsys)
     assert code == 2 and "lm_head" in err
     assert not (tmp_path / "ck").exists()
+
+
+def test_default_sample_over_k_says_pass_slates(lora_checkpoint, capsys):
+    """K = 8 and the packaged 50-candidate sample: the refusal says to pass --slates."""
+    code, _, err = run(["parity", str(lora_checkpoint), str(lora_checkpoint), "--allow-non-torch-reference",
+                        "--limit", "1"], capsys)
+    assert code == 2 and "--slates" in err and "packaged sample" in err

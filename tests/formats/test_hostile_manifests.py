@@ -109,7 +109,7 @@ def test_backbone_path_may_point_outside_but_must_be_a_path(ckpt):
         (lambda d: d["head"].update(file=5), ["head file must be a file name", "got 5"]),
         (lambda d: d["head"].update(context="yes"), ["head context must be true or false"]),
         (lambda d: d["head"].update(colour="red"), ["unknown head keys", "colour"]),
-        (lambda d: d["prompt"].update(candidate_template="{index}. {title} ({brand})"), ["candidate_template", "{brand}"]),
+        (lambda d: d["prompt"].update(candidate_template="{index}. {title} ({brand[0]})"), ["candidate_template", "{brand[0]}"]),
         (lambda d: d["prompt"].update(user_template="{history} {title}"), ["user_template", "{title}", "allowed: {history}"]),
         (lambda d: d["prompt"].update(history_item_template="{title.__class__}"), ["history_item_template", "{title.__class__}"]),
         (lambda d: d["prompt"].update(candidate_template="{title"), ["candidate_template is not a valid template"]),
@@ -257,7 +257,7 @@ def test_sidecar_file_names_must_stay_inside(export, tmp_path):
         (lambda d: d.update(num_positions="8"), ["num_positions must be a positive integer", "'8'"]),
         (lambda d: d.update(onnx=7), ["onnx must be a file name", "7"]),
         (lambda d: d.update(prompt=[]), ["prompt must be an object"]),
-        (lambda d: d["prompt"].update(candidate_template="{title} {price}"), ["candidate_template", "{price}"]),
+        (lambda d: d["prompt"].update(candidate_template="{title} {price.usd}"), ["candidate_template", "{price.usd}"]),
         (lambda d: d.update(tokenizer_sha256=5), ["tokenizer_sha256 must be a non-empty string"]),
         (lambda d: d.update(backbone=[1]), ["backbone must be an object"]),
         (lambda d: d["backbone"].update(vocab_size="320"), ["backbone.vocab_size must be a positive integer"]),
@@ -344,7 +344,7 @@ def test_plan_sidecar_paths_types_and_size(tmp_path, export_dir):
     engine_refused(_plan(tmp_path, export_dir, num_positions="8"), "num_positions must be a positive integer")
     engine_refused(_plan(tmp_path, export_dir, format_version="x"), "format_version must be an integer")
     engine_refused(_plan(tmp_path, export_dir, profiles={"a": 1}), "profiles must be a list")
-    engine_refused(_plan(tmp_path, export_dir, prompt={"candidate_template": "{x}{title}"}), "{x}")
+    engine_refused(_plan(tmp_path, export_dir, prompt={"candidate_template": "{0}{title}"}), "{0}")
     engine_refused(_plan(tmp_path, export_dir, plan_bytes=11), "10 bytes but its sidecar records 11")
     plan = _plan(tmp_path, export_dir, plan_sha256="00" * 32)
     assert resolve(plan).kind == "tensorrt"
