@@ -176,7 +176,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     if bf16_islands is not None:  # a bad islands file is refused before any work
         from hllm.calibration.bf16_islands import read_islands
 
-        read_islands(bf16_islands)
+        read_islands(bf16_islands, art.path.parent)
     from hllm.calibration.accuracy_control import CANDIDATE_SETTINGS
 
     # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own

@@ -84,6 +84,10 @@ def precision_cmd(
                               layer_list)
     runner = VariantRunner(export_dir, target, batches, calib, threads, bf16_runner=bf16_runner)
     try:
+        if runner.bf16 is not None:  # a base island that keeps nothing in fp32 is refused before the reference run
+            from hllm.exporter.bf16 import check_islands
+
+            check_islands(runner.bf16.model(), base_islands)
         ref = runner.reference()
         from hllm.verify.gate import GateThresholds
 

@@ -1,0 +1,69 @@
+"""CLI hardening found by a hostile-input round (docs/hardening.md, "CLI hostile-input round"): islands that
+name nothing, cache folders the features cache did not make, the empty slates value, corrupt optimizer state,
+hostile benchmark labels and frontiers where every contender was refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hllm.errors import ExportError
+from hllm.testing import tiny_slates
+from tests.cli.conftest import run
+
+
+def _slates_file(path, n=2):
+    path.write_text("".join(json.dumps(s) + "\n" for s in tiny_slates(n, (2, 6), seed=3)))
+    return path
+
+
+# ---------------------------------------------------------------- islands that name nothing
+
+
+def test_an_island_that_names_no_node_is_refused_by_both_rewrites(standard_export_dir):
+    from hllm.exporter.bf16 import convert_to_bf16
+    from hllm.exporter.fp16 import convert_to_fp16
+    from hllm.exporter.onnx_io import load_onnx
+
+    model = load_onnx(standard_export_dir / "model.onnx")
+    with pytest.raises(ExportError, match=r"\['backbone\.layers\.99\.mlp'\] name no node .*backbone\.layers\.0…1"):
+        convert_to_fp16(model, ("rmsnorm", "backbone.layers.99.mlp"))
+    with pytest.raises(ExportError, match=r"\['backbone\.layers\.1\.mlpp'\] name no matrix product"):
+        convert_to_bf16(model, ("head", "backbone.layers.1.mlpp"))
+    # islands that name modules of the graph (nested ones too) keep their nodes in float32
+    _, rep = convert_to_fp16(model, ("backbone.layers.1", "backbone.layers.1.mlp"))
+    assert rep.island_nodes.get("backbone.layers.1", 0) > 0
+    _, rep = convert_to_bf16(model, ("backbone.layers.1.mlp",))
+    assert rep.by_class["down_proj"] == {"bf16": 1, "fp32": 1}  # two layers: the island keeps one
+
+
+def test_export_refuses_an_fp32_island_beyond_the_models_layers(merged_checkpoint, tmp_path, capsys):
+    out = tmp_path / "e"
+    code, _, err = run(["export", str(merged_checkpoint), str(out), "--precision", "fp16",
+                        "--fp32-islands", "rmsnorm,backbone.layers.99.mlp", "-s", ""], capsys)
+    assert code == 2, err
+    assert "backbone.layers.99.mlp" in err and "name no node" in err
+    assert not out.exists()
+
+
+def test_debug_precision_refuses_a_bf16_base_island_that_names_nothing(standard_export_dir, tmp_path, capsys):
+    src = _slates_file(tmp_path / "s.jsonl")
+    code, _, err = run(["debug", "precision", str(standard_export_dir), "--precision", "bf16", "--bf16-runner",
+                        "emulate", "--bf16-base", "head,backbone.layers.99", "-s", str(src),
+                        "-o", str(tmp_path / "i.json")], capsys)
+    assert code == 2, err
+    assert "backbone.layers.99" in err and "name no matrix product" in err
+    assert not (tmp_path / "i.json").exists()
+
+
+def test_calibrate_refuses_a_bf16_islands_file_that_names_nothing(standard_export_dir, tmp_path, capsys):
+    f = tmp_path / "islands.json"
+    f.write_text(json.dumps({"format": "hllm-fp32-islands", "target": "bf16",
+                             "islands": ["head", "backbone.layers.99.mlp"]}))
+    src = _slates_file(tmp_path / "s.jsonl")
+    code, _, err = run(["calibrate", str(standard_export_dir), str(tmp_path / "q"), "--backend", "auto",
+                        "-s", str(src), "--bf16-islands", str(f)], capsys)
+    assert code == 2, err
+    assert "backbone.layers.99.mlp" in err and "name no matrix product" in err
+    assert not (tmp_path / "q").exists()
