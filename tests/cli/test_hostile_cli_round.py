@@ -67,3 +67,38 @@ def test_calibrate_refuses_a_bf16_islands_file_that_names_nothing(standard_expor
     assert code == 2, err
     assert "backbone.layers.99.mlp" in err and "name no matrix product" in err
     assert not (tmp_path / "q").exists()
+
+
+# ---------------------------------------------------------------- feature caches in folders they did not make
+
+
+@pytest.mark.parametrize("content", ["stray-slate", "export", "junk-manifest"])
+def test_features_refuses_a_folder_it_did_not_make(qwen3_backbone, tmp_path, capsys, content):
+    import numpy as np
+
+    src = _slates_file(tmp_path / "s.jsonl")
+    d = tmp_path / "cache"
+    d.mkdir()
+    if content == "stray-slate":  # would have counted as cached slate 0, and the cache as complete
+        np.savez(d / "00000.npz", hidden=np.zeros((3, 4), np.float32), readout=np.zeros(2, np.int64))
+    elif content == "export":
+        (d / "export.json").write_text("{}")
+    else:
+        (d / "partial.json").write_text("[1, 2")
+    before = sorted(p.name for p in d.iterdir())
+    code, _, err = run(["features", str(qwen3_backbone), str(d), "-s", str(src), "--layer", "1", "-k", "8",
+                        "--threads", "1"], capsys)
+    assert code == 2, err
+    assert ("is not a feature cache" if content != "junk-manifest" else "is not a feature cache manifest") in err
+    assert sorted(p.name for p in d.iterdir()) == before  # nothing written into it
+
+
+def test_features_resumes_its_own_folder_and_starts_in_an_empty_one(qwen3_backbone, tmp_path, capsys):
+    src = _slates_file(tmp_path / "s.jsonl")
+    d = tmp_path / "cache"
+    d.mkdir()
+    argv = ["features", str(qwen3_backbone), str(d), "-s", str(src), "--layer", "1", "-k", "8", "--threads", "1"]
+    code, out, err = run(argv, capsys)
+    assert code == 0 and "2 slates" in out, err
+    code, out, err = run(argv, capsys)  # its own finished cache: opened as it is
+    assert code == 0 and "2 slates" in out, err
