@@ -102,3 +102,17 @@ def test_features_resumes_its_own_folder_and_starts_in_an_empty_one(qwen3_backbo
     assert code == 0 and "2 slates" in out, err
     code, out, err = run(argv, capsys)  # its own finished cache: opened as it is
     assert code == 0 and "2 slates" in out, err
+
+
+# ---------------------------------------------------------------- the empty slates value
+
+
+def test_export_with_empty_slates_skips_them_for_an_output_under_the_working_directory(
+        merged_checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["export", str(merged_checkpoint), "sub/e", "-s", ""], capsys)
+    assert code == 0, err  # was refused: '' became the path '.', an input every relative OUT_DIR lies inside
+    assert (tmp_path / "sub" / "e" / "export.json").is_file() and "exported →" in out
+    code, _, err = run(["export", str(merged_checkpoint), "e2", "-s", "."], capsys)
+    assert code == 2 and "e2" in err  # '.' is a path (the directory holding OUT_DIR), not the skip
+    assert not (tmp_path / "e2").exists()
