@@ -116,3 +116,49 @@ def test_export_with_empty_slates_skips_them_for_an_output_under_the_working_dir
     code, _, err = run(["export", str(merged_checkpoint), "e2", "-s", "."], capsys)
     assert code == 2 and "e2" in err  # '.' is a path (the directory holding OUT_DIR), not the skip
     assert not (tmp_path / "e2").exists()
+
+
+# ---------------------------------------------------------------- benchmark labels and frontiers
+
+
+def test_bench_chart_cuts_a_3_mb_label_and_says_so(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from hllm.bench.chart import MAX_LABEL
+    from tests.bench.test_bench_inputs import _doc
+
+    doc = _doc("stages.json")
+    n = doc["records"][0]["n_items"]
+    huge = "x" * 3_000_000
+    for r in doc["records"]:
+        r["backend"] = huge + str(r.get("backend"))  # distinct labels, each 3 MB
+    doc["records"][0].setdefault("machine", {})["cpu"] = huge
+    f = tmp_path / "stages.json"
+    f.write_text(json.dumps(doc))
+    code, _, err = run(["bench", "chart", "--stages", str(f), "-n", str(n), "-o", str(tmp_path / "c.png")], capsys)
+    assert code == 0, err
+    assert f"longer than {MAX_LABEL} characters were cut" in err
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_chart_labels_are_cut_to_the_limit():
+    from hllm.bench.chart import MAX_LABEL, clip_label
+
+    cut: list[str] = []
+    assert clip_label("onnxruntime ort-cpu int8", cut) == "onnxruntime ort-cpu int8" and cut == []
+    long = "y" * (10 * MAX_LABEL)
+    assert clip_label(long, cut) == "y" * (MAX_LABEL - 1) + "…" and cut == ["y" * MAX_LABEL]
+
+
+def test_bench_frontier_exits_1_when_every_contender_was_refused(merged_checkpoint, standard_export_dir, tmp_path, capsys,
+                                                                 monkeypatch):
+    from hllm import measure
+
+    monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f"])  # no bf16 instructions: refused
+    src = _slates_file(tmp_path / "s.jsonl", 1)
+    out = tmp_path / "f.json"
+    code, _, err = run(["bench", "frontier", str(merged_checkpoint), "-c", f"ov-bf16|{standard_export_dir}|openvino|bf16|bf16",
+                        "-s", str(src), "--rounds", "1", "--warmup", "0", "--threads", "1", "-o", str(out)], capsys)
+    assert code == 1, err
+    assert "every contender was refused" in err
+    rows = json.loads(out.read_text())["rows"]  # the report still says why
+    assert [r["name"] for r in rows] == ["PyTorch fp32 eager", "ov-bf16"] and "AVX512_BF16" in rows[1]["refused"]
