@@ -162,3 +162,22 @@ def test_bench_frontier_exits_1_when_every_contender_was_refused(merged_checkpoi
     assert "every contender was refused" in err
     rows = json.loads(out.read_text())["rows"]  # the report still says why
     assert [r["name"] for r in rows] == ["PyTorch fp32 eager", "ov-bf16"] and "AVX512_BF16" in rows[1]["refused"]
+
+
+# ---------------------------------------------------------------- one slate-id rule in calibration
+
+
+def test_calibration_names_id_less_slates_by_the_one_id_rule_and_checks_their_overlap():
+    from hllm.calibration.data import choose_slates
+    from hllm.errors import SlateError
+    from hllm.runtime.slates import slate_ids
+    from hllm.verify.gate import check_disjoint
+
+    pool = [{k: v for k, v in s.items() if k != "slate_id"} for s in tiny_slates(8, (2, 4), seed=7)]
+    evals = pool[:3]  # the gate's slates: "0", "1", "2" by the rule
+    assert slate_ids(evals) == ["0", "1", "2"]
+    chosen = choose_slates(pool, 5, seed=0, exclude_ids=slate_ids(evals))
+    assert sorted(slate_ids(chosen)) == ["3", "4", "5", "6", "7"]  # never an evaluation slate, named as in the input
+    check_disjoint(slate_ids(chosen), evals)
+    with pytest.raises(SlateError, match=r"1 evaluation slate\(s\) were used for calibration \(e\.g\. \['1'\]\)"):
+        check_disjoint(["1", "7"], evals)  # was missed: every id-less slate was "" to the check
