@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hllm.errors import HllmError
@@ -50,6 +50,22 @@ class Chart:
 
     path: Path
     panels: dict[str, Panel]
+    clipped: list[str] = field(default_factory=list)
+
+
+#: Longest text drawn from a record (contender labels, the versus backend, the machine's CPU), characters: a
+#: longer one is cut to it with "…" (matplotlib lays out every character: a 3 MB label took minutes and GBs).
+MAX_LABEL = 60
+
+
+def clip_label(text: str, clipped: list[str] | None = None) -> str:
+    """``text`` cut to :data:`MAX_LABEL` characters (the last one "…"); a cut text's first characters are
+    appended to ``clipped`` when given (what the caller reports)."""
+    if len(text) <= MAX_LABEL:
+        return text
+    if clipped is not None:
+        clipped.append(text[:MAX_LABEL])
+    return text[: MAX_LABEL - 1] + "…"
 
 
 def contender_label(rec: dict) -> str:
@@ -91,7 +107,9 @@ def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict 
     """Write a PNG: the per-stage panel of ``stage_records`` at ``n_items``/``batch_size``, then the
     ``versus`` panel (with a versus-AR record) and the ``scaling`` panel (with scaling records).
 
-    Returns: :class:`Chart` (the path and what each panel drew).
+    Texts from the records longer than :data:`MAX_LABEL` characters are cut (listed in ``Chart.clipped``).
+
+    Returns: :class:`Chart` (the path, what each panel drew, the texts cut).
     Raises: HllmError if matplotlib is missing or no stage record matches ``n_items``/``batch_size``.
     """
     plt = _pyplot()
@@ -101,7 +119,10 @@ def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict 
     scaling = list(scaling or [])
     if scaling:  # one N (bench_scaling runs one); the first record's contender is the reference
         scaling = [r for r in scaling if r.get("n_items") == scaling[0].get("n_items")]
-    labels = contender_labels(recs + scaling)
+    clipped: list[str] = []
+    labels = {m: clip_label(lbl, clipped) for m, lbl in contender_labels(recs + scaling).items()}
+    if versus:
+        versus = {**versus, "hllm_backends": {clip_label(str(k), clipped): 0 for k in versus.get("hllm_backends") or {}}}
     colours = {lbl: f"C{i}" for i, lbl in enumerate(dict.fromkeys(labels.values()))}
     names = ["stages"] + ["versus"] * bool(versus) + ["scaling"] * bool(scaling)
     height = 3.6 + 0.35 * max(0, len(recs) - 2) + 0.2 * (math.ceil(len(recs) / 2) - 1)  # room for more bars
@@ -115,12 +136,13 @@ def write_chart(stage_records: list[dict], out: str | os.PathLike, versus: dict 
     m = recs[0].get("machine") or {}
     if m:
         shared = {True: ", cores shared with other work", False: ", quiet machine"}.get(m.get("shared"), "")
-        fig.suptitle(f"{m.get('cpu', '?')}, {m.get('usable_cpus', '?')} cores{shared}", fontsize=9)
+        fig.suptitle(f"{clip_label(str(m.get('cpu', '?')), clipped)}, {clip_label(str(m.get('usable_cpus', '?')), clipped)} "
+                     f"cores{shared}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
-    chart = Chart(out, {name: _drawn(a) for name, a in ax.items()})  # after savefig: tick labels are drawn
+    chart = Chart(out, {name: _drawn(a) for name, a in ax.items()}, clipped)  # after savefig: tick labels are drawn
     plt.close(fig)
     return chart
 

@@ -41,7 +41,8 @@ import numpy as np
 from hllm.calibration.precision_debug import DebugSettings, _error, _fmt, batch_scores, ranking_figures
 from hllm.engines.openvino import OpenVinoEngine
 from hllm.errors import EngineError, HllmError
-from hllm.exporter.bf16 import DEFAULT_ISLANDS, OP_CLASSES, convert_to_bf16, emulate_bf16, parse_islands
+from hllm.exporter.bf16 import (DEFAULT_ISLANDS, OP_CLASSES, check_islands, convert_to_bf16, emulate_bf16,
+                               parse_islands)
 from hllm.exporter.onnx_io import load_onnx, save_onnx
 from hllm.extras import optional
 from hllm.files import copy_files
@@ -107,12 +108,26 @@ def build_bf16_export(export_dir, dst, islands: Sequence[str] | None = None) -> 
     return rec
 
 
-def read_islands(path) -> tuple[str, ...]:
+def read_islands(path, export_dir=None) -> tuple[str, ...]:
     """The islands of a bf16 islands file written by ``hllm debug precision --precision bf16`` (JSON object
-    ``{"format": "hllm-fp32-islands", "target": "bf16", "islands": [...]}``), read strictly.
+    ``{"format": "hllm-fp32-islands", "target": "bf16", "islands": [...]}``), read strictly; with
+    ``export_dir`` (of flavour ``standard``), each module-path island is checked to contain a matrix product
+    of its graph (:func:`hllm.exporter.bf16.check_islands`).
 
-    Raises: EngineError (unreadable, not strict JSON, another target, no ``islands`` list, an unknown island).
+    Raises: EngineError (unreadable, not strict JSON, another target, no ``islands`` list, an unknown island,
+        an island naming no matrix product of ``export_dir``'s graph).
     """
+    isl = _read_islands(path)
+    meta = read_export(export_dir) if export_dir is not None else None
+    if meta is not None and meta.flavour == "standard":  # the only flavour a bf16 variant is built from
+        try:
+            check_islands(load_onnx(meta.onnx_path), isl)
+        except HllmError as e:
+            raise EngineError(f"islands file {path}: {e}") from None
+    return isl
+
+
+def _read_islands(path) -> tuple[str, ...]:
     try:
         d = loads_json(Path(path).read_bytes(), f"islands file {path}")
     except OSError as e:

@@ -26,6 +26,7 @@ from hllm.errors import SlateError
 from hllm.reading import sha256_file
 from hllm.formats.calibration_set import FORMAT, CalibrationSet, arrays_sha256
 from hllm.formats.graph import INPUT_NAMES, declared_inputs
+from hllm.runtime.slates import slate_ids
 
 
 def choose_slates(slates: Sequence[dict], count: int, seed: int, exclude_ids: Sequence[str] = ()) -> list[dict]:
@@ -35,18 +36,20 @@ def choose_slates(slates: Sequence[dict], count: int, seed: int, exclude_ids: Se
         slates: the pool (e.g. the train split), in file order.
         count: how many to draw (≥ 1).
         seed: seed of ``numpy.random.default_rng``; the same pool, count and seed give the same slates.
-        exclude_ids: slate ids never to draw (e.g. the evaluation slates of the gate).
+        exclude_ids: slate ids never to draw (e.g. the evaluation slates of the gate), by the one id rule
+            (:func:`hllm.runtime.slates.slate_ids`: an id-less slate is its index in ``slates``).
+    Returns: the drawn slates, each with its ``slate_id`` by that rule.
     Raises:
         SlateError: count < 1, or fewer than ``count`` eligible slates in the pool.
     """
     if count < 1:
         raise SlateError(f"calibration count must be ≥ 1, got {count}")
     banned = set(map(str, exclude_ids))
-    pool = [s for i, s in enumerate(slates) if str(s.get("slate_id", i)) not in banned]
+    pool = [(sid, s) for sid, s in zip(slate_ids(slates), slates) if sid not in banned]
     if len(pool) < count:
         raise SlateError(f"only {len(pool)} eligible slates for a calibration set of {count}")
     idx = np.random.default_rng(seed).choice(len(pool), size=count, replace=False)
-    return [pool[int(i)] for i in idx]
+    return [{**pool[int(i)][1], "slate_id": pool[int(i)][0]} for i in idx]
 
 
 def build_calibration_set(
@@ -93,7 +96,7 @@ def build_calibration_set(
         "count": int(count),
         "batch_size": int(batch_size),
         "excluded_ids": len(set(map(str, exclude_ids))),
-        "slate_ids": [str(s.get("slate_id", "")) for s in chosen],
+        "slate_ids": slate_ids(chosen),
         "shapes": shapes,
         "prompt": builder.spec.to_dict(),
         "tokenizer_sha256": sha256_file(tokenizer_path) if tokenizer_path else None,

@@ -39,7 +39,7 @@ from hllm.measure import describe_machine
 from hllm.reading import sha256_file
 from hllm.runtime.artefact import resolve
 from hllm.runtime.ranker import Ranker
-from hllm.runtime.slates import read_slates
+from hllm.runtime.slates import read_slates, slate_ids
 from hllm.verify.gate import GateThresholds, check_disjoint
 from hllm.verify.reference import cpu_ranker, load_reference, reference_key, reference_scores, save_reference
 from hllm.verify.scoring import score_slates
@@ -337,7 +337,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
 
 def _result(req, final: dict, passed: bool, parts, ref_s: float, QuantOptions, auto: dict) -> CalibrationResult:
     o, evals, calib = req.options, req.eval_slates, req.calibration
-    ids = [str(s.get("slate_id", "")) for s in evals]
+    ids = slate_ids(evals)
     return CalibrationResult(
         precision=Precision.parse(o.precision), backend=o.backend, target=o.target, passed=passed,
         top1_agreement=final["top1_agreement"], kendall_tau_mean=final["kendall_tau_mean"],

@@ -314,10 +314,17 @@ def chart_cmd(
         vs = ([r for r in recs if r.get("n_items") == n_items] or recs or [None])[0]
     sc = _load_doc(scaling, ("scaling",))["records"] if scaling is not None else None
     try:
-        write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
+        chart = write_chart(st["records"], out_path, vs, n_items=n_items, scaling=sc)
     except _RECORD_ERRORS as e:
         names = ", ".join(str(p) for p in (stages, versus, scaling) if p is not None)
         raise HllmError(f"{names}: a record has a missing or mistyped value ({type(e).__name__}: {e})") from None
+    if chart.clipped:
+        from hllm.bench.chart import MAX_LABEL
+
+        from rich.markup import escape
+
+        console.print(f"[yellow]warning:[/] {len(chart.clipped)} label(s) longer than {MAX_LABEL} characters were "
+                      f"cut (first: {escape(repr(chart.clipped[0][:40]))}…)", highlight=False)
     out.print(f"chart → {out_path}")
     if json_out:
         emit_json({"command": "bench chart", "out": str(out_path), "stages": str(stages), "versus": versus and str(versus),

@@ -18,6 +18,7 @@ from hllm.cli.options import (choice_opt, deprecated, hidden_alias, json_opt, li
 from hllm.formats.graph import MAX_BATCH
 from hllm.calibration.options import BACKENDS, PRECISIONS
 from hllm.errors import EngineError, OutputError, SlateError
+from hllm.runtime.slates import slate_ids
 
 
 @app.command("calibrate")
@@ -116,7 +117,7 @@ def calibrate_cmd(
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
     with console.status("[bold]preparing calibration data…"):
         calib = prepare_calibration(art, builder, backend, calibration, calib_slates, calib_count, calib_seed,
-                                    calib_batch_size, [str(s.get("slate_id", "")) for s in evals], say)
+                                    calib_batch_size, slate_ids(evals), say)
     slates_name = slates_source(slates, str(slates_file(None)))
     req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
                            calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
@@ -176,7 +177,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     if bf16_islands is not None:  # a bad islands file is refused before any work
         from hllm.calibration.bf16_islands import read_islands
 
-        read_islands(bf16_islands)
+        read_islands(bf16_islands, art.path.parent)
     from hllm.calibration.accuracy_control import CANDIDATE_SETTINGS
 
     # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own
@@ -187,7 +188,7 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     if calibration is not None or calib_slates is not None:
         with console.status("[bold]preparing calibration data…"):
             cal = prepare_calibration(art, builder, "ort-static", calibration, calib_slates, count, seed, batch,
-                                      [str(s.get("slate_id", "")) for s in evals])
+                                      slate_ids(evals))
     req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
                         reference_cache, overwrite, bf16_islands=bf16_islands, validation_slates=validation,
                         time_budget_s=TIME_BUDGET_S if time_budget is None else time_budget,

@@ -172,7 +172,9 @@ def export_cmd(
     out_dir: Path = typer.Argument(..., help="Export directory to write (model.onnx, export.json, tokenizer.json)."),
     opset: int = typer.Option(20, min=1, max=99, help="ONNX opset."),
     atol: float = typer.Option(1e-4, "--atol", min=0.0, max=1e6, help="Validation tolerance: max |scores_ORT − scores_torch|."),
-    slates: Optional[Path] = slates_opt(help="Real slates validated besides the synthetic shapes ('' to skip, '-' = stdin)."),
+    slates: Optional[str] = typer.Option(None, "--slates", "-s", metavar="PATH", help="Real slates validated besides "
+                                         "the synthetic shapes ('' to skip, '-' = stdin). Default: the packaged "
+                                         "100-slate Amazon Beauty sample."),
     overwrite: bool = overwrite_opt("OUT_DIR"),
     precision: str = choice_opt("fp32", ("fp32", "fp16"), "--precision",
                                 help="fp32, or fp16: FP16 graph with FP32 islands (for strongly typed TensorRT) plus its CPU emulation."),
@@ -195,7 +197,9 @@ def export_cmd(
                else parse_islands(fp32_islands))
     check_output_dir(out_dir, overwrite, "OUT_DIR")  # first: nothing is read or written before the output is safe
     manifest = load_manifest(checkpoint)  # a bad checkpoint fails before the slates are looked at
-    sample = [] if slates is not None and str(slates) in ("", ".") else load_slates(slates, limit=2)
+    # a string, not a Path: Path('') is '.', which made the skip an input that every OUT_DIR under the working
+    # directory lies inside
+    sample = [] if slates == "" else load_slates(None if slates is None else Path(slates), limit=2)
     with step("exporting to ONNX and validating"):
         rep = export_onnx(manifest, out_dir, opset=opset, atol=atol, slates=sample, overwrite=overwrite,
                           precision=precision, fp32_islands=islands, flavour=flavour)

@@ -11,6 +11,7 @@ import typer
 from hllm.cli.app import app, out, quiet_libraries
 from hllm.cli.io import check_output_file, data_to_stdout, finish_report, load_slates, write_json_out
 from hllm.cli.options import choice_opt, json_opt, limit_opt, slates_opt, threads_opt
+from hllm.runtime.slates import slate_ids
 
 debug_app = typer.Typer(help="Debugging tools judged by rankings (like `polygraphy debug`).", no_args_is_help=True)
 app.add_typer(debug_app, name="debug")
@@ -78,12 +79,16 @@ def precision_cmd(
         from hllm.runtime.slates import read_slates
 
         calib = calibration_feeds(read_slates(calib_slates), builder, calib_count, 0, art.context,
-                                  exclude_ids=[str(s.get("slate_id", "")) for s in data])
+                                  exclude_ids=slate_ids(data))
     n_layers = int((art.meta.get("backbone") or {}).get("num_layers") or 0)
     cands = candidate_modules(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
                               layer_list)
     runner = VariantRunner(export_dir, target, batches, calib, threads, bf16_runner=bf16_runner)
     try:
+        if runner.bf16 is not None:  # a base island that keeps nothing in fp32 is refused before the reference run
+            from hllm.exporter.bf16 import check_islands
+
+            check_islands(runner.bf16.model(), base_islands)
         ref = runner.reference()
         from hllm.verify.gate import GateThresholds
 

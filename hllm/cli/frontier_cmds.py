@@ -47,7 +47,10 @@ def frontier_cmd(
     note: Optional[str] = _NOTE,
     json_out: bool = json_opt(),
 ) -> None:
-    """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags."""
+    """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags.
+
+    Exit 1 when every contender was refused (the report still lists why).
+    """
     from hllm.bench.frontier import frontier
     from hllm.formats.report import envelope
 
@@ -78,3 +81,8 @@ def frontier_cmd(
                   f(g["top1_agreement"], "{:.3f}"))
     _print_table(t)
     finish_report(out_path, doc, json_out)
+    if all("refused" in r for r in res["rows"][1:]):  # rows[0]: the PyTorch reference; nothing was compared
+        from hllm.cli.app import console
+
+        console.print(f"[red]every contender was refused[/] ({len(res['rows']) - 1}): no frontier to compare")
+        raise typer.Exit(1)

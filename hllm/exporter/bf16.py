@@ -46,7 +46,7 @@ import numpy as np
 
 from hllm.errors import ExportError
 from hllm.exporter.onnx_io import model_like, tensor_types
-from hllm.exporter.scopes import module_scopes
+from hllm.exporter.scopes import module_scopes, refuse_unmatched
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
@@ -89,6 +89,19 @@ def parse_islands(text: str | Iterable[str] | None) -> tuple[str, ...]:
                           "path (backbone.layers.N, backbone.layers.N.self_attn.q_proj, "
                           "backbone.layers.N.self_attn.attention, backbone.layers.N.mlp.down_proj) or 'none'")
     return tuple(dict.fromkeys(names))
+
+
+def check_islands(model, islands: Sequence[str]) -> tuple[str, ...]:
+    """``islands`` parsed (:func:`parse_islands`), each module path checked to contain the site
+    (:func:`node_site`) of at least one matrix product of ``model`` (an ``onnx.ModelProto``).
+
+    Raises: ExportError (an unknown island; a module path that keeps nothing in float32, such as
+        ``backbone.layers.99.mlp`` on a 2-layer model).
+    """
+    islands = parse_islands(list(islands) or "none")
+    sites = {node_site(n)[1] for n in model.graph.node if n.op_type in _GEMM_OPS}
+    refuse_unmatched([m for m in islands if m not in OP_CLASSES and m != "all"], sites - {None}, "matrix product")
+    return islands
 
 
 def node_site(node) -> tuple[str | None, str | None]:
@@ -148,13 +161,13 @@ def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS):
             ``MatMul`` nodes with the exporter's module metadata). islands: names (module doc).
     Returns: ``(model_bf16, Bf16Report)``: every ``MatMul`` outside the islands reads bfloat16 inputs and
         writes a bfloat16 output that is cast back to float32; graph inputs/outputs are unchanged.
-    Raises: ExportError (unknown island; a ``MatMul`` whose inputs are not float32; no ``MatMul`` node
-        carries module metadata, so islands could not be placed).
+    Raises: ExportError (unknown island; a module-path island that contains no matrix product; a ``MatMul``
+        whose inputs are not float32; no ``MatMul`` node carries module metadata, so islands could not be placed).
     """
     import onnx
     from onnx import helper, numpy_helper
 
-    islands = parse_islands(list(islands) or "none")
+    islands = check_islands(model, islands)
     g = model.graph
     types = tensor_types(model)
     inits = {t.name: t for t in g.initializer}

@@ -57,7 +57,7 @@ import numpy as np
 
 from hllm.errors import ExportError, HllmError
 from hllm.exporter.onnx_io import FLOAT, FLOAT16, as_float32, model_like, tensor_types
-from hllm.exporter.scopes import class_hierarchy, in_module, module_scopes
+from hllm.exporter.scopes import class_hierarchy, in_module, module_scopes, refuse_unmatched
 from hllm.runtime.slates import loads_json
 
 FP16_MAX = 65504.0
@@ -170,10 +170,13 @@ def convert_to_fp16(model, islands: tuple[str, ...] = DEFAULT_ISLANDS):
         ``(model_fp16, PrecisionReport)``. Graph inputs are unchanged (int64/bool); the ``scores``
         output stays float32 (a final Cast is added if the last node runs in float16).
     Raises:
-        ExportError: a subgraph (If/Loop) is present, or a node's float inputs cannot be typed.
+        ExportError: a subgraph (If/Loop) is present, a node's float inputs cannot be typed, or a
+            module-path island contains no node of the graph.
     """
     islands = tuple(islands)
     parse_islands(",".join(islands) or "none")
+    refuse_unmatched([m for m in islands if is_module_island(m)],
+                     {s for n in model.graph.node for s in module_scopes(n) if s})
     return _Fp16Rewrite(model, islands).run()
 
 

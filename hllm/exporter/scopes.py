@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Iterable, Sequence
+
+from hllm.errors import ExportError
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
@@ -71,3 +74,24 @@ def block_index(path: str) -> int | None:
         return None
     m = BLOCK_RE.search(path)
     return int(m.group(1)) if m else None
+
+
+def refuse_unmatched(islands: Sequence[str], paths: Iterable[str], what: str = "node") -> None:
+    """Refuse module-path islands that contain none of ``paths`` (the module paths an island can place).
+
+    Args:
+        islands: module-path islands (``backbone.layers.11.mlp``; op-class names are not passed here).
+        paths: the module paths of the graph's nodes an island may cover (every node's scopes for the FP16
+            pass, each matrix product's site for the BF16 pass).
+        what: what the graph lacks, for the message ("node", "matrix product").
+    Raises: ExportError naming every island that would keep nothing in float32 (a ``layers.99`` of a
+        2-layer model, a misspelt module), with the graph's decoder blocks when it has any.
+    """
+    paths = set(paths)
+    bad = [m for m in islands if not any(p == m or p.startswith(m + ".") for p in paths)]
+    if not bad:
+        return
+    blocks = sorted({b for p in paths if (b := block_index(p)) is not None})
+    hint = f"; its decoder blocks are backbone.layers.{blocks[0]}…{blocks[-1]}" if blocks else ""
+    raise ExportError(f"FP32 island(s) {bad} name no {what} of this graph (an island must keep at least one "
+                      f"{what} in float32){hint}")

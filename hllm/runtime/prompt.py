@@ -138,6 +138,7 @@ class PromptBuilder:
         self._cand_fields = candidate_fields(spec.candidate_template)
         pad = tokenizer.token_to_id("<|endoftext|>")
         self.pad_id = int(pad) if pad is not None else 0
+        self._overhead: dict[int, int] = {}  # candidate index → tokens of the template with an empty title
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -155,6 +156,22 @@ class PromptBuilder:
             out[name], c = cut_text(v, budget)
             cut = cut or c
         return out, cut
+
+    def template_tokens(self, n: int) -> list[int]:
+        """Token count of ``candidate_template`` rendered with an empty title (and every other candidate field
+        it names empty), for indices 1..``n`` (list of int).
+
+        These tokens (``"{index}. "`` in the default template) are the template's, not the candidate's: the
+        candidate token budget is applied on top of them (a budget of 1 still keeps one token of the title).
+        Counts are cached per index.
+        """
+        missing = [i for i in range(1, n + 1) if i not in self._overhead]
+        if missing:
+            blank = {f: "" for f in self._cand_fields}
+            empty = [self.spec.candidate_template.format(index=i, **blank) for i in missing]
+            for i, enc in zip(missing, self.tokenizer.encode_batch(empty, add_special_tokens=False)):
+                self._overhead[i] = len(enc.ids)
+        return [self._overhead[i] for i in range(1, n + 1)]
 
     def _context_ids(self, history: Sequence[str]) -> tuple[list[int], int]:
         spec = self.spec
@@ -193,13 +210,15 @@ class PromptBuilder:
         cuts = [self._fields(c, sid, i, budget) for i, c in enumerate(cands)]
         texts = [self.spec.candidate_template.format(index=i + 1, **f) for i, (f, _) in enumerate(cuts)]
         encs = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        overhead = self.template_tokens(len(cands))
         readout, truncated = [], []
         for i, enc in enumerate(encs):
             cid = enc.ids
             if not cid:
                 raise SlateError(f"slate {sid}: candidate {i} tokenizes to nothing")
-            if len(cid) > budget or cuts[i][1]:
-                cid = cid[:budget]
+            keep = budget + overhead[i]  # the budget is the title's: the template's own tokens are not counted
+            if len(cid) > keep or cuts[i][1]:
+                cid = cid[:keep]
                 truncated.append(i)
             ids.extend(cid)
             readout.append(len(ids) - 1)

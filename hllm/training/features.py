@@ -236,19 +236,45 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
 
 def _open_or_start(out: Path, meta: dict) -> "FeatureCache | None":
     """The finished cache at ``out`` if it is this one; None after marking an (un)started run of it.
-    Raises CheckpointError when ``out`` holds another cache or another unfinished run."""
+
+    A cache directory carries its own manifest: ``meta.json`` when finished, ``partial.json`` (the same
+    record: backbone fingerprint, slate ids, layer, prompt, precision) from the moment a run starts. A
+    directory holding neither is written into only when it is empty or absent: a slate file left there by
+    anything else (a stray ``00000.npz``) would count as cached.
+
+    Raises CheckpointError when ``out`` holds another cache, another unfinished run, an unreadable
+    manifest, or files of a directory ``hllm features`` did not make.
+    """
     pmeta = {k: v for k, v in meta.items() if k != "backbone"}
     if (out / META).is_file():
-        old = {"precision": "fp32", **json.loads((out / META).read_text())}  # no key: an fp32 cache
+        old = _manifest(out / META)
         if {k: v for k, v in old.items() if k != "backbone"} != pmeta:
             raise CheckpointError(f"{out} already holds a different feature cache")
         return FeatureCache.open(out)
-    out.mkdir(parents=True, exist_ok=True)
     partial = out / "partial.json"  # what an unfinished run was making: refuse to mix runs
-    if partial.is_file() and {"precision": "fp32", **json.loads(partial.read_text())} != pmeta:
-        raise CheckpointError(f"{out} holds an unfinished cache of other slates/options; remove it first")
+    if partial.is_file():
+        if _manifest(partial) != pmeta:
+            raise CheckpointError(f"{out} holds an unfinished cache of other slates/options; remove it first")
+    elif out.is_dir():
+        stray = sorted(p.name for p in out.iterdir())
+        if stray:
+            raise CheckpointError(f"{out} is not a feature cache: it holds {', '.join(stray[:3])}"
+                                  f"{'…' if len(stray) > 3 else ''} and no {META} or partial.json; give a new or "
+                                  "empty directory")
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(partial, pmeta)
     return None
+
+
+def _manifest(path: Path) -> dict:
+    """A cache manifest (``meta.json`` / ``partial.json``) as a dict, ``precision`` defaulting to ``fp32``
+    (caches older than the key). Raises CheckpointError when it is unreadable or not a JSON object."""
+    from hllm.reading import read_json
+
+    d = read_json(path, CheckpointError, "{path} is not a feature cache manifest: {reason}")
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path} is not a feature cache manifest (a JSON {type(d).__name__})")
+    return {"precision": "fp32", **d}
 
 
 def _encoder(backbone, prompt: dict, max_items: int):

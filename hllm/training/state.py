@@ -198,12 +198,97 @@ def _copy_params(tensors: dict, params: dict, d: Path) -> None:
 
 
 def _load_optimizer(tensors: dict, groups, optimizer: torch.optim.Optimizer, d: Path) -> None:
-    state: dict[int, dict] = {}
-    for key, t in tensors.items():
-        if key.startswith("opt/"):
-            _, idx, name = key.split("/", 2)
-            state.setdefault(int(idx), {})[name] = t
+    """Hand the saved optimizer state to ``optimizer`` after checking it fits (:func:`check_optimizer_state`).
+
+    Raises: CheckpointError ``<d>/training_state.json: malformed (...)`` naming the bad field, or ``cannot resume``
+        when torch still refuses it.
+    """
+    try:
+        state = check_optimizer_state(tensors, groups, optimizer)
+    except ValueError as e:
+        raise CheckpointError(f"{d / STATE_JSON}: malformed ({e})") from None
     try:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"cannot resume from {d}: optimizer state does not fit ({e})") from None
+
+
+#: ``param_groups`` fields that are non-negative numbers (AdamW refuses negative ones when it is built, not
+#: when a state is loaded) and those that are lists of numbers in [0, 1).
+_NON_NEGATIVE = ("lr", "eps", "weight_decay")
+_UNIT = ("betas",)
+
+
+def check_optimizer_state(tensors: dict, groups, optimizer: torch.optim.Optimizer) -> dict[int, dict]:
+    """The per-parameter state of ``tensors`` (``opt/<i>/<key>``) by parameter index, after checking it and
+    ``groups`` (the saved ``param_groups``) against ``optimizer`` (built for this run, not yet stepped).
+
+    ``torch.optim.Optimizer.load_state_dict`` checks only the number of groups and parameters; a corrupt
+    ``betas: "x"``, a duplicated ``params`` entry or a moment of another shape failed later, in the first
+    step. Checked here: as many groups as the optimizer; each group's ``params`` exactly the optimizer's
+    indices; no field the optimizer does not have (a missing one keeps torch's default); each field of the
+    type of the optimizer's value (booleans, finite numbers — ``lr``, ``eps``, ``weight_decay`` ≥ 0 —,
+    lists of as many numbers — ``betas`` in [0, 1) —, null or a boolean where the optimizer has null);
+    tensor keys ``opt/<index>/<name>`` with an index of a parameter, ``step`` one finite number ≥ 0 and the
+    other tensors (moments) floating point of the parameter's shape.
+    Raises: ValueError naming the field.
+    """
+    import torch
+
+    current = optimizer.state_dict()["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(current):
+        raise ValueError(f"param_groups must list {len(current)} group(s) for this model, got "
+                         f"{len(groups) if isinstance(groups, list) else type(groups).__name__}")
+    for g, (saved, now) in enumerate(zip(groups, current)):
+        where = f"param_groups[{g}]"
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where} must be an object")
+        if saved.get("params") != now["params"]:
+            raise ValueError(f"{where}.params must be the parameter indices {_short(now['params'])}, got "
+                             f"{_short(saved.get('params'))}")
+        unknown = sorted(set(saved) - set(now))
+        if unknown:
+            raise ValueError(f"{where} has fields this optimizer does not have: {unknown[:5]}")
+        for k, v in saved.items():
+            if k != "params":
+                _check_field(v, now[k], f"{where}.{k}", k)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state: dict[int, dict] = {}
+    for key, t in tensors.items():
+        if not key.startswith("opt/"):
+            continue
+        _, idx, name = (key.split("/", 2) + ["", ""])[:3]
+        if not (idx.isascii() and idx.isdigit()) or int(idx) >= len(params) or not name:
+            raise ValueError(f"optimizer tensor {key!r} names no parameter (indices 0..{len(params) - 1})")
+        p = params[int(idx)]
+        if name == "step":
+            if t.numel() != 1 or not bool(torch.isfinite(t).all()) or float(t.reshape(())) < 0:
+                raise ValueError(f"optimizer tensor {key} must be one finite number ≥ 0")
+        elif t.shape != p.shape or not t.is_floating_point():
+            raise ValueError(f"optimizer tensor {key} must be floating point of the parameter's shape "
+                             f"{list(p.shape)}, got {t.dtype} {list(t.shape)}")
+        state.setdefault(int(idx), {})[name] = t
+    return state
+
+
+def _check_field(v, now, name: str, key: str) -> None:
+    """One ``param_groups`` field against the optimizer's value ``now`` (its type is the rule)."""
+    if isinstance(now, bool) or now is None:
+        if not (isinstance(v, bool) or (now is None and v is None)):
+            raise ValueError(f"{name} must be {'true or false' if now is not None else 'null, true or false'}, got {_short(v)}")
+    elif isinstance(now, (int, float)):
+        if type(v) not in (int, float) or not math.isfinite(v) or (key in _NON_NEGATIVE and v < 0):
+            raise ValueError(f"{name} must be a finite number{' ≥ 0' if key in _NON_NEGATIVE else ''}, got {_short(v)}")
+    elif isinstance(now, (list, tuple)):
+        if not isinstance(v, list) or len(v) != len(now) or not all(
+                type(x) in (int, float) and math.isfinite(x) and (key not in _UNIT or 0 <= x < 1) for x in v):
+            raise ValueError(f"{name} must be a list of {len(now)} finite numbers"
+                             f"{' in [0, 1)' if key in _UNIT else ''}, got {_short(v)}")
+    elif type(v) is not type(now):
+        raise ValueError(f"{name} must be a {type(now).__name__}, got {_short(v)}")
+
+
+def _short(v) -> str:
+    """``repr(v)`` cut to 80 characters (a corrupt field can be huge)."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."

@@ -45,6 +45,7 @@ from hllm.errors import SlateError
 from hllm.files import json_safe
 from hllm.verify.metrics import METRIC_KEYS, MIN_PAIRED, bootstrap_ci, evaluate, paired_rows
 from hllm.verify.parity import ComparisonSummary, Failure, SlateComparison, Verdict, compare_slate
+from hllm.runtime.slates import slate_ids
 
 #: The gate's modes (``--gate``): ``quality`` = (a) + (b) of the module doc; ``strict`` = agreement rule.
 GATE_MODES = ("quality", "strict")
@@ -137,7 +138,7 @@ def check_disjoint(calibration_ids: Sequence[str], eval_slates: Sequence[dict]) 
         SlateError: naming how many evaluation slate ids are also calibration slate ids (and a few).
     """
     cal = set(map(str, calibration_ids))
-    both = sorted({str(s.get("slate_id", "")) for s in eval_slates} & cal)
+    both = sorted(set(slate_ids(eval_slates)) & cal)  # id-less slates: their index (the one id rule)
     if both:
         raise SlateError(
             f"{len(both)} evaluation slate(s) were used for calibration (e.g. {both[:3]}); "

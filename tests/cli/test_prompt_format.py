@@ -30,7 +30,8 @@ def encode_as_documented(tok, spec: dict, slate: dict, k: int) -> tuple[list[int
     context_position = max(0, len(ids) - 1)
     readout = []
     for j, c in enumerate(cands, 1):
-        cid = enc(spec["candidate_template"].format(title=c["title"], index=j))[: spec["candidate_token_budget"]]
+        keep = spec["candidate_token_budget"] + len(enc(spec["candidate_template"].format(title="", index=j)))
+        cid = enc(spec["candidate_template"].format(title=c["title"], index=j))[:keep]
         assert cid
         ids += cid
         readout.append(len(ids) - 1)

@@ -4,6 +4,7 @@ compare resolved on resume, resumed runs record how each computed, and ``--featu
 nothing below the trained layers could come from it."""
 
 import json
+import re
 import os
 import time
 from pathlib import Path
@@ -161,3 +162,56 @@ def test_features_with_every_layer_trained_is_refused(backbones, train_file, tmp
         train(cfg)
     with pytest.raises(HllmError, match=r"--lora-layers N \(fewer"):
         train_config(backbones["llama"], train_file, tmp_path / "ck", features="c").validate()
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("betas", "x", "param_groups[0].betas"),
+    ("betas", [0.9, 1.5], "param_groups[0].betas"),
+    ("lr", -1.0, "param_groups[0].lr"),
+    ("lr", True, "param_groups[0].lr"),
+    ("amsgrad", "yes", "param_groups[0].amsgrad"),
+    ("params", "dup", "param_groups[0].params"),
+    ("bogus", 1, "param_groups[0] has fields"),
+    ("groups", "extra", "param_groups must list 1 group"),
+])
+def test_resume_refuses_a_corrupt_optimizer_state_naming_the_field(backbones, train_file, tmp_path, field, value,
+                                                                    named):
+    """Optimizer.load_state_dict accepted these; the first optimizer step then failed (exit 70)."""
+    from hllm.training.trainer import train
+
+    out = tmp_path / "ck"
+    train(train_config(backbones["llama"], train_file, out, steps=2))
+    js = out / "training_state.json"
+    st = json.loads(js.read_text())
+    group = st["param_groups"][0]
+    if field == "params":
+        group["params"] = [group["params"][0]] * len(group["params"])  # a duplicated index
+    elif field == "groups":
+        st["param_groups"].append(dict(group))
+    else:
+        group[field] = value
+    js.write_text(json.dumps(st))
+    before = {f: (out / f).read_bytes() for f in ("head.safetensors", "training_state.safetensors")}
+    with pytest.raises(CheckpointError, match=re.escape(named)) as e:
+        train(train_config(backbones["llama"], train_file, out, steps=4), resume=True)
+    assert "training_state.json: malformed" in str(e.value)
+    assert {f: (out / f).read_bytes() for f in before} == before
+
+
+def test_resume_refuses_optimizer_moments_of_another_shape_and_accepts_its_own(backbones, train_file, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hllm.training.trainer import train
+
+    out = tmp_path / "ck"
+    train(train_config(backbones["llama"], train_file, out, steps=2))
+    ts = out / "training_state.safetensors"
+    good = ts.read_bytes()
+    t = load_file(str(ts))
+    t["opt/0/exp_avg"] = t["opt/0/exp_avg"].flatten()[:3].clone()
+    save_file(t, str(ts))
+    with pytest.raises(CheckpointError, match=r"optimizer tensor opt/0/exp_avg must be floating point of the "):
+        train(train_config(backbones["llama"], train_file, out, steps=4), resume=True)
+    ts.write_bytes(good)
+    res = train(train_config(backbones["llama"], train_file, out, steps=4), resume=True)
+    assert json.loads((out / "training_state.json").read_text())["step"] == 4 and res is not None
