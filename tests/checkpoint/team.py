@@ -19,7 +19,7 @@ from torch import nn
 
 #: The team's prompt: its own wording and a candidate field beyond the title.
 TEAM_PROMPT = {"user_template": "Customer history:\n{history}Candidates:\n", "history_item_template": "* {title}\n",
-               "candidate_template": "[{index}] {title}", "separator": "\n", "candidate_token_budget": 24,
+               "candidate_template": "[{index}] {title}", "separator": "\n", "candidate_token_budget": 64,
                "history_token_budget": 96, "max_history": 5, "max_seq_len": 1024, "bos_token": None}
 
 
