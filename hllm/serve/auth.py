@@ -13,7 +13,7 @@ Open without a key: :data:`OPEN_PATHS` (``/healthz``, ``/readyz`` and the KServe
 with ``public_metrics``; ``/docs``, ``/redoc`` and ``/openapi.json`` with ``public_docs``. Everything else
 — ``/v1/rank``, the rerank routes, ``/v1/models``, ``/v2`` and ``/v2/models/...``, unknown paths — answers
 401 without a valid key: the JSON envelope ``{"error": {"kind": "unauthorized", "message", "id": null}}``
-(the KServe form ``{"error": message}`` under ``/v2/``) and ``WWW-Authenticate: Bearer realm="hllm"``
+(the KServe form ``{"error": message}`` on ``/v2`` and ``/v2/models/...``) and ``WWW-Authenticate: Bearer realm="hllm"``
 (``error="invalid_token"`` when a token was sent). Keys never appear in a response, a log line or a
 ``repr``. Source: RFC 6750 (Bearer tokens), RFC 7235 §4.1 (``WWW-Authenticate``),
 https://docs.python.org/3/library/hmac.html#hmac.compare_digest.
@@ -158,7 +158,7 @@ async def send_unauthorized(scope, send, token_given: bool) -> None:
     message = ("invalid API key" if token_given else
                "this route needs an API key: send the header 'Authorization: Bearer <key>'")
     path = scope.get("path", "")
-    if path.startswith("/v2/"):  # the Open Inference Protocol's error body (hllm.serve.kserve)
+    if path == "/v2" or path.startswith(("/v2/models", "/v2/health")):  # the Open Inference Protocol's (hllm.serve.kserve)
         body = {"error": message}
     else:
         body = {"error": {"kind": "unauthorized", "message": message, "id": None}}
