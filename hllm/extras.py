@@ -40,6 +40,7 @@ MODULE_EXTRA = {
     "uvicorn": "serve",
     "httpx": "serve",
     "prometheus_client": "serve",
+    "opentelemetry": "otel",
     "matplotlib": "bench",
     "ray": "ray",
     "polygraphy": "tensorrt",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -16,6 +16,7 @@ from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, out
 from hllm.formats.graph import MAX_BATCH, MAX_ITEMS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+LOG_FORMATS = ("text", "json")
 
 
 @app.command("serve")
@@ -33,18 +34,35 @@ def serve_cmd(
     threads: Optional[int] = threads_opt(),
     graceful_timeout: float = typer.Option(60.0, min=0.0, max=3600.0, help="Seconds to drain in-flight requests on SIGTERM."),
     log_level: str = choice_opt("info", LOG_LEVELS, "--log-level", help="uvicorn log level."),
+    log_format: str = choice_opt("text", LOG_FORMATS, "--log-format", help="Log lines as text or one JSON object a line; at --log-level info every request is logged (request id, route, status, latency, slates, documents, model version)."),
+    api_key: List[str] = typer.Option([], "--api-key", metavar="KEY", help="Accept 'Authorization: Bearer KEY' (16+ visible ASCII characters). Repeatable. Prefer --api-key-file or $HLLM_API_KEYS: argv is visible to other users."),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="File of API keys, one a line ('#' comments), e.g. a mounted secret. Keys in $HLLM_API_KEYS (comma-separated) count too."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Serve a non-loopback --host without API keys (refused otherwise)."),
+    public_metrics: bool = typer.Option(False, "--public-metrics", help="GET /metrics answers without a key (keys on: it needs one)."),
+    public_docs: bool = typer.Option(False, "--public-docs", help="GET /docs, /redoc and /openapi.json answer without a key."),
+    ssl_certfile: Optional[Path] = typer.Option(None, "--ssl-certfile", help="Serve HTTPS with this PEM certificate chain."),
+    ssl_keyfile: Optional[Path] = typer.Option(None, "--ssl-keyfile", help="The PEM private key of --ssl-certfile (unless the cert file holds it)."),
+    served_model_name: List[str] = typer.Option([], "--served-model-name", metavar="NAME", help="A name the model answers to (rerank 'model', KServe model name, GET /v1/models). Repeatable; default hllm_ranker."),
+    otlp_endpoint: Optional[str] = typer.Option(None, "--otlp-endpoint", metavar="URL", help="Send a trace per request (tokenize / queue wait / engine / decode spans) to this OTLP/HTTP collector, e.g. http://collector:4318/v1/traces (extra 'otel')."),
     max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
-    """Serve rankings over HTTP: POST /v1/rank, Cohere/Jina /v1/rerank and /v2/rerank, KServe v2 /v2/models/hllm_ranker/infer; GET /healthz /readyz /metrics /docs (Ctrl-C or SIGTERM drains)."""
+    """Serve rankings over HTTP(S): POST /v1/rank, Cohere/Jina /v1/rerank and /v2/rerank, KServe v2 /v2/models/NAME/infer; GET /v1/models /healthz /readyz /metrics /docs; API keys, TLS, traces (Ctrl-C or SIGTERM drains)."""
     import logging
 
     from hllm.runtime import Ranker
     from hllm.serve.app import ServeOptions, create_app
     from hllm.serve.batching import BatchOptions
+    from hllm.serve.auth import AuthOptions, load_api_keys
+    from hllm.serve.models import ServedModel, model_version
     from hllm.serve.server import bind_socket, is_loopback, run_server
+    from hllm.serve.tls import tls_options
+    from hllm.serve.tracing import JsonFormatter
 
     quiet_libraries()
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(levelname)s %(name)s: %(message)s")
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     max_batch = pick(batch_size, max_batch, 8)
     if not 1 <= max_batch <= MAX_BATCH:
         raise typer.BadParameter(f"--batch-size must be within 1..{MAX_BATCH}, got {max_batch}")
@@ -55,20 +73,37 @@ def serve_cmd(
         max_body_bytes=max_body_bytes,
         max_slates_per_request=max_slates_per_request,
     )
-    if not is_loopback(host):
-        console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from other machines (it has no auth)")
+    keys = load_api_keys(api_key, api_key_file)  # a bad key or key file: `error:` and exit 2 (never the key)
+    if keys and no_auth:
+        raise typer.BadParameter("--no-auth with API keys (--api-key, --api-key-file or $HLLM_API_KEYS): choose one")
+    if not keys and not is_loopback(host):
+        if not no_auth:
+            raise typer.BadParameter(f"--host {host} is reachable from other machines and no API key is set: give "
+                                     "--api-key-file / --api-key / $HLLM_API_KEYS, or --no-auth to serve it open")
+        console.print(f"[yellow]warning:[/] binding {host} with --no-auth: anyone who reaches it can call the API")
+    auth = AuthOptions(keys, public_metrics=public_metrics, public_docs=public_docs) if keys else None
+    tls = tls_options(ssl_certfile, ssl_keyfile)
     from hllm.runtime.artefact import resolve
 
     art = resolve(model)  # a bad path fails before the server starts
+    served = ServedModel(tuple(served_model_name) or ServedModel().names, model_version(art.meta))
+    tracer = None
+    if otlp_endpoint is not None:
+        from hllm.serve.tracing import otlp_tracer
+
+        tracer = otlp_tracer(otlp_endpoint)
     sock = bind_socket(host, port)  # a port in use: `error:` and exit 2, before the engine is opened
     ranker = Ranker.from_path(art, threads=threads)
-    application = create_app(ranker, opts, info={"model": str(model)})
+    application = create_app(ranker, opts, info={"model": str(model)}, auth=auth, model=served, tracer=tracer)
     console.print(
-        f"serving {model} on http://{host}:{port} (max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms); "
+        f"serving {model} ({', '.join(served.names)}, version {served.version}) on {'https' if tls else 'http'}://{host}:{port} "
+        f"(max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms; "
+        f"{f'{len(keys)} API key(s)' if keys else 'no API key'}); "
         "the engine loads in the background — GET /readyz says when it is ready"
     )
     try:
-        run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock)
+        run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock,
+                   tls=tls)
     except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out: a clean stop, exit 0
         console.print("stopped (SIGTERM): in-flight requests were drained")
 

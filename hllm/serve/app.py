@@ -57,11 +57,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hllm.errors import HllmError
 from hllm.serve import kserve
 from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, MicroBatcher, QueueFull, ShuttingDown
+from hllm.serve.auth import ApiKeyMiddleware, AuthOptions
 from hllm.serve.metrics import ServeMetrics
+from hllm.serve.models import ServedModel
 from hllm.serve.protocol import (ERROR_RESPONSES, HTTP_KINDS, ApiError, encode_slates, error_response, metric_path,
                                  parse_rank_body, read_body, request_id)
 from hllm.serve.rerank import add_rerank_routes
 from hllm.serve.schemas import ErrorResponse, RankRequest, RankResponse
+from hllm.serve.tracing import TelemetryMiddleware, observe_request
 
 log = logging.getLogger("hllm.serve")
 
@@ -121,6 +124,7 @@ class ServerState:
     load_error: str | None = None
     loader: asyncio.Task | None = None
     info: dict = field(default_factory=dict)
+    model: ServedModel = field(default_factory=ServedModel)
 
 
 def warmup_slate(k: int) -> dict:
@@ -134,7 +138,8 @@ def warmup_slate(k: int) -> dict:
 
 
 def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | None = None,
-               batcher_factory: Any = None) -> FastAPI:
+               batcher_factory: Any = None, *, auth: AuthOptions | None = None, model: ServedModel | None = None,
+               tracer: Any = None, access_log: bool = True) -> FastAPI:
     """The FastAPI app serving ``ranker`` (a :class:`hllm.runtime.Ranker`).
 
     The engine is activated and warmed up on the engine thread after startup (``/readyz`` says when);
@@ -142,11 +147,16 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     :class:`RankService` over the app's :class:`ServerState` (``app.state.hllm``).
     ``batcher_factory(ranker, batch_options, metrics)`` replaces the :class:`MicroBatcher` (same
     interface; the Ray Serve deployment passes one built on ``@serve.batch``).
+    ``auth``: API keys (:mod:`hllm.serve.auth`; None: no key needed). ``model``: the served names and version
+    (:mod:`hllm.serve.models`). ``tracer``: an OpenTelemetry tracer for request spans, ``access_log``: one
+    ``hllm.access`` record per request (:mod:`hllm.serve.tracing`).
     """
     options = options or ServeOptions()
     metrics = ServeMetrics()
     batcher = (batcher_factory or MicroBatcher)(ranker, options.batch, metrics)
-    state = ServerState(ranker, batcher, metrics, options, info=dict(info or {}))
+    model = model or ServedModel()
+    info = {**(info or {}), "served_model_names": list(model.names), "model_version": model.version}
+    state = ServerState(ranker, batcher, metrics, options, info=info, model=model)
     service = RankService(state)
     app = FastAPI(
         title="hllm ranking server",
@@ -158,11 +168,15 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     app.add_exception_handler(ApiError, service.api_error)
     app.add_exception_handler(StarletteHTTPException, service.http_error)
     app.add_exception_handler(RequestValidationError, service.validation_error)
+    if auth is not None:
+        app.add_middleware(ApiKeyMiddleware, auth=auth, on_reject=functools.partial(metrics.error, "unauthorized"))
+    app.add_middleware(TelemetryMiddleware, tracer=tracer, model_version=model.version, access=access_log)
     app.middleware("http")(service.count)
     app.get("/healthz", summary="The process is alive")(service.healthz)
     app.get("/readyz", summary="The engine is loaded and warmed up", responses={503: {"model": ErrorResponse}})(service.readyz)
     app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)(service.prometheus_metrics)
     app.post("/v1/rank", summary="Rank one or more slates", response_model=RankResponse, responses=ERROR_RESPONSES)(service.rank)
+    app.get("/v1/models", summary="The served model's names and version (OpenAI list shape)")(service.models)
     kserve.add_kserve_routes(app, service)
     add_rerank_routes(app, service)
     app.openapi = functools.partial(rank_openapi, app)
@@ -275,8 +289,11 @@ class RankService(kserve.KServeEndpoints):
         slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""),
                                            self.options.max_slates_per_request)
         res, timing = await self.submit(slates, deadline, t0)
-        return JSONResponse({"request_id": request.state.request_id, "rankings": [r.to_dict() for r in res.rankings],
-                             "timing": timing})
+        return JSONResponse({"request_id": request.state.request_id, "model_version": self.state.model.version,
+                             "rankings": [r.to_dict() for r in res.rankings], "timing": timing})
+
+    async def models(self) -> dict:
+        return self.state.model.listing()
 
     async def submit(self, slates: list[dict], deadline: float | None, t0: float, encoded: list | None = None):
         """Encode validated slates at admission (unless ``encoded`` holds their rows already) and rank them in
@@ -301,7 +318,9 @@ class RankService(kserve.KServeEndpoints):
             raise ApiError(500, e.kind, str(e), error_id=e.error_id) from None
         t2 = time.perf_counter()
         self.metrics.stage.labels("request").observe(t2 - t0)
-        return res, {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}
+        timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}
+        observe_request(slates, timing)
+        return res, timing
 
     def _check_ready(self) -> None:
         """Raises: ApiError 503 (Retry-After: 1) while draining, loading or after a load failure."""

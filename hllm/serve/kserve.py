@@ -148,11 +148,12 @@ def check_envelope(doc: Any) -> None:
             raise KServeError(400, f"inference request: {where} must be a boolean, got {_kind(flag)}")
 
 
-def model_metadata(num_positions: int, engine: str) -> dict:
-    """``GET /v2/models/{name}``: name, versions, platform and the input / output tensors (``-1`` = any)."""
+def model_metadata(num_positions: int, engine: str, name: str = MODEL_NAME, version: str = MODEL_VERSION) -> dict:
+    """``GET /v2/models/{name}``: name, versions (the model's version, :mod:`hllm.serve.models`), platform and
+    the input / output tensors (``-1`` = any)."""
     k = int(num_positions)
     return {
-        "name": MODEL_NAME, "versions": [MODEL_VERSION], "platform": f"hllm_{engine}",
+        "name": name, "versions": [version], "platform": f"hllm_{engine}",
         "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [{"name": "ranking", "datatype": "INT64", "shape": [-1, k]},
                     {"name": "scores", "datatype": "FP32", "shape": [-1, k, k]},
@@ -160,12 +161,12 @@ def model_metadata(num_positions: int, engine: str) -> dict:
     }
 
 
-def model_config(num_positions: int, max_batch_size: int) -> dict:
+def model_config(num_positions: int, max_batch_size: int, name: str = MODEL_NAME) -> dict:
     """``GET /v2/models/{name}/config`` (Triton's model-configuration extension, which ``perf_analyzer``
     reads): the JSON form of the ensemble's ``config.pbtxt`` — batch dimension implicit, dims without it."""
     k = int(num_positions)
     return {
-        "name": MODEL_NAME, "platform": "ensemble", "max_batch_size": int(max_batch_size),
+        "name": name, "platform": "ensemble", "max_batch_size": int(max_batch_size),
         "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
         "output": [{"name": "ranking", "data_type": "TYPE_INT64", "dims": [-1]},
                    {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, k]},
@@ -173,11 +174,14 @@ def model_config(num_positions: int, max_batch_size: int) -> dict:
     }
 
 
-def check_model(name: str, version: str | None = None) -> None:
-    """Raises KServeError 404 for a model other than :data:`MODEL_NAME` or a version other than 1."""
-    if name != MODEL_NAME or version not in (None, MODEL_VERSION):
+def check_model(name: str, version: str | None = None, names: Sequence[str] = (MODEL_NAME,),
+                model_version: str = MODEL_VERSION) -> None:
+    """Raises KServeError 404 for a model not in ``names`` or a version other than ``model_version`` and
+    :data:`MODEL_VERSION` (1, the Triton repository's version number)."""
+    if name not in names or version not in (None, MODEL_VERSION, model_version):
         what = f"{name!r}" + (f" version {version!r}" if version is not None else "")
-        raise KServeError(404, f"unknown model {what}: this server has {MODEL_NAME!r} version {MODEL_VERSION}", "not_found")
+        raise KServeError(404, f"unknown model {what}: this server has {', '.join(map(repr, names))} "
+                          f"version {model_version}", "not_found")
 
 
 def _bytes_elements(raw: bytes) -> list[bytes]:
@@ -312,7 +316,8 @@ def _tensor_bytes(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a).tobytes()
 
 
-def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str) -> tuple[bytes, dict]:
+def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str, model_name: str = MODEL_NAME,
+                  model_version: str = MODEL_VERSION) -> tuple[bytes, dict]:
     """Encode an inference response → (body, headers): the requested outputs (all by default), each
     binary when asked (per output ``parameters.binary_data`` or request ``binary_data_output``).
 
@@ -335,7 +340,7 @@ def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str) ->
         else:
             o["data"] = a.reshape(-1).tolist()
         meta.append(o)
-    head = json.dumps({"model_name": MODEL_NAME, "model_version": MODEL_VERSION, "id": request_id,
+    head = json.dumps({"model_name": model_name, "model_version": model_version, "id": request_id,
                        "outputs": meta}, separators=(",", ":")).encode()
     if not blobs:
         return head, {"content-type": "application/json"}
@@ -368,7 +373,7 @@ class KServeEndpoints:
 
     def _v2_check_ready(self) -> None:
         if not self.state.ready or self.state.draining or self.batcher.closing:
-            raise KServeError(503, "model hllm_ranker is not ready", "not_ready")
+            raise KServeError(503, f"model {self.state.model.name} is not ready", "not_ready")
 
     async def v2_live(self):
         return Response(status_code=200)
@@ -382,23 +387,27 @@ class KServeEndpoints:
 
         return {"name": "hllm", "version": hllm.__version__, "extensions": ["binary_tensor_data"]}
 
+    def _check_model(self, name: str, version: str | None) -> None:
+        served = self.state.model
+        check_model(name, version, served.names, served.version)
+
     async def v2_model(self, model_name: str, model_version: str | None = None):
-        check_model(model_name, model_version)
-        return model_metadata(self.ranker.engine.num_positions, self.ranker.engine.name)
+        self._check_model(model_name, model_version)
+        return model_metadata(self.ranker.engine.num_positions, self.ranker.engine.name, model_name, self.state.model.version)
 
     async def v2_model_config(self, model_name: str, model_version: str | None = None):
-        check_model(model_name, model_version)
-        return model_config(self.ranker.engine.num_positions, self.options.max_slates_per_request)
+        self._check_model(model_name, model_version)
+        return model_config(self.ranker.engine.num_positions, self.options.max_slates_per_request, model_name)
 
     async def v2_model_ready(self, model_name: str, model_version: str | None = None):
-        check_model(model_name, model_version)
+        self._check_model(model_name, model_version)
         self._v2_check_ready()
         return Response(status_code=200)
 
     async def v2_infer(self, request: Request, model_name: str, model_version: str | None = None):
         """``POST /v2/models/{name}/infer``: the slates of the BYTES input → ranking, scores, truncated."""
         t0 = time.perf_counter()
-        check_model(model_name, model_version)
+        self._check_model(model_name, model_version)
         self._v2_check_ready()
         try:
             body = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
@@ -412,5 +421,5 @@ class KServeEndpoints:
             raise KServeError(400 if e.status == 422 else e.status, e.message, e.kind) from None
         outputs = output_arrays(res.rankings, res.scores, self.ranker.engine.num_positions)
         rid = doc.get("id") if isinstance(doc.get("id"), str) else request.state.request_id
-        body, headers = response_body(doc, outputs, rid)
+        body, headers = response_body(doc, outputs, rid, model_name, self.state.model.version)
         return Response(body, headers=headers)

@@ -25,6 +25,12 @@ requests are merged into engine batches by Ray's ``@serve.batch`` (:class:`Serve
 ``health_check_period_s``; replicas take ``num_cpus`` / ``num_gpus``; ``autoscaling_config`` (Ray's
 dict) replaces ``num_replicas``.
 
+API keys (:mod:`hllm.serve.auth`): each replica reads them from ``$HLLM_API_KEYS`` in ITS environment (e.g. a
+Kubernetes ``secretKeyRef`` on the Ray worker pods) and from ``api_key_file`` (a path on every node: a mounted
+secret); the config file names at most the file, never a key (``args`` refuses unknown keys such as
+``api_keys``). With no key found a replica refuses to start unless ``no_auth: true`` (:func:`replica_auth`).
+``public_metrics`` / ``public_docs`` and ``served_model_names`` are those of ``hllm serve``.
+
 Needs ``pip install 'hllm[ray]'``; imports neither torch nor transformers.
 Ray Serve: https://docs.ray.io/en/latest/serve/http-guide.html (FastAPI ingress),
 https://docs.ray.io/en/latest/serve/advanced-guides/dyn-req-batch.html (``@serve.batch``).
@@ -34,6 +40,7 @@ https://docs.ray.io/en/latest/serve/advanced-guides/dyn-req-batch.html (``@serve
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 import uuid
 from typing import Any, Literal, Optional, Union
@@ -42,8 +49,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from hllm.runtime.artefact import resolve
 from hllm.runtime.ranker import Ranker
 from hllm.serve.app import ServeOptions, create_app, warmup_slate
+from hllm.serve.auth import ENV_VAR, AuthOptions, load_api_keys
+from hllm.serve.models import DEFAULT_NAME, ServedModel, model_version
 from hllm.serve.batching import (BatchFailed, BatchOptions, DeadlineExceeded, EngineThread, JobResult, ShuttingDown,
                                  _error_kind)
 
@@ -74,6 +84,25 @@ class RayServeArgs(BaseModel):
     health_check_period_s: float = Field(10.0, gt=0, description="How often Ray calls check_health.")
     health_check_timeout_s: float = Field(30.0, gt=0, description="check_health timeout.")
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="Drain time of a replica being stopped.")
+    api_key_file: Optional[str] = Field(None, description=f"File of API keys (one a line) on every node, e.g. a mounted "
+                                        f"secret; ${ENV_VAR} in the replicas' environment counts too. Never keys here.")
+    no_auth: bool = Field(False, description="Serve without API keys (a replica with no key refuses to start otherwise).")
+    public_metrics: bool = Field(False, description="/metrics answers without a key.")
+    public_docs: bool = Field(False, description="/docs, /redoc and /openapi.json answer without a key.")
+    served_model_names: list[str] = Field([DEFAULT_NAME], min_length=1, description="Names the model answers to.")
+
+
+def replica_auth(a: RayServeArgs, env=None) -> Optional[AuthOptions]:
+    """The API keys of a replica: ``a.api_key_file`` and ``$HLLM_API_KEYS`` of ``env`` (default: the replica's
+    environment). None with ``no_auth``. Raises ValueError when keys are found with ``no_auth`` or none without it
+    (the message names where keys are read, never a key); HllmError for a malformed key or key file."""
+    keys = load_api_keys((), a.api_key_file, os.environ if env is None else env)
+    if keys and a.no_auth:
+        raise ValueError(f"no_auth is set but API keys were found (api_key_file or ${ENV_VAR}): choose one")
+    if not keys and not a.no_auth:
+        raise ValueError(f"no API key: set api_key_file (a mounted secret) or ${ENV_VAR} in the replicas' "
+                         "environment, or no_auth: true to serve without keys")
+    return AuthOptions(keys, a.public_metrics, a.public_docs) if keys else None
 
 
 class ServeBatcher(EngineThread):
@@ -158,7 +187,10 @@ class HllmRanker:
     def __init__(self, args: dict):
         a = RayServeArgs.model_validate(args)
         self.args = a
-        self.ranker = Ranker.from_path(a.export, threads=a.threads)
+        self.auth = replica_auth(a)  # before the engine: a replica without keys fails fast
+        art = resolve(a.export)
+        self.model = ServedModel(tuple(a.served_model_names), model_version(art.meta))
+        self.ranker = Ranker.from_path(art, threads=a.threads)
         self.ranker.engine.activate()
         self.ranker.rank_batch([warmup_slate(self.ranker.engine.num_positions)])
         self.rank_requests.set_max_batch_size(a.max_batch_requests)
@@ -179,7 +211,8 @@ class HllmRanker:
                                max_body_bytes=a.max_body_bytes, max_slates_per_request=a.max_slates_per_request,
                                warmup=False,  # warmed up in the constructor
                                echo_request_id=False)  # Ray's proxy honours and echoes X-Request-ID itself
-        app = create_app(self.ranker, options, info={"model": a.export, "runtime": "ray_serve"}, batcher_factory=batcher)
+        app = create_app(self.ranker, options, info={"model": a.export, "runtime": "ray_serve"}, batcher_factory=batcher,
+                         auth=self.auth, model=self.model)
         self.state = app.state.hllm
         return app
 

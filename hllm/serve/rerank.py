@@ -28,7 +28,9 @@ envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
   (Cohere v2, whose clients send no such field).
 * ``max_tokens_per_doc`` → the candidate token budget ``min(max_tokens_per_doc, candidate_token_budget)``
   (a document is cut to it, never dropped; the cut documents are listed in ``meta.warnings``).
-* ``model``: absent or the served name (:data:`SERVED_MODEL`) is accepted, another name → 404.
+* ``model``: absent or one of the served names (``--served-model-name``, default :data:`SERVED_MODEL`,
+  :mod:`hllm.serve.models`) is accepted, another name → 404; the response's ``model`` is the name asked for
+  (the first served name when absent) and ``model_version`` the model's version.
 * Fields clients send that have no meaning here are accepted and ignored: ``priority`` (Cohere v2),
   ``max_chunks_per_doc`` (Cohere v1), ``rank_fields`` when it is ``["text"]``. Any other field → 400.
 
@@ -79,7 +81,7 @@ class RerankDocument(BaseModel):
 class RerankRequest(BaseModel):
     """``POST /v1/rerank`` / ``/v2/rerank`` body (Cohere / Jina shape; the rules are in this module's docstring)."""
 
-    model: Optional[str] = Field(None, description=f"Absent or {SERVED_MODEL!r}; another name → 404.")
+    model: Optional[str] = Field(None, description=f"Absent or a served name (default {SERVED_MODEL!r}); another name → 404.")
     query: str = Field(..., description="The user context: rendered as a one-element history by the artefact's prompt spec.")
     documents: list[Union[str, dict]] = Field(..., min_length=1, description="1..K strings or {\"text\": str} objects.")
     top_n: Optional[int] = Field(None, ge=1, description="Return the first top_n of the full ranking (default: all).")
@@ -111,6 +113,7 @@ class RerankResponse(BaseModel):
 
     id: str = Field(..., description="The request id (X-Request-ID).")
     model: str
+    model_version: str = Field(..., description="hllm extension: the served model's version (hllm.serve.models).")
     results: list[RerankResult] = Field(..., description="Best first.")
     usage: RerankUsage
     meta: dict = Field(..., description="Cohere's meta: api_version, billed_units, tokens, warnings (cut texts).")
@@ -134,6 +137,7 @@ class RerankQuery:
     token_budget: int
     deadline_ms: Optional[float]
     from_query: bool
+    model: Optional[str] = None
 
 
 def _fail(message: str, kind: str = "bad_request", status: int = 400):
@@ -167,12 +171,14 @@ def _document(d: Any, i: int) -> str:
     return _string(d, f"documents[{i}]")
 
 
-def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) -> RerankQuery:
+def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec,
+                      names: tuple[str, ...] = (SERVED_MODEL,)) -> RerankQuery:
     """Parse and check a rerank body → :class:`RerankQuery` (the rules are this module's docstring).
 
     Args:
         body: the raw request body. content_type: its Content-Type header. route: a key of :data:`ROUTES`.
         k: the head's rank positions K. spec: the artefact's :class:`hllm.formats.prompt.PromptSpec`.
+        names: the served model names a ``model`` field may give.
     Raises: ApiError 415 (content type), 404 (another model), 400 (not UTF-8, malformed JSON, unknown or
         mistyped field, no documents, more documents than K, top_n or max_tokens_per_doc < 1, a query over
         the character limit) — every message names the field.
@@ -194,8 +200,9 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
     model = doc.get("model")
     if model is not None and not isinstance(model, str):
         _fail(f"'model' must be a string, got {type(model).__name__}")
-    if model is not None and model != SERVED_MODEL:
-        _fail(f"model {str(model)[:200]!r} is not served here; this server serves {SERVED_MODEL!r}", "not_found", 404)
+    if model is not None and model not in names:
+        _fail(f"model {str(model)[:200]!r} is not served here; this server serves "
+              f"{', '.join(map(repr, names))}", "not_found", 404)
     rank_fields = doc.get("rank_fields")
     if rank_fields not in (None, ["text"]):
         _fail(f"'rank_fields' must be absent or [\"text\"], got {str(rank_fields)[:200]}")
@@ -234,7 +241,7 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
     slate = {"slate_id": "0", "history": history, "candidates": [{"title": t} for t in texts]}
     return RerankQuery(slate, min(top_n or len(texts), len(texts)), ROUTES[route] if ret is None else ret,
                        min(budget or spec.candidate_token_budget, spec.candidate_token_budget), deadline,
-                       doc.get("history") is None)
+                       doc.get("history") is None, model)
 
 
 def _isotonic_decreasing(y: np.ndarray) -> np.ndarray:
@@ -335,7 +342,7 @@ def encode(builder: PromptBuilder, q: RerankQuery):
 
 
 def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, request_id: str, route: str,
-             timing: dict) -> dict:
+             timing: dict, model: str = SERVED_MODEL, model_version: str = "unversioned") -> dict:
     """The JSON response (module docstring): the first ``top_n`` of the LAPJV order with their scores."""
     scores = relevance_scores(matrix, ranking.order)
     texts = [c["title"] for c in q.slate["candidates"]]
@@ -349,7 +356,7 @@ def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, r
     n_tokens = len(row.ids)
     version = "2" if route.startswith("/v2") else "1"
     return {
-        "id": request_id, "model": SERVED_MODEL, "results": results,
+        "id": request_id, "model": q.model or model, "model_version": model_version, "results": results,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1},
                  "tokens": {"input_tokens": n_tokens, "output_tokens": 0}, "warnings": warnings},
@@ -374,12 +381,13 @@ def add_rerank_routes(app, service) -> None:
             service._check_ready()
             body = await read_body(request, service.options.max_body_bytes, service.options.body_timeout_s)
             builders = builder_cache()
+            served = service.state.model
             q = parse_rerank_body(body, request.headers.get("content-type", ""), route,
-                                  service.ranker.engine.num_positions, builders.base.spec)
+                                  service.ranker.engine.num_positions, builders.base.spec, served.names)
             row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q)
             res, timing = await service.submit([q.slate], q.deadline_ms, t0, encoded=[row])
             return JSONResponse(response(q, res.rankings[0], res.scores[0], row, warnings, request.state.request_id,
-                                         route, timing))
+                                         route, timing, served.name, served.version))
         return rerank
 
     errors = {**{c: v for c, v in ERROR_RESPONSES.items() if c != 422}, 400: {**ERROR_RESPONSES[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "

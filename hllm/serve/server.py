@@ -114,8 +114,9 @@ class TimedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float) -> uvicorn.Config:
-    """uvicorn's config with the app's connection limits (:class:`hllm.serve.app.ServeOptions`)."""
+def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float, tls: dict | None = None) -> uvicorn.Config:
+    """uvicorn's config with the app's connection limits (:class:`hllm.serve.app.ServeOptions`); ``tls``: uvicorn's
+    ``ssl_certfile`` / ``ssl_keyfile`` (:func:`hllm.serve.tls.tls_options`), None for plain HTTP."""
     state = getattr(app.state, "hllm", None) if hasattr(app, "state") else None
     opts = getattr(state, "options", None)
     config = uvicorn.Config(
@@ -129,6 +130,7 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
         http=TimedH11Protocol,
         timeout_keep_alive=getattr(opts, "keep_alive_s", 5.0),
         limit_concurrency=getattr(opts, "max_connections", None),
+        **(tls or {}),
     )
     config.hllm_header_timeout_s = getattr(opts, "header_timeout_s", 10.0)
     return config
@@ -157,14 +159,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", graceful_timeout_s: float = 60.0,
-               sock: socket.socket | None = None) -> None:
+               sock: socket.socket | None = None, tls: dict | None = None) -> None:
     """Serve ``app`` in the foreground until SIGTERM/SIGINT (then drain and return).
 
     ``sock``: an already bound socket (:func:`bind_socket`), else ``host:port`` is bound first.
+    ``tls``: HTTPS with these uvicorn options (:func:`hllm.serve.tls.tls_options`).
     Raises: HllmError when the address cannot be bound.
     """
     sock = sock or bind_socket(host, port)
-    server = _DrainingServer(_config(app, host, port, log_level, graceful_timeout_s), getattr(app.state, "hllm", None))
+    server = _DrainingServer(_config(app, host, port, log_level, graceful_timeout_s, tls), getattr(app.state, "hllm", None))
     with sock:
         server.run(sockets=[sock])
 
@@ -176,10 +179,12 @@ class BackgroundServer:
     requests) and waits for the thread.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout_s: float = 60.0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout_s: float = 60.0,
+                 tls: dict | None = None):
         if not is_loopback(host):
             raise HllmError(f"background servers bind loopback only, not {host!r}")
-        self.server = _DrainingServer(_config(app, host, port, log_level, 30.0), getattr(app.state, "hllm", None))
+        self.server = _DrainingServer(_config(app, host, port, log_level, 30.0, tls), getattr(app.state, "hllm", None))
+        self.scheme = "https" if tls else "http"
         self.host = host
         self.start_timeout_s = start_timeout_s
         self.thread = threading.Thread(target=self.server.run, name="hllm-uvicorn", daemon=True)
@@ -187,7 +192,7 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def __enter__(self) -> "BackgroundServer":
         self.thread.start()
