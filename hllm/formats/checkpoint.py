@@ -12,9 +12,10 @@ Manifest (``format_version`` 1)::
     {"format": "hllm-checkpoint", "format_version": 1,
      "backbone": {"path": "<HF model dir, absolute or relative to CKPT>"},
      "adapter": {"path": "adapter"} | null,
-     "head": {"kind": "linear" | "self_attention" | "slot_query", "input_dim": D, "d_model": 512,
+     "head": {"kind": "probe" | "linear" | "self_attention" | "slot_query", "input_dim": D, "d_model": 512,
               "num_layers": 2, "num_heads": 8, "ff_dim": 1024, "num_positions": K,
-              "file": "head.safetensors"},
+              "file": "head.safetensors", "context": false, "activation": null,
+              "norm_first": true, "final_norm": true},
      "prompt": {PromptSpec fields}}
 
 :func:`load_manifest` validates everything it can without loading weights and names the problem:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hllm.testing import tiny_backbone, tiny_slates
-from tests.checkpoint.team import (EncoderHead, MLPHead, PlainHead, make_adapter, save_head, team_ranking, team_scores,
+from examples.bring_your_own import (EncoderHead, MLPHead, PlainHead, make_adapter, save_head, team_ranking, team_scores,
                                    write_prompt)
 from tests.cli.conftest import run
 

@@ -11,7 +11,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from hllm.testing import tiny_backbone, tiny_slates
-from tests.checkpoint.team import TEAM_PROMPT, EncoderHead, make_adapter, save_head, team_ranking, team_scores
+from examples.bring_your_own import TEAM_PROMPT, EncoderHead, make_adapter, save_head, team_ranking, team_scores
 from tests.cli.conftest import run
 
 K = 8

@@ -1,4 +1,13 @@
-"""Another team's hLLM, made the way outside users make it, and its own scorer — no hllm model code.
+"""Another team's hLLM, made the way outside users make it, and its own scorer — no hllm model code
+(docs/bring-your-own.md runs it; the import tests use it).
+
+    python examples/bring_your_own.py OUT_DIR [--family qwen3|qwen2|llama]
+
+writes OUT_DIR/backbone (a tiny random ``*ForCausalLM``, saved by ``save_pretrained``), OUT_DIR/adapter (peft,
+CAUSAL_LM), OUT_DIR/head.pt (``torch.save`` of a plain ``nn.TransformerEncoder`` head), OUT_DIR/prompt.json,
+OUT_DIR/slates.jsonl and the team's own numbers for them: OUT_DIR/expected.npz (score matrices) and
+OUT_DIR/expected.jsonl (rankings). Your own training code would leave the first four; the last two are what
+``hllm parity --expected`` checks against.
 
 The artefacts: a backbone saved by ``AutoModelForCausalLM.save_pretrained`` (the tests' tiny random
 families), a LoRA made with ``get_peft_model(AutoModelForCausalLM…, LoraConfig(task_type=…))`` +
@@ -167,3 +176,38 @@ def team_ranking(scores: np.ndarray) -> list[int]:
     n = scores.shape[0]
     rows, cols = linear_sum_assignment(scores[:, :n], maximize=True)
     return [int(i) for i in rows[np.argsort(cols)]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write the team's artefacts and numbers (module doc)."""
+    import argparse
+
+    from hllm.testing import tiny_backbone, tiny_slates  # a random tiny backbone and slates; no hllm model code
+
+    ap = argparse.ArgumentParser(description="A team's hLLM artefacts, saved the standard way, and its own scores.")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--family", default="qwen3", choices=("qwen3", "qwen2", "llama"))
+    a = ap.parse_args(argv)
+    out = a.out_dir
+    out.mkdir(parents=True, exist_ok=False)
+    backbone = tiny_backbone(out / "backbone", a.family, seed=1)
+    adapter = make_adapter(backbone, out / "adapter", "CAUSAL_LM")
+    torch.manual_seed(2)
+    head = EncoderHead(32, 8)
+    save_head(head, out / "head.pt")
+    write_prompt(out / "prompt.json")
+    slates = tiny_slates(6, (3, 8), seed=3)
+    (out / "slates.jsonl").write_text("".join(json.dumps(s) + "\n" for s in slates), encoding="utf-8")
+    scores = team_scores(backbone, adapter, head, slates)
+    pad = np.full((len(scores), 8, 8), np.nan, np.float32)
+    for i, m in enumerate(scores):
+        pad[i, : m.shape[0]] = m
+    np.savez(out / "expected.npz", slate_ids=np.array([s["slate_id"] for s in slates]), scores=pad)
+    (out / "expected.jsonl").write_text("".join(
+        json.dumps({"slate_id": s["slate_id"], "ranking": [s["candidates"][i]["item_id"] for i in team_ranking(m)]}) + "\n"
+        for s, m in zip(slates, scores)), encoding="utf-8")
+    print(f"wrote {out}: backbone, adapter, head.pt, prompt.json, slates.jsonl, expected.npz, expected.jsonl")
+
+
+if __name__ == "__main__":
+    main()
