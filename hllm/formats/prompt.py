@@ -38,9 +38,9 @@ class PromptSpec:
             field of the candidate (``{brand}``: a slate whose candidate lacks it is refused, naming it).
             Its last token is the candidate's readout position.
         separator: text after each candidate (tokenized once).
-        candidate_token_budget: max tokens of a candidate's title, on top of the tokens of
-            ``candidate_template`` itself (those of the template rendered with an empty title); longer
-            ones are truncated (recorded), never dropped.
+        candidate_token_budget: max tokens per candidate text (the rendered template); longer ones are
+            truncated (recorded), never dropped. A budget that the template's own tokens fill (``"1. "``
+            is 2 tokens) keeps none of the candidate's text: such a slate is refused.
         history_token_budget: max tokens of the user context; oldest history items are dropped
             first until it fits, then the context is cut (recorded).
         max_history: at most this many most recent history items are used.

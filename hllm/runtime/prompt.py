@@ -161,9 +161,9 @@ class PromptBuilder:
         """Token count of ``candidate_template`` rendered with an empty title (and every other candidate field
         it names empty), for indices 1..``n`` (list of int).
 
-        These tokens (``"{index}. "`` in the default template) are the template's, not the candidate's: the
-        candidate token budget is applied on top of them (a budget of 1 still keeps one token of the title).
-        Counts are cached per index.
+        These tokens (``"{index}. "`` in the default template) are the template's, not the candidate's: a
+        candidate token budget that they fill would keep none of the candidate's text, so such a slate is
+        refused (:meth:`encode_one`). Counts are cached per index.
         """
         missing = [i for i in range(1, n + 1) if i not in self._overhead]
         if missing:
@@ -216,9 +216,11 @@ class PromptBuilder:
             cid = enc.ids
             if not cid:
                 raise SlateError(f"slate {sid}: candidate {i} tokenizes to nothing")
-            keep = budget + overhead[i]  # the budget is the title's: the template's own tokens are not counted
-            if len(cid) > keep or cuts[i][1]:
-                cid = cid[:keep]
+            if budget <= overhead[i] and len(cid) > overhead[i]:
+                raise SlateError(f"slate {sid}: a candidate token budget of {budget} keeps no token of candidate {i}'s "
+                                 f"text: the template's own part takes {overhead[i]} tokens; give a budget above it")
+            if len(cid) > budget or cuts[i][1]:
+                cid = cid[:budget]
                 truncated.append(i)
             ids.extend(cid)
             readout.append(len(ids) - 1)

@@ -93,10 +93,9 @@ def test_titles_are_cut_by_characters_before_tokenizing_with_the_same_tokens(exp
     assert cut_text("short", budget) == ("short", False)
     slate = {"slate_id": "s", "history": [long, "b"], "candidates": [{"title": long}, {"title": "x"}]}
     enc = builder.encode_one(slate)
-    keep = budget + builder.template_tokens(1)[0]  # the budget is the title's, on top of "1. "
-    full = tok.encode(exp.prompt.candidate_template.format(title=long, index=1), add_special_tokens=False).ids[:keep]
-    first = enc.ids[enc.readout[0] - keep + 1: enc.readout[0] + 1]
-    assert first == full  # the same first tokens as tokenizing the whole title
+    full = tok.encode(exp.prompt.candidate_template.format(title=long, index=1), add_special_tokens=False).ids[:budget]
+    first = enc.ids[enc.readout[0] - budget + 1: enc.readout[0] + 1]
+    assert first == full  # the same first `budget` tokens as tokenizing the whole title
     assert enc.truncated == [0]
     # a degenerate title (one character repeated: tokens of many characters) is still cut and recorded
     enc = builder.encode_one({"slate_id": "d", "candidates": [{"title": "=" * (budget * CHARS_PER_TOKEN_CEILING * 10)}]})

@@ -30,8 +30,7 @@ def encode_as_documented(tok, spec: dict, slate: dict, k: int) -> tuple[list[int
     context_position = max(0, len(ids) - 1)
     readout = []
     for j, c in enumerate(cands, 1):
-        keep = spec["candidate_token_budget"] + len(enc(spec["candidate_template"].format(title="", index=j)))
-        cid = enc(spec["candidate_template"].format(title=c["title"], index=j))[:keep]
+        cid = enc(spec["candidate_template"].format(title=c["title"], index=j))[: spec["candidate_token_budget"]]
         assert cid
         ids += cid
         readout.append(len(ids) - 1)
@@ -42,8 +41,8 @@ def encode_as_documented(tok, spec: dict, slate: dict, k: int) -> tuple[list[int
 
 @pytest.mark.parametrize("spec_kw", [
     {},  # defaults
-    {"candidate_token_budget": 3, "history_token_budget": 14, "max_history": 4},  # truncation + dropping
-    {"candidate_token_budget": 2, "history_token_budget": 3, "max_history": 0, "separator": "",
+    {"candidate_token_budget": 5, "history_token_budget": 14, "max_history": 4},  # truncation + dropping
+    {"candidate_token_budget": 9, "history_token_budget": 3, "max_history": 0, "separator": "",
      "bos_token": "<|endoftext|>", "candidate_template": "[{index}] {title} {{x}}"},  # BOS, no history, braces
 ])
 def test_documented_encoding_matches_prompt_builder(qwen3_backbone, spec_kw):
@@ -67,5 +66,5 @@ def test_documented_encoding_matches_prompt_builder(qwen3_backbone, spec_kw):
     np.testing.assert_array_equal(batch.item_mask, want_mask)
     np.testing.assert_array_equal(batch.context_positions, [d[2] for d in docs])
     assert batch.input_ids.dtype == np.int64 and batch.item_mask.dtype == bool
-    if spec_kw.get("candidate_token_budget") == 3:  # the case meant to exercise both rules really did
+    if spec_kw.get("candidate_token_budget") == 5:  # the case meant to exercise both rules really did
         assert any(batch.truncated) and any(batch.history_dropped)

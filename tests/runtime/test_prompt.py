@@ -51,22 +51,15 @@ def test_long_candidate_truncated_not_dropped(tok):
 
 
 @pytest.mark.parametrize("budget", [1, 2])
-def test_a_budget_below_the_template_prefix_still_keeps_the_title(tok, budget):
-    """The budget counts the title's tokens: "{index}. " is the template's, so a budget of 1-2 (the
-    rerank API's max_tokens_per_doc) keeps the title's first tokens instead of only "1." of every document."""
-    spec = PromptSpec(candidate_token_budget=budget)
-    titles = ["argan oil hair serum", "mascara waterproof black", "nail polish top coat"]
-    b = PromptBuilder(tok, spec).encode([slate(titles)])
-    ids = b.input_ids[0].tolist()
-    for i, title in enumerate(titles):
-        full = tok.encode(f"{i + 1}. {title}", add_special_tokens=False).ids
-        prefix = len(tok.encode(f"{i + 1}. ", add_special_tokens=False).ids)
-        assert prefix >= 2  # the prefix alone is over a budget of 1
-        end = int(b.readout_positions[0, i])
-        assert ids[end - prefix - budget + 1 : end + 1] == full[: prefix + budget]
-    assert b.truncated == [[0, 1, 2]]
-    last = [ids[int(p)] for p in b.readout_positions[0]]
-    assert len(set(last)) == 3, "every document reads out a token of its own title"
+def test_a_budget_the_template_prefix_fills_is_refused(tok, budget):
+    """A budget of 1-2 (the rerank API's max_tokens_per_doc) would keep only "1." of every document: the
+    documents' text would vanish and any documents would rank the same. Refused, naming the budget."""
+    prefix = len(tok.encode("1. ", add_special_tokens=False).ids)
+    assert prefix >= budget  # the prefix alone fills the budget
+    with pytest.raises(SlateError, match=f"budget of {budget} keeps no token of candidate 0's text"):
+        PromptBuilder(tok, PromptSpec(candidate_token_budget=budget)).encode([slate(["argan oil hair serum"])])
+    enc = PromptBuilder(tok, PromptSpec(candidate_token_budget=prefix + 1)).encode_one(slate(["argan oil hair serum"]))
+    assert enc.truncated == [0] and len(enc.ids) - enc.context_end - 2 == prefix + 1  # one title token kept (+ separator)
 
 
 def test_history_dropped_oldest_first(tok):

@@ -139,12 +139,12 @@ def test_mapping_top_n_documents_usage_and_budget(server, sample, ranker):
     from hllm.runtime.prompt import PromptBuilder
 
     spec = ranker.builder.spec
-    small = PromptBuilder(ranker.builder.tokenizer, dataclasses.replace(spec, candidate_token_budget=2), max_items=K)
+    small = PromptBuilder(ranker.builder.tokenizer, dataclasses.replace(spec, candidate_token_budget=6), max_items=K)
     row = small.encode_one(slate)
-    cut = _post(server, {"query": query_of(sample[0]), "documents": docs, "max_tokens_per_doc": 2}).json()
+    cut = _post(server, {"query": query_of(sample[0]), "documents": docs, "max_tokens_per_doc": 6}).json()
     assert cut["usage"]["prompt_tokens"] == len(row.ids) < n_tokens
     assert [r["index"] for r in cut["results"]] == Ranker(ranker.engine, small).rank([slate])[0].order
-    assert f"documents {row.truncated} were cut to 2 tokens" in cut["meta"]["warnings"]
+    assert f"documents {row.truncated} were cut to 6 tokens" in cut["meta"]["warnings"]
     big = _post(server, {"query": query_of(sample[0]), "documents": docs, "max_tokens_per_doc": 10_000}).json()
     assert big["usage"]["prompt_tokens"] == n_tokens and [r["index"] for r in big["results"]] == full
 
@@ -162,6 +162,8 @@ def test_mapping_top_n_documents_usage_and_budget(server, sample, ranker):
     ({"query": "q", "documents": ["a"], "top_n": 1.5}, 400, "bad_request", ("'top_n' must be an integer",)),
     ({"query": "q", "documents": ["a"], "top_n": True}, 400, "bad_request", ("'top_n' must be an integer",)),
     ({"query": "q", "documents": ["a"], "max_tokens_per_doc": 0}, 400, "bad_request", ("'max_tokens_per_doc' must be ≥ 1",)),
+    ({"query": "q", "documents": ["argan oil hair serum"], "max_tokens_per_doc": 1}, 400, "bad_request",
+     ("budget of 1 keeps no token of candidate 0's text",)),
     ({"query": "x" * 20_000, "documents": ["a"]}, 400, "bad_request", ("'query' is 20000 characters, over the limit of 10240",)),
     ({"query": "word " * 1500, "documents": ["a"]}, 400, "bad_request", ("does not fit the model's user-context budget of 320",)),
     ({"query": 5, "documents": ["a"]}, 400, "bad_request", ("'query' must be a string, got int",)),

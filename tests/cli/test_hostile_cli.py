@@ -1,4 +1,4 @@
-"""CLI hardening found by a hostile-input round (docs/hardening.md, "CLI hostile-input round"): islands that
+"""CLI hardening found by hostile inputs (docs/hardening.md, "CLI hostile inputs"): islands that
 name nothing, cache folders the features cache did not make, the empty slates value, corrupt optimizer state,
 hostile benchmark labels and frontiers where every contender was refused."""
 
@@ -124,9 +124,9 @@ def test_export_with_empty_slates_skips_them_for_an_output_under_the_working_dir
 def test_bench_chart_cuts_a_3_mb_label_and_says_so(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from hllm.bench.chart import MAX_LABEL
-    from tests.bench.test_bench_inputs import _doc
+    import json
 
-    doc = _doc("stages.json")
+    doc = json.loads((Path(__file__).resolve().parents[2] / "results" / "bench" / "stages.json").read_text(encoding="utf-8"))
     n = doc["records"][0]["n_items"]
     huge = "x" * 3_000_000
     for r in doc["records"]:
