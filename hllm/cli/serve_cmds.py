@@ -144,6 +144,7 @@ def loadtest_cmd(
     note: Optional[str] = typer.Option(None, help="Free text stored in the JSON (e.g. that the cores were shared)."),
     route: str = choice_opt("rank", ("rank", "rerank", "both"), "--route",
                             help="Drive POST /v1/rank, /v1/rerank (same slates: documents = titles, history extension), or both in one run."),
+    keys_and_tracing: bool = typer.Option(False, "--keys-and-tracing", help="Also measure a batching-on server with an API key (clients send it) and OpenTelemetry traces (spans batched to a discarding exporter; extra 'otel'), interleaved with the others."),
     out_path: Optional[Path] = out_opt(help="JSON report to write (atomic; '-' = stdout)."),
     json_out: bool = json_opt(),
     candidates: Optional[int] = hidden_alias("--candidates", "--n-items"),
@@ -166,7 +167,7 @@ def loadtest_cmd(
     data = load_slates(slates, limit=limit)
     report = loadtest_report(model, url, data, clients, requests, max_seconds, n_items, batch_size, max_wait_ms,
                              threads, rounds, note, slates_source(slates), log=lambda m: console.print(m),
-                             routes=("rank", "rerank") if route == "both" else (route,))
+                             routes=("rank", "rerank") if route == "both" else (route,), keys_and_tracing=keys_and_tracing)
     finish_report(out_path, report, json_out, show=_print_table)
 
 
