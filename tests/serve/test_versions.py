@@ -33,7 +33,7 @@ from hllm.serve.repository import (VersionManager, VersionRefused, check_version
 from hllm.serve.server import BackgroundServer, wait_ready  # noqa: E402
 from hllm.testing import tiny_export, tiny_slates  # noqa: E402
 
-from .test_serve import _free_port  # noqa: E402
+from tests.serve.conftest import free_port  # noqa: E402
 
 KEY = "hk-infer-0123456789abcdef"
 ADMIN = "hk-admin-0123456789abcdef"
@@ -257,7 +257,7 @@ def test_version_check_rules():
 
 
 def test_sighup_reloads_hllm_serve(repo, second_export, expected, tmp_path):
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "hllm", "serve", str(repo), "--port", str(port), "--log-level", "info"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
