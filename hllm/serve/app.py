@@ -228,11 +228,12 @@ class RankService(kserve.KServeEndpoints):
     # --- engine life cycle -------------------------------------------------------------------------
 
     def _activate_and_warm(self) -> None:
-        self.ranker.engine.activate()
+        ranker = self.ranker
+        ranker.engine.activate()
         if self.options.warmup:
-            self.ranker.rank_batch([warmup_slate(self.ranker.engine.num_positions)])
+            ranker.rank_batch([warmup_slate(ranker.engine.num_positions)])
         if self.state.versions is not None:
-            self.state.versions.check_serving(self.ranker)
+            self.state.versions.check_serving(ranker)
 
     async def _load(self) -> None:
         try:

@@ -275,6 +275,8 @@ class VersionManager:
         st = self.state
         outcome: dict = {"serving": None if self.current is None else str(self.current), "swapped": False,
                          "previous": None, "refused": [], "error": None}
+        if st.loader is not None and not st.loader.done():  # the first version is still loading: let it finish
+            await asyncio.shield(st.loader)
         try:
             folders = await asyncio.to_thread(version_folders, self.root)
         except HllmError as e:
