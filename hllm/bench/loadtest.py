@@ -11,6 +11,12 @@ Routes (:data:`ROUTES`): ``rank`` sends ``POST /v1/rank {"slates": [slate]}``; `
 slate as ``POST /v1/rerank`` (:mod:`hllm.serve.rerank`): ``documents`` = the candidate titles, the hllm
 ``history`` extension = the slate's history (so the prompt, and the ranking, are those of ``/v1/rank``),
 ``query`` = its most recent history item, ``return_documents`` false.
+
+With ``keys_and_tracing`` :func:`compare_batching` adds, per route, the mode ``batching_on_keys_traced``
+(``rerank_batching_on_keys_traced``): micro-batching on as ``batching_on``, the app built with an API key
+(:mod:`hllm.serve.auth`; the clients send ``Authorization: Bearer``) and an OpenTelemetry tracer whose spans
+go through the SDK's ``BatchSpanProcessor`` to an exporter that drops them (:func:`discarding_tracer`:
+the server's span work without a collector), so the cost of keys and traces is measured beside the plain mode.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import secrets
 import time
 from typing import Sequence
 from urllib.parse import urlsplit
@@ -63,9 +70,30 @@ def check_loopback_url(url: str) -> None:
         raise HllmError(f"the load test targets loopback only (127.0.0.1, ::1, localhost), not {host!r}")
 
 
+def discarding_tracer():
+    """An OpenTelemetry tracer (own provider) whose spans are batched (``BatchSpanProcessor``, as
+    :func:`hllm.serve.tracing.otlp_tracer`) to an exporter that drops them.
+
+    Raises: MissingExtraError naming the ``otel`` extra when opentelemetry is not installed.
+    """
+    from hllm.extras import require
+
+    trace_sdk = require("opentelemetry.sdk.trace")
+    export = require("opentelemetry.sdk.trace.export")
+
+    class Discard(export.SpanExporter):
+        def export(self, spans):
+            return export.SpanExportResult.SUCCESS
+
+    provider = trace_sdk.TracerProvider()
+    provider.add_span_processor(export.BatchSpanProcessor(Discard()))
+    return provider.get_tracer("hllm.loadtest")
+
+
 def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max_seconds: float, timeout_s: float, offset: int = 0,
-              route: str = "rank") -> dict:
-    """Raw samples of one bounded burst: latencies (ms), errors, orders, server timings, wall time."""
+              route: str = "rank", headers: dict | None = None) -> dict:
+    """Raw samples of one bounded burst: latencies (ms), errors, orders, server timings, wall time.
+    ``headers``: sent with every request (``Authorization``)."""
     import httpx
 
     lat, errors, orders, timings = [], {}, {}, []
@@ -98,7 +126,7 @@ def _send_all(url: str, slates: Sequence[dict], clients: int, requests: int, max
 
     async def main() -> float:
         limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-        async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
+        async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as http:
             t0 = time.perf_counter()
             await asyncio.gather(*(client(http, t0 + max_seconds) for _ in range(clients)))
             return time.perf_counter() - t0
@@ -170,6 +198,7 @@ def compare_batching(
     ranker=None,
     log=print,
     routes: Sequence[str] = ("rank",),
+    keys_and_tracing: bool = False,
 ) -> dict:
     """Measure the same load with micro-batching on and off (for each of ``routes``) in one run, interleaved.
 
@@ -189,6 +218,7 @@ def compare_batching(
         rounds: bursts per mode.
         ranker: an existing Ranker (tests); overrides ``model``.
         routes: the routes to drive (:data:`ROUTES`), each in both batching modes.
+        keys_and_tracing: add the ``batching_on_keys_traced`` mode per route (module doc; needs the ``otel`` extra).
     Returns: a JSON-ready dict with one entry per mode and the agreement of their rankings (every mode's
     against the first mode's, request by request).
     Raises: HllmError for bad rounds or an unknown route.
@@ -196,6 +226,7 @@ def compare_batching(
     import contextlib
 
     from hllm.serve.app import ServeOptions, create_app
+    from hllm.serve.auth import AuthOptions
     from hllm.serve.server import BackgroundServer, wait_ready
 
     if rounds < 1 or requests < rounds:
@@ -210,9 +241,19 @@ def compare_batching(
         "batching_on": BatchOptions(max_batch_slates=max_batch, max_wait_ms=max_wait_ms, max_queue=q, deadline_ms=dl),
         "batching_off": BatchOptions(max_batch_slates=1, max_wait_ms=0.0, max_queue=q, deadline_ms=dl),
     }
-    modes = {("" if route == "rank" else f"{route}_") + name: o for route in routes for name, o in batching.items()}
-    route_of = {name: ("rank" if name in batching else name.split("_", 1)[0]) for name in modes}
-    apps = {name: create_app(ranker, ServeOptions(batch=o)) for name, o in modes.items()}
+    if keys_and_tracing:
+        batching["batching_on_keys_traced"] = batching["batching_on"]
+    modes, route_of = {}, {}
+    for route in routes:
+        for name, o in batching.items():
+            full = ("" if route == "rank" else f"{route}_") + name
+            modes[full], route_of[full] = o, route
+    key = f"hk-loadtest-{secrets.token_hex(16)}"  # this run's only key: never printed or stored
+    secured = {name for name in modes if name.endswith("_keys_traced")}
+    tracer = discarding_tracer() if secured else None
+    apps = {name: create_app(ranker, ServeOptions(batch=o), auth=AuthOptions((key.encode(),)) if name in secured else None,
+                             tracer=tracer if name in secured else None) for name, o in modes.items()}
+    headers = {name: {"Authorization": f"Bearer {key}"} if name in secured else None for name in modes}
     samples: dict = {name: [] for name in modes}
     load_s: dict = {}
     with contextlib.ExitStack() as stack:
@@ -229,7 +270,8 @@ def compare_batching(
         for r in range(rounds):
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
-                s = _send_all(servers[name].url, slates, clients, per[r], max_seconds / rounds, 600.0, offset, route_of[name])
+                s = _send_all(servers[name].url, slates, clients, per[r], max_seconds / rounds, 600.0, offset, route_of[name],
+                              headers[name])
                 samples[name].append(s)
                 log(f"round {r + 1}/{rounds} {name}: {len(s['lat'])}/{s['sent']} ok in {s['wall']:.1f} s")
             offset += per[r]
@@ -243,7 +285,8 @@ def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, 
         res = _summary(samples[name])
         o = modes[name]
         res["route"] = {"rank": "/v1/rank", "rerank": "/v1/rerank"}[route_of[name]]
-        res["options"] = {"max_batch_slates": o.max_batch_slates, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue}
+        res["options"] = {"max_batch_slates": o.max_batch_slates, "max_wait_ms": o.max_wait_ms, "max_queue": o.max_queue,
+                          "api_key": name.endswith("_keys_traced"), "tracing": name.endswith("_keys_traced")}
         res["load_and_warmup_s"] = load_s[name]
         res["engine_batches"] = apps[name].state.hllm.batcher.stats.batches  # the warm-up is not counted
         res["engine"] = ranker.engine.name
@@ -272,16 +315,19 @@ def environment() -> dict:
 def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int, requests: int, max_seconds: float,
                     candidates: int | None = None, max_batch: int | None = None, max_wait_ms: float = 20.0,
                     threads: int | None = None, rounds: int = 2, note: str | None = None, slates_file: str = "",
-                    log=print, routes: Sequence[str] = ("rank",)) -> dict:
+                    log=print, routes: Sequence[str] = ("rank",), keys_and_tracing: bool = False) -> dict:
     """The ``hllm loadtest`` report: ``model`` served in-process in both modes (:func:`compare_batching`),
     or one running server at ``url`` (:func:`run_load`). ``candidates`` cuts every slate to a sub-slate
     (:func:`hllm.runtime.slates.subslate`, labels dropped). ``routes``: :data:`ROUTES` to drive (module doc);
-    against ``url`` each route is one mode (``as_running``, ``rerank_as_running``).
+    against ``url`` each route is one mode (``as_running``, ``rerank_as_running``). ``keys_and_tracing``:
+    in-process only, :func:`compare_batching`'s.
 
     Raises: HllmError (both or neither of model/url, candidates < 1, a non-loopback url, an unknown route).
     """
     if (model is None) == (url is None):
         raise HllmError("give either MODEL (in-process, both modes) or --url (one running server)")
+    if keys_and_tracing and url is not None:
+        raise HllmError("--keys-and-tracing builds the servers in-process: give MODEL, not --url")
     if candidates is not None:
         if candidates < 1:
             raise HllmError("--candidates must be ≥ 1")
@@ -305,6 +351,6 @@ def loadtest_report(model, url: str | None, slates: Sequence[dict], clients: int
     else:
         report["model"] = str(model)
         report["modes"] = compare_batching(model, slates, clients, requests, max_seconds, max_batch, max_wait_ms,
-                                           threads, rounds=rounds, log=log, routes=routes)
+                                           threads, rounds=rounds, log=log, routes=routes, keys_and_tracing=keys_and_tracing)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report

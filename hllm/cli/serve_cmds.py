@@ -21,7 +21,7 @@ LOG_FORMATS = ("text", "json")
 
 @app.command("serve")
 def serve_cmd(
-    model: Path = typer.Argument(..., help="Export dir / .onnx, TensorRT .plan, or checkpoint dir."),
+    model: Path = typer.Argument(..., help="Export dir / .onnx, TensorRT .plan, checkpoint dir, or a versioned model repository (REPO/1, REPO/2, ...: the highest valid version is served; POST /admin/reload or SIGHUP swaps in a newer one)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told otherwise)."),
     port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, max=MAX_BATCH, help="Most slates per engine call (micro-batch size)."),
@@ -43,13 +43,17 @@ def serve_cmd(
     ssl_certfile: Optional[Path] = typer.Option(None, "--ssl-certfile", help="Serve HTTPS with this PEM certificate chain."),
     ssl_keyfile: Optional[Path] = typer.Option(None, "--ssl-keyfile", help="The PEM private key of --ssl-certfile (unless the cert file holds it)."),
     served_model_name: List[str] = typer.Option([], "--served-model-name", metavar="NAME", help="A name the model answers to (rerank 'model', KServe model name, GET /v1/models). Repeatable; default hllm_ranker."),
+    admin_api_key: List[str] = typer.Option([], "--admin-api-key", metavar="KEY", help="Accept 'Authorization: Bearer KEY' on POST /admin/reload (separate from the API keys). Repeatable. Prefer --admin-api-key-file or $HLLM_ADMIN_API_KEYS."),
+    admin_api_key_file: Optional[Path] = typer.Option(None, "--admin-api-key-file", help="File of admin keys, one a line ('#' comments). Keys in $HLLM_ADMIN_API_KEYS (comma-separated) count too."),
+    allow_admin_without_key: bool = typer.Option(False, "--allow-admin-without-key", help="Without an admin key, loopback clients may call POST /admin/reload (loopback --host only)."),
     otlp_endpoint: Optional[str] = typer.Option(None, "--otlp-endpoint", metavar="URL", help="Send a trace per request (tokenize / queue wait / engine / decode spans) to this OTLP/HTTP collector, e.g. http://collector:4318/v1/traces (extra 'otel')."),
     max_batch: Optional[int] = hidden_alias("--max-batch", "--batch-size"),
 ) -> None:
-    """Serve rankings over HTTP(S): POST /v1/rank, Cohere/Jina /v1/rerank and /v2/rerank, KServe v2 /v2/models/NAME/infer; GET /v1/models /healthz /readyz /metrics /docs; API keys, TLS, traces (Ctrl-C or SIGTERM drains)."""
+    """Serve rankings over HTTP(S): POST /v1/rank, Cohere/Jina /v1/rerank and /v2/rerank, KServe v2 /v2/models/NAME/infer; GET /v1/models /healthz /readyz /metrics /docs; API keys, TLS, traces; versioned repositories swapped live (POST /admin/reload, SIGHUP); Ctrl-C or SIGTERM drains."""
     import logging
 
     from hllm.runtime import Ranker
+    from hllm.serve.admin import ADMIN_ENV_VAR, AdminOptions, check_admin_keys
     from hllm.serve.app import ServeOptions, create_app
     from hllm.serve.batching import BatchOptions
     from hllm.serve.auth import AuthOptions, load_api_keys
@@ -82,21 +86,36 @@ def serve_cmd(
                                      "--api-key-file / --api-key / $HLLM_API_KEYS, or --no-auth to serve it open")
         console.print(f"[yellow]warning:[/] binding {host} with --no-auth: anyone who reaches it can call the API")
     auth = AuthOptions(keys, public_metrics=public_metrics, public_docs=public_docs) if keys else None
+    admin_keys = load_api_keys(admin_api_key, admin_api_key_file, env_var=ADMIN_ENV_VAR, option="--admin-api-key")
+    check_admin_keys(admin_keys, keys)
+    if allow_admin_without_key and not is_loopback(host):
+        raise typer.BadParameter(f"--allow-admin-without-key with --host {host}: allowed on a loopback --host only; "
+                                 "give --admin-api-key-file / --admin-api-key / $HLLM_ADMIN_API_KEYS")
+    admin = AdminOptions(admin_keys, allow_admin_without_key)
     tls = tls_options(ssl_certfile, ssl_keyfile)
     from hllm.runtime.artefact import resolve
+    from hllm.serve.repository import VersionManager, is_repository
 
-    art = resolve(model)  # a bad path fails before the server starts
-    served = ServedModel(tuple(served_model_name) or ServedModel().names, model_version(art.meta))
+    names = tuple(served_model_name) or ServedModel().names
+    versions = None
+    if is_repository(model):  # REPO/1, REPO/2, ...: the highest version that resolves
+        versions, ranker, served = VersionManager.open(model, ServedModel(names).names, threads=threads)
+    else:
+        art = resolve(model)  # a bad path fails before the server starts
+        served = ServedModel(names, model_version(art.meta))
     tracer = None
     if otlp_endpoint is not None:
         from hllm.serve.tracing import otlp_tracer
 
         tracer = otlp_tracer(otlp_endpoint)
     sock = bind_socket(host, port)  # a port in use: `error:` and exit 2, before the engine is opened
-    ranker = Ranker.from_path(art, threads=threads)
-    application = create_app(ranker, opts, info={"model": str(model)}, auth=auth, model=served, tracer=tracer)
+    if versions is None:
+        ranker = Ranker.from_path(art, threads=threads)
+    info = {"model": str(model if versions is None else versions.records[versions.current].path)}
+    application = create_app(ranker, opts, info=info, auth=auth, model=served, tracer=tracer, versions=versions,
+                             admin=admin)
     console.print(
-        f"serving {model} ({', '.join(served.names)}, version {served.version}) on {'https' if tls else 'http'}://{host}:{port} "
+        f"serving {info['model']} ({', '.join(served.names)}, version {served.version}) on {'https' if tls else 'http'}://{host}:{port} "
         f"(max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms; "
         f"{f'{len(keys)} API key(s)' if keys else 'no API key'}); "
         "the engine loads in the background — GET /readyz says when it is ready"
@@ -125,6 +144,7 @@ def loadtest_cmd(
     note: Optional[str] = typer.Option(None, help="Free text stored in the JSON (e.g. that the cores were shared)."),
     route: str = choice_opt("rank", ("rank", "rerank", "both"), "--route",
                             help="Drive POST /v1/rank, /v1/rerank (same slates: documents = titles, history extension), or both in one run."),
+    keys_and_tracing: bool = typer.Option(False, "--keys-and-tracing", help="Also measure a batching-on server with an API key (clients send it) and OpenTelemetry traces (spans batched to a discarding exporter; extra 'otel'), interleaved with the others."),
     out_path: Optional[Path] = out_opt(help="JSON report to write (atomic; '-' = stdout)."),
     json_out: bool = json_opt(),
     candidates: Optional[int] = hidden_alias("--candidates", "--n-items"),
@@ -147,7 +167,7 @@ def loadtest_cmd(
     data = load_slates(slates, limit=limit)
     report = loadtest_report(model, url, data, clients, requests, max_seconds, n_items, batch_size, max_wait_ms,
                              threads, rounds, note, slates_source(slates), log=lambda m: console.print(m),
-                             routes=("rank", "rerank") if route == "both" else (route,))
+                             routes=("rank", "rerank") if route == "both" else (route,), keys_and_tracing=keys_and_tracing)
     finish_report(out_path, report, json_out, show=_print_table)
 
 

@@ -12,6 +12,9 @@ Endpoints:
   failure and while draining;
 * ``GET /metrics`` — Prometheus text (:mod:`hllm.serve.metrics`);
 * ``GET /openapi.json`` and ``/docs`` — the OpenAPI schema;
+* ``GET /v1/models`` — the served names and version (and, serving a versioned repository, its ``versions``);
+* ``POST /admin/reload`` — load, check and swap in the newest model version (:mod:`hllm.serve.admin`,
+  :mod:`hllm.serve.repository`);
 * the Open Inference Protocol (KServe v2): ``GET /v2/health/live``, ``/v2/health/ready``,
   ``/v2/models/hllm_ranker[/ready]`` and ``POST /v2/models/hllm_ranker/infer`` with the BYTES
   ``slates`` input of the Triton ensemble (:mod:`hllm.serve.kserve`), errors as ``{"error": message}``.
@@ -38,6 +41,7 @@ malformed HTTP, over ``max_connections`` — get uvicorn's plain-text 400/503.)
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -56,12 +60,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hllm.errors import HllmError
 from hllm.serve import kserve
+from hllm.serve.admin import add_admin_routes
 from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, MicroBatcher, QueueFull, ShuttingDown
 from hllm.serve.auth import ApiKeyMiddleware, AuthOptions
 from hllm.serve.metrics import ServeMetrics
 from hllm.serve.models import ServedModel
 from hllm.serve.protocol import (ERROR_RESPONSES, HTTP_KINDS, ApiError, encode_slates, error_response, metric_path,
                                  parse_rank_body, read_body, request_id)
+from hllm.serve.repository import watch_sighup
 from hllm.serve.rerank import add_rerank_routes
 from hllm.serve.schemas import ErrorResponse, RankRequest, RankResponse
 from hllm.serve.tracing import TelemetryMiddleware, observe_request
@@ -125,6 +131,8 @@ class ServerState:
     loader: asyncio.Task | None = None
     info: dict = field(default_factory=dict)
     model: ServedModel = field(default_factory=ServedModel)
+    versions: Any = None  # hllm.serve.repository.VersionManager when serving a versioned repository
+    inflight: collections.Counter = field(default_factory=collections.Counter)  # id(ranker) → requests holding it
 
 
 def warmup_slate(k: int) -> dict:
@@ -139,7 +147,7 @@ def warmup_slate(k: int) -> dict:
 
 def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | None = None,
                batcher_factory: Any = None, *, auth: AuthOptions | None = None, model: ServedModel | None = None,
-               tracer: Any = None, access_log: bool = True) -> FastAPI:
+               tracer: Any = None, access_log: bool = True, versions: Any = None, admin: Any = None) -> FastAPI:
     """The FastAPI app serving ``ranker`` (a :class:`hllm.runtime.Ranker`).
 
     The engine is activated and warmed up on the engine thread after startup (``/readyz`` says when);
@@ -149,14 +157,19 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     interface; the Ray Serve deployment passes one built on ``@serve.batch``).
     ``auth``: API keys (:mod:`hllm.serve.auth`; None: no key needed). ``model``: the served names and version
     (:mod:`hllm.serve.models`). ``tracer``: an OpenTelemetry tracer for request spans, ``access_log``: one
-    ``hllm.access`` record per request (:mod:`hllm.serve.tracing`).
+    ``hllm.access`` record per request (:mod:`hllm.serve.tracing`). ``versions``: the
+    :class:`hllm.serve.repository.VersionManager` of a versioned repository (``ranker`` and ``model`` are its
+    served version's); ``admin``: who may call ``/admin/reload`` (:class:`hllm.serve.admin.AdminOptions`;
+    None: nobody).
     """
     options = options or ServeOptions()
     metrics = ServeMetrics()
     batcher = (batcher_factory or MicroBatcher)(ranker, options.batch, metrics)
     model = model or ServedModel()
     info = {**(info or {}), "served_model_names": list(model.names), "model_version": model.version}
-    state = ServerState(ranker, batcher, metrics, options, info=info, model=model)
+    state = ServerState(ranker, batcher, metrics, options, info=info, model=model, versions=versions)
+    if versions is not None:
+        versions.attach(state)
     service = RankService(state)
     app = FastAPI(
         title="hllm ranking server",
@@ -170,7 +183,7 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     app.add_exception_handler(RequestValidationError, service.validation_error)
     if auth is not None:
         app.add_middleware(ApiKeyMiddleware, auth=auth, on_reject=functools.partial(metrics.error, "unauthorized"))
-    app.add_middleware(TelemetryMiddleware, tracer=tracer, model_version=model.version, access=access_log)
+    app.add_middleware(TelemetryMiddleware, tracer=tracer, model_version=lambda: state.model.version, access=access_log)
     app.middleware("http")(service.count)
     app.get("/healthz", summary="The process is alive")(service.healthz)
     app.get("/readyz", summary="The engine is loaded and warmed up", responses={503: {"model": ErrorResponse}})(service.readyz)
@@ -179,6 +192,7 @@ def create_app(ranker: Any, options: ServeOptions | None = None, info: dict | No
     app.get("/v1/models", summary="The served model's names and version (OpenAI list shape)")(service.models)
     kserve.add_kserve_routes(app, service)
     add_rerank_routes(app, service)
+    add_admin_routes(app, service, admin)
     app.openapi = functools.partial(rank_openapi, app)
     return app
 
@@ -189,14 +203,37 @@ class RankService(kserve.KServeEndpoints):
 
     def __init__(self, state: ServerState):
         self.state = state
-        self.ranker, self.batcher, self.metrics, self.options = state.ranker, state.batcher, state.metrics, state.options
+        self.batcher, self.metrics, self.options = state.batcher, state.metrics, state.options
+
+    @property
+    def ranker(self):
+        """The ranker of the served version (a live reload replaces it: a request pins one with :meth:`pin`)."""
+        return self.state.ranker
+
+    @contextlib.contextmanager
+    def pin(self):
+        """Hold the served (ranker, model) for one request: its version is not deactivated before it is
+        answered, and it ranks the request even when another version is swapped in meanwhile."""
+        st = self.state
+        ranker, model = st.ranker, st.model
+        key = id(ranker)
+        st.inflight[key] += 1
+        try:
+            yield ranker, model
+        finally:
+            st.inflight[key] -= 1
+            if st.inflight[key] <= 0:
+                del st.inflight[key]
 
     # --- engine life cycle -------------------------------------------------------------------------
 
     def _activate_and_warm(self) -> None:
-        self.ranker.engine.activate()
+        ranker = self.ranker
+        ranker.engine.activate()
         if self.options.warmup:
-            self.ranker.rank_batch([warmup_slate(self.ranker.engine.num_positions)])
+            ranker.rank_batch([warmup_slate(ranker.engine.num_positions)])
+        if self.state.versions is not None:
+            self.state.versions.check_serving(ranker)
 
     async def _load(self) -> None:
         try:
@@ -204,6 +241,8 @@ class RankService(kserve.KServeEndpoints):
         except Exception as e:  # noqa: BLE001 — reported by /readyz, the server stays up
             self.state.load_error = f"{type(e).__name__}: {e}"
             log.error("engine failed to load: %s", self.state.load_error)
+            if self.state.versions is not None:
+                self.state.versions.load_failed(self.state.load_error)
             return
         self.state.ready = True
         self.metrics.ready.set(1)
@@ -215,15 +254,20 @@ class RankService(kserve.KServeEndpoints):
         state = self.state
         await self.batcher.start()
         state.loader = asyncio.get_running_loop().create_task(self._load())
+        unwatch = watch_sighup(state.versions) if state.versions is not None else None
         try:
             yield
         finally:
+            if unwatch is not None:
+                unwatch()
             state.draining = True
             state.ready = False
             self.metrics.ready.set(0)
             await self.batcher.close()
             if not state.loader.done():
                 state.loader.cancel()
+            if state.versions is not None:
+                state.versions.stop()
             self.ranker.engine.deactivate()
 
     # --- errors and counting -----------------------------------------------------------------------
@@ -289,25 +333,35 @@ class RankService(kserve.KServeEndpoints):
         slates, deadline = parse_rank_body(body, request.headers.get("content-type", ""),
                                            self.options.max_slates_per_request)
         res, timing = await self.submit(slates, deadline, t0)
-        return JSONResponse({"request_id": request.state.request_id, "model_version": self.state.model.version,
+        return JSONResponse({"request_id": request.state.request_id, "model_version": res.model.version,
                              "rankings": [r.to_dict() for r in res.rankings], "timing": timing})
 
     async def models(self) -> dict:
-        return self.state.model.listing()
+        listing = self.state.model.listing()
+        if self.state.versions is not None:
+            listing["versions"] = self.state.versions.listing()
+        return listing
 
-    async def submit(self, slates: list[dict], deadline: float | None, t0: float, encoded: list | None = None):
+    async def submit(self, slates: list[dict], deadline: float | None, t0: float, encoded: list | None = None,
+                     pinned: tuple | None = None):
         """Encode validated slates at admission (unless ``encoded`` holds their rows already) and rank them in
-        the batcher → (JobResult, timing in ms).
+        the batcher → (JobResult, timing in ms); the result's ``model`` and ``ranker`` are the version that
+        ranked it: ``pinned`` (a :meth:`pin` the caller holds, whose builder encoded ``encoded``), else the
+        version served at admission.
 
         Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
         504 (deadline), 500 (the engine batch failed).
         """
+        if pinned is None:
+            with self.pin() as own:
+                return await self.submit(slates, deadline, t0, encoded, own)
+        ranker, model = pinned
         if encoded is None:
-            encoded = await run_in_threadpool(encode_slates, self.ranker.builder, slates)
+            encoded = await run_in_threadpool(encode_slates, ranker.builder, slates)
         t1 = time.perf_counter()
         self.metrics.stage.labels("validate").observe(t1 - t0)
         try:
-            res = await self.batcher.submit(slates, deadline, encoded)
+            res = await self.batcher.submit(slates, deadline, encoded, ranker=ranker)
         except QueueFull as e:
             raise ApiError(503, "queue_full", str(e), {"Retry-After": str(e.retry_after_s)}) from None
         except ShuttingDown as e:
@@ -319,7 +373,8 @@ class RankService(kserve.KServeEndpoints):
         t2 = time.perf_counter()
         self.metrics.stage.labels("request").observe(t2 - t0)
         timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}
-        observe_request(slates, timing)
+        res.ranker, res.model = ranker, model
+        observe_request(slates, timing, model.version)
         return res, timing
 
     def _check_ready(self) -> None:

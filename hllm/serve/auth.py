@@ -10,7 +10,8 @@ server.
 is ``Bearer`` (scheme case-insensitive, RFC 6750 §2.1) and a key equal to one of the keys; the token is
 compared with EVERY key by :func:`hmac.compare_digest` (constant time in the key's content, no early exit).
 Open without a key: :data:`OPEN_PATHS` (``/healthz``, ``/readyz`` and the KServe health probes); ``/metrics``
-with ``public_metrics``; ``/docs``, ``/redoc`` and ``/openapi.json`` with ``public_docs``. Everything else
+with ``public_metrics``; ``/docs``, ``/redoc`` and ``/openapi.json`` with ``public_docs``. Paths under :data:`ADMIN_PREFIX` are left
+to :mod:`hllm.serve.admin`, which checks the separate admin keys. Everything else
 — ``/v1/rank``, the rerank routes, ``/v1/models``, ``/v2`` and ``/v2/models/...``, unknown paths — answers
 401 without a valid key: the JSON envelope ``{"error": {"kind": "unauthorized", "message", "id": null}}``
 (the KServe form ``{"error": message}`` on ``/v2`` and ``/v2/models/...``) and ``WWW-Authenticate: Bearer realm="hllm"``
@@ -33,6 +34,8 @@ from hllm.errors import HllmError
 
 #: The environment variable holding comma-separated API keys.
 ENV_VAR = "HLLM_API_KEYS"
+#: Paths under this prefix check the admin keys themselves (:mod:`hllm.serve.admin`), never the API keys.
+ADMIN_PREFIX = "/admin/"
 #: Paths open without a key: the liveness and readiness probes (Kubernetes, KServe, load balancers).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 METRICS_PATHS = frozenset({"/metrics"})
@@ -89,41 +92,43 @@ def _check_key(key: str, where: str) -> bytes:
     return key.encode("ascii")
 
 
-def read_key_file(path: str | os.PathLike) -> list[str]:
-    """The keys of a key file: one per line, blank lines and ``#`` comments ignored (UTF-8).
+def read_key_file(path: str | os.PathLike, option: str = "--api-key-file") -> list[str]:
+    """The keys of a key file: one per line, blank lines and ``#`` comments ignored (UTF-8); errors name
+    ``option``.
 
     Raises: HllmError (missing, not a file, over :data:`MAX_KEY_FILE_BYTES`, not UTF-8, no key in it).
     """
     p = Path(path)
     try:
         if not p.is_file():
-            raise HllmError(f"--api-key-file {p}: not a file")
+            raise HllmError(f"{option} {p}: not a file")
         if p.stat().st_size > MAX_KEY_FILE_BYTES:
-            raise HllmError(f"--api-key-file {p}: over {MAX_KEY_FILE_BYTES} bytes; it should hold API keys, one a line")
+            raise HllmError(f"{option} {p}: over {MAX_KEY_FILE_BYTES} bytes; it should hold API keys, one a line")
         text = p.read_bytes().decode("utf-8")
     except OSError as e:
-        raise HllmError(f"--api-key-file {p}: {e.strerror or e}") from None
+        raise HllmError(f"{option} {p}: {e.strerror or e}") from None
     except UnicodeDecodeError:
-        raise HllmError(f"--api-key-file {p}: not UTF-8 text") from None
+        raise HllmError(f"{option} {p}: not UTF-8 text") from None
     keys = [s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#")]
     if not keys:
-        raise HllmError(f"--api-key-file {p}: holds no key (one key a line; '#' starts a comment)")
+        raise HllmError(f"{option} {p}: holds no key (one key a line; '#' starts a comment)")
     return keys
 
 
 def load_api_keys(keys: Iterable[str] = (), key_file: str | os.PathLike | None = None,
-                  env: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
-    """Every API key from ``keys``, the ``key_file`` and ``env[ENV_VAR]`` (comma-separated; ``env`` defaults
+                  env: Mapping[str, str] | None = None, env_var: str = ENV_VAR, option: str = "--api-key") -> tuple[bytes, ...]:
+    """Every API key from ``keys``, the ``key_file`` and ``env[env_var]`` (comma-separated; ``env`` defaults
     to ``os.environ``), without duplicates, in that order → UTF-8 bytes (empty: no key anywhere).
+    ``option``: the command-line option named in errors (``--admin-api-key`` for the admin keys).
 
     Raises: HllmError naming the source of a malformed key (never the key) or an unreadable key file.
     """
     env = os.environ if env is None else env
     found: list[bytes] = []
-    sources = [(k, "--api-key") for k in keys]
+    sources = [(k, option) for k in keys]
     if key_file is not None:
-        sources += [(k, f"--api-key-file {key_file}") for k in read_key_file(key_file)]
-    sources += [(k.strip(), f"${ENV_VAR}") for k in env.get(ENV_VAR, "").split(",") if k.strip()]
+        sources += [(k, f"{option}-file {key_file}") for k in read_key_file(key_file, f"{option}-file")]
+    sources += [(k.strip(), f"${env_var}") for k in env.get(env_var, "").split(",") if k.strip()]
     for key, where in sources:
         b = _check_key(key, where)
         if b not in found:
@@ -143,8 +148,9 @@ class ApiKeyMiddleware:
         self.app, self.auth, self.on_reject = app, auth, on_reject
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.auth.is_open(scope.get("path", "")):
-            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if scope["type"] != "http" or self.auth.is_open(path) or path.startswith(ADMIN_PREFIX):
+            return await self.app(scope, receive, send)  # admin routes check the admin keys themselves
         header = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), None)
         if self.auth.accepts(header):
             return await self.app(scope, receive, send)

@@ -16,6 +16,10 @@ https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/use
   :class:`BatchFailed` carrying an error id that is also logged; the collector keeps serving.
 * :meth:`MicroBatcher.close` stops admission and drains what is queued (graceful shutdown).
 
+Each request runs on the ranker it was submitted with (``submit(..., ranker=)``, default the batcher's
+``ranker``): a batch holds requests of one ranker only, so a model version swapped in while requests wait
+(:mod:`hllm.serve.repository`) never shares a batch with the one it replaces.
+
 A request with more slates than ``max_batch_slates`` runs alone, in chunks of ``max_batch_slates``.
 ``max_batch_slates=1, max_wait_ms=0`` turns micro-batching off (one engine call per slate).
 """
@@ -110,11 +114,15 @@ class JobResult:
     ``decode_ms`` (the whole batch's stage times, shared by its requests), ``batch_id``,
     ``batch_slates``, ``batch_requests``. ``scores``: each slate's score matrix ``[n, K]`` float32
     (:attr:`hllm.runtime.ranker.RankResult.scores`), for the Open Inference Protocol's ``scores`` output.
+    ``ranker`` and ``model``: the ranker that ranked it and its :class:`hllm.serve.models.ServedModel`
+    (set by the app's service, :meth:`hllm.serve.app.RankService.submit`).
     """
 
     rankings: list
     timing: dict
     scores: list = field(default_factory=list)
+    ranker: Any = None
+    model: Any = None
 
 
 @dataclass
@@ -124,6 +132,7 @@ class _Job:
     future: asyncio.Future
     enqueued: float  # time.perf_counter()
     deadline: float  # time.perf_counter() at which the caller gives up
+    ranker: Any = None  # the ranker (model version) this request runs on
     started: float = 0.0
 
 
@@ -212,11 +221,12 @@ class MicroBatcher(EngineThread):
 
     # -- admission ---------------------------------------------------------------------------------
     async def submit(self, slates: Sequence[dict], deadline_ms: float | None = None,
-                     encoded: Sequence | None = None) -> JobResult:
+                     encoded: Sequence | None = None, ranker: Any = None) -> JobResult:
         """Queue ``slates`` (already validated) and await their rankings.
 
         ``encoded``: the slates' :meth:`PromptBuilder.encode_one` rows when admission already encoded
-        them (then they are not tokenized again).
+        them (then they are not tokenized again), by ``ranker``'s builder. ``ranker``: the one to rank
+        them with (default :attr:`ranker`).
 
         Raises: QueueFull, ShuttingDown, DeadlineExceeded, BatchFailed.
         """
@@ -227,7 +237,7 @@ class MicroBatcher(EngineThread):
         timeout = (deadline_ms or self.options.deadline_ms) / 1e3
         now = time.perf_counter()
         job = _Job(list(slates), None if encoded is None else list(encoded),
-                   asyncio.get_running_loop().create_future(), now, now + timeout)
+                   asyncio.get_running_loop().create_future(), now, now + timeout, ranker or self.ranker)
         self._pending.append(job)
         self._observe_depth()
         self._wakeup.set()
@@ -268,7 +278,8 @@ class MicroBatcher(EngineThread):
                 await self._wait(remaining)
             jobs = [self._pending.popleft()]
             n = len(jobs[0].slates)
-            while self._pending and n + len(self._pending[0].slates) <= opt.max_batch_slates:
+            while (self._pending and n + len(self._pending[0].slates) <= opt.max_batch_slates
+                   and self._pending[0].ranker is jobs[0].ranker):
                 n += len(self._pending[0].slates)
                 jobs.append(self._pending.popleft())
             self._observe_depth()
@@ -296,7 +307,7 @@ class MicroBatcher(EngineThread):
                 self.metrics.queue_wait(start - j.enqueued)
         loop = asyncio.get_running_loop()
         try:
-            rankings, times, matrices = await loop.run_in_executor(self._executor, self._rank, slates, encoded)
+            rankings, times, matrices = await loop.run_in_executor(self._executor, self._rank, slates, encoded, jobs[0].ranker)
         except Exception as e:  # noqa: BLE001 — any engine failure fails this batch only
             error_id = uuid.uuid4().hex[:12]
             kind = _error_kind(e)
@@ -335,8 +346,8 @@ class MicroBatcher(EngineThread):
                 )
             )
 
-    def _rank(self, slates: list[dict], encoded: list | None = None):
-        """Engine thread: rank ``slates`` in chunks of ``max_batch_slates`` → (rankings, summed stage times,
-        score matrices ``[n, K]`` per slate)."""
-        res = self.ranker.rank(slates, encoded=encoded, batch_size=self.options.max_batch_slates)
+    def _rank(self, slates: list[dict], encoded: list | None = None, ranker: Any = None):
+        """Engine thread: rank ``slates`` with ``ranker`` (default :attr:`ranker`) in chunks of
+        ``max_batch_slates`` → (rankings, summed stage times, score matrices ``[n, K]`` per slate)."""
+        res = (ranker or self.ranker).rank(slates, encoded=encoded, batch_size=self.options.max_batch_slates)
         return res.rankings, res.times, res.scores

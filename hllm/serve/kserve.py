@@ -390,6 +390,9 @@ class KServeEndpoints:
     def _check_model(self, name: str, version: str | None) -> None:
         served = self.state.model
         check_model(name, version, served.names, served.version)
+        if self.state.versions is not None and version not in (None, served.version):  # a versioned repository
+            raise KServeError(404, f"model {name!r} version {version!r} is not served: version {served.version} is",
+                              "not_found")
 
     async def v2_model(self, model_name: str, model_version: str | None = None):
         self._check_model(model_name, model_version)
@@ -419,7 +422,7 @@ class KServeEndpoints:
             res, _ = await self.submit(slates, None, t0)
         except ApiError as e:
             raise KServeError(400 if e.status == 422 else e.status, e.message, e.kind) from None
-        outputs = output_arrays(res.rankings, res.scores, self.ranker.engine.num_positions)
+        outputs = output_arrays(res.rankings, res.scores, res.ranker.engine.num_positions)
         rid = doc.get("id") if isinstance(doc.get("id"), str) else request.state.request_id
-        body, headers = response_body(doc, outputs, rid, model_name, self.state.model.version)
+        body, headers = response_body(doc, outputs, rid, model_name, res.model.version)
         return Response(body, headers=headers)

@@ -137,8 +137,9 @@ class ServeBatcher(EngineThread):
     def depth(self) -> int:
         return 0  # Ray's router and @serve.batch hold the queue
 
-    async def submit(self, slates, deadline_ms: Optional[float] = None, encoded=None) -> JobResult:
-        """Queue one request's (validated, encoded) slates on ``@serve.batch`` and await its rankings."""
+    async def submit(self, slates, deadline_ms: Optional[float] = None, encoded=None, ranker=None) -> JobResult:
+        """Queue one request's (validated, encoded) slates on ``@serve.batch`` and await its rankings
+        (``ranker`` is the replica's own: a replica serves one model version)."""
         if self._closing or self._executor is None:
             raise ShuttingDown("replica is shutting down")
         timeout = (deadline_ms or self.options.deadline_ms) / 1e3

@@ -369,10 +369,11 @@ def add_rerank_routes(app, service) -> None:
     (``service``: its :class:`hllm.serve.app.RankService`)."""
     cache: list[BuilderCache] = []
 
-    def builder_cache() -> BuilderCache:
-        """Made on the first request (the ranker is read then, as by /v1/rank)."""
-        if not cache:
-            cache.append(BuilderCache(service.ranker.builder))
+    def builder_cache(ranker) -> BuilderCache:
+        """Made on the first request (the ranker is read then, as by /v1/rank), again when a live reload
+        swapped in another version (:mod:`hllm.serve.repository`)."""
+        if not cache or cache[0].base is not ranker.builder:
+            cache[:] = [BuilderCache(ranker.builder)]
         return cache[0]
 
     def endpoint(route: str):
@@ -380,12 +381,13 @@ def add_rerank_routes(app, service) -> None:
             t0 = time.perf_counter()
             service._check_ready()
             body = await read_body(request, service.options.max_body_bytes, service.options.body_timeout_s)
-            builders = builder_cache()
-            served = service.state.model
-            q = parse_rerank_body(body, request.headers.get("content-type", ""), route,
-                                  service.ranker.engine.num_positions, builders.base.spec, served.names)
-            row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q)
-            res, timing = await service.submit([q.slate], q.deadline_ms, t0, encoded=[row])
+            with service.pin() as pinned:  # this version encodes and ranks the request
+                ranker, served = pinned
+                builders = builder_cache(ranker)
+                q = parse_rerank_body(body, request.headers.get("content-type", ""), route,
+                                      ranker.engine.num_positions, builders.base.spec, served.names)
+                row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q)
+                res, timing = await service.submit([q.slate], q.deadline_ms, t0, encoded=[row], pinned=pinned)
             return JSONResponse(response(q, res.rankings[0], res.scores[0], row, warnings, request.state.request_id,
                                          route, timing, served.name, served.version))
         return rerank

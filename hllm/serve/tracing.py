@@ -45,19 +45,22 @@ STAGES = (("tokenize", "validate_ms"), ("queue wait", "queue_ms"), ("engine", "e
 
 @dataclass
 class RequestRecord:
-    """What the endpoint tells the middleware: slate and document counts, the timing, when it was measured."""
+    """What the endpoint tells the middleware: slate and document counts, the timing, when it was measured,
+    the model version that ranked the request."""
 
     slates: int = 0
     documents: int = 0
     timing: dict | None = None
     done_ns: int = 0  # time.time_ns() when the timing was taken
+    model_version: str | None = None
 
 
-def observe_request(slates: list[dict], timing: dict) -> None:
-    """Record the ranked ``slates`` and their ``timing`` (ms) for the current request's span and access log
-    (no-op outside :class:`TelemetryMiddleware`)."""
+def observe_request(slates: list[dict], timing: dict, model_version: str | None = None) -> None:
+    """Record the ranked ``slates``, their ``timing`` (ms) and the ``model_version`` that ranked them for the
+    current request's span, header and access log (no-op outside :class:`TelemetryMiddleware`)."""
     rec = _current.get()
     if rec is not None:
+        rec.model_version = model_version or rec.model_version
         rec.slates += len(slates)
         rec.documents += sum(len(s.get("candidates") or ()) for s in slates)
         rec.timing, rec.done_ns = dict(timing), time.time_ns()
@@ -100,12 +103,15 @@ class TelemetryMiddleware:
 
     Args:
         app: the ASGI app it wraps. tracer: an OpenTelemetry ``Tracer`` or None (no spans).
-        model_version: the ``hllm.model_version`` attribute / log field.
+        model_version: the ``hllm.model_version`` attribute / log field / ``X-Model-Version`` header of a
+            request that ranked nothing: a string, or a function giving the served version (it changes on a
+            live reload); a ranked request's is the version that ranked it (:func:`observe_request`).
         access: emit the access-log record.
     """
 
-    def __init__(self, app, tracer: Any = None, model_version: str = "", access: bool = True):
-        self.app, self.tracer, self.model_version, self.access = app, tracer, model_version, access
+    def __init__(self, app, tracer: Any = None, model_version: Any = "", access: bool = True):
+        self.app, self.tracer, self.access = app, tracer, access
+        self.served_version = model_version if callable(model_version) else (lambda: model_version)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -114,11 +120,12 @@ class TelemetryMiddleware:
         rec = RequestRecord()
         token = _current.set(rec)
         status = [500]
-        version = self.model_version.encode("latin-1", "replace")
+        served = self.served_version()
 
         async def send_status(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                version = (rec.model_version or served).encode("latin-1", "replace")
                 message = {**message, "headers": [*message.get("headers", ()), (b"x-model-version", version)]}
             await send(message)
 
@@ -134,7 +141,7 @@ class TelemetryMiddleware:
             if self.access and access_log.isEnabledFor(logging.INFO):
                 fields = {"request_id": rid, "method": scope.get("method"), "route": route, "status": status[0],
                           "latency_ms": round(latency_ms, 3), "slates": rec.slates, "documents": rec.documents,
-                          "model_version": self.model_version}
+                          "model_version": rec.model_version or served}
                 access_log.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra={"access": fields})
 
     def _spans(self, scope, rec: RequestRecord, route: str, rid, status: int, start_ns: int, end_ns: int) -> None:
@@ -142,7 +149,7 @@ class TelemetryMiddleware:
 
         attrs = {"http.request.method": scope.get("method", ""), "http.route": route, "url.path": scope.get("path", ""),
                  "http.response.status_code": status, "hllm.request_id": rid or "", "hllm.slates": rec.slates,
-                 "hllm.documents": rec.documents, "hllm.model_version": self.model_version}
+                 "hllm.documents": rec.documents, "hllm.model_version": rec.model_version or self.served_version()}
         root = self.tracer.start_span(f"{scope.get('method', '')} {route}", kind=trace.SpanKind.SERVER,
                                       start_time=start_ns, attributes=attrs)
         if status >= 500:

@@ -4,6 +4,7 @@ the rankings hllm's own Ranker gives, and the comparison of two lists of ranking
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ def pb2_path() -> Path:
     """Triton's ``model_config_pb2.py`` inside the installed tritonclient (skips the test without it)."""
     tc = pytest.importorskip("tritonclient", reason="tritonclient not installed")
     return Path(tc.__file__).parent / "grpc" / "model_config_pb2.py"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server started in a subprocess)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def ranker_rankings(export_dir, slates) -> list[dict]:

@@ -363,3 +363,19 @@ def test_cli_https_with_key_file_and_json_access_log(export_dir, ca, tmp_path):
     assert ok["route"] == "/v2/rerank" and ok["status"] == 200 and ok["slates"] == 1 and ok["documents"] == 3
     assert ok["model_version"].startswith("sha256:") and ok["latency_ms"] > 0 and ok["method"] == "POST"
     assert denied["status"] == 401 and denied["slates"] == 0
+
+
+def test_loadtest_measures_keys_and_tracing_beside_the_plain_server(export_dir):
+    """`hllm loadtest --keys-and-tracing`: the keyed, traced mode answers every request (the clients send the
+    key) and ranks as the plain modes do."""
+    pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
+    from hllm.bench.loadtest import compare_batching
+
+    res = compare_batching(export_dir, tiny_slates(6, (2, 8), seed=61), clients=2, requests=8, max_seconds=120,
+                           rounds=2, log=lambda m: None, keys_and_tracing=True)
+    assert set(res) == {"batching_on", "batching_off", "batching_on_keys_traced", "rankings_identical_across_modes"}
+    secured = res["batching_on_keys_traced"]
+    assert secured["ok"] == secured["requests"] == 8 and secured["errors"] == 0
+    assert secured["options"]["api_key"] and secured["options"]["tracing"] and not res["batching_on"]["options"]["api_key"]
+    agree = res["rankings_identical_across_modes"]
+    assert agree["compared"] == 16 and agree["identical"] == 16
