@@ -62,7 +62,7 @@ def serve_cmd(
     art = resolve(model)  # a bad path fails before the server starts
     sock = bind_socket(host, port)  # a port in use: `error:` and exit 2, before the engine is opened
     ranker = Ranker.from_path(art, threads=threads)
-    application = create_app(ranker, opts, info={"model": str(model)})
+    application = create_app(ranker, opts)
     console.print(
         f"serving {model} on http://{host}:{port} (max batch {opts.batch.max_batch_slates}, window {opts.batch.max_wait_ms} ms); "
         "the engine loads in the background — GET /readyz says when it is ready"

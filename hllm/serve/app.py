@@ -8,7 +8,8 @@ Endpoints:
 * ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` — the Cohere / Jina reranking API, one slate per request
   (:mod:`hllm.serve.rerank`);
 * ``GET /healthz`` — the process answers (200);
-* ``GET /readyz`` — 200 once the engine is loaded and warmed up, 503 while loading, after a load
+* ``GET /readyz`` — 200 once the engine is loaded and warmed up (``{"status": "ready", "model", "version"}``:
+  the served model's name and version only, never its path or engine), 503 while loading, after a load
   failure and while draining;
 * ``GET /metrics`` — Prometheus text (:mod:`hllm.serve.metrics`);
 * ``GET /openapi.json`` and ``/docs`` — the OpenAPI schema;
@@ -254,9 +255,9 @@ class RankService(kserve.KServeEndpoints):
         return {"status": "ok"}
 
     async def readyz(self):
-        state, engine = self.state, self.ranker.engine
-        if state.ready and not state.draining:
-            return {"status": "ready", "engine": engine.name, "num_positions": engine.num_positions, **state.info}
+        state = self.state
+        if state.ready and not state.draining:  # name and version only: no path, engine or options to anyone
+            return {"status": "ready", "model": kserve.MODEL_NAME, "version": kserve.MODEL_VERSION}
         if state.draining:
             kind, msg = "draining", "server is shutting down"
         elif state.load_error:

@@ -105,7 +105,7 @@ def test_health_ready_and_one_ranking(served, reference):
     srv, _ = served
     assert httpx.get(f"{srv.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{srv.url}/readyz")
-    assert ready.status_code == 200 and ready.json()["num_positions"] == K
+    assert ready.status_code == 200
     s = tiny_slates(1, 6, seed=11)[0]
     r = _post(srv.url, {"slates": [s]})
     assert r.status_code == 200, r.text
@@ -386,6 +386,17 @@ def test_loadtest_refuses_non_loopback():
         BackgroundServer(create_app(object()), host="0.0.0.0")
 
 
+def test_readyz_names_the_model_and_version_only(export_dir, served):
+    """/readyz is public: ready or not plus the served model's name and version, never its path or engine."""
+    srv, _ = served
+    assert httpx.get(f"{srv.url}/readyz").json() == {"status": "ready", "model": "hllm_ranker", "version": "1"}
+    app = create_app(Ranker.from_path(export_dir), ServeOptions(), info={"model": str(export_dir)})
+    with BackgroundServer(app) as bg:
+        body = wait_ready(bg.url, timeout_s=120)
+    assert body == {"status": "ready", "model": "hllm_ranker", "version": "1"}
+    assert str(export_dir) not in json.dumps(body)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -402,7 +413,7 @@ def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, timeout_s=120)
+        assert str(export_dir) not in json.dumps(wait_ready(url, timeout_s=120))
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             fut = ex.submit(_post, url, {"slates": tiny_slates(1, 5, seed=70)})
             # SIGTERM only once the request is queued (waiting for its batch window): on a loaded
