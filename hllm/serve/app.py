@@ -59,8 +59,8 @@ from hllm.errors import HllmError
 from hllm.serve import kserve
 from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, MicroBatcher, QueueFull, ShuttingDown
 from hllm.serve.metrics import ServeMetrics
-from hllm.serve.protocol import (ERROR_RESPONSES, HTTP_KINDS, ApiError, encode_slates, error_response, metric_path,
-                                 parse_rank_body, read_body, request_id)
+from hllm.serve.protocol import (ERROR_RESPONSES, HTTP_KINDS, ApiError, assignment_blocks, encode_slates,
+                                 error_response, metric_path, parse_rank_body, read_body, request_id)
 from hllm.serve.rerank import add_rerank_routes
 from hllm.serve.schemas import ErrorResponse, RankRequest, RankResponse
 
@@ -283,8 +283,10 @@ class RankService(kserve.KServeEndpoints):
         """Encode validated slates at admission (unless ``encoded`` holds their rows already) and rank them in
         the batcher → (JobResult, timing in ms).
 
+        The JobResult's score matrices follow the one rule of every route (:func:`assignment_blocks`).
+
         Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
-        504 (deadline), 500 (the engine batch failed).
+        504 (deadline), 500 (the engine batch failed, a non-finite score in a slate's assignment block).
         """
         if encoded is None:
             encoded = await run_in_threadpool(encode_slates, self.ranker.builder, slates)
@@ -300,6 +302,11 @@ class RankService(kserve.KServeEndpoints):
             raise ApiError(504, "deadline", str(e)) from None
         except BatchFailed as e:
             raise ApiError(500, e.kind, str(e), error_id=e.error_id) from None
+        try:
+            res.scores = assignment_blocks(res.scores, res.rankings)
+        except ApiError as e:
+            log.error("%s (error id %s)", e.message, e.error_id)
+            raise
         t2 = time.perf_counter()
         self.metrics.stage.labels("request").observe(t2 - t0)
         return res, {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}

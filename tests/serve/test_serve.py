@@ -67,6 +67,30 @@ class ControlledEngine(Engine):
         return self.inner.run(input_ids, readout_positions, item_mask, context_positions)
 
 
+class PoisonEngine(Engine):
+    """Delegates to a real engine, then writes ``value`` at ``M[b, 0, column]`` of every slate, where
+    ``column`` is ``n_b`` (the first rank position past the slate) or, with ``inside``, ``0``."""
+
+    name = "poison"
+
+    def __init__(self, inner: Engine, value: float = float("inf")):
+        super().__init__(inner.num_positions)
+        self.inner, self.value, self.inside = inner, value, False
+
+    def _activate(self):
+        self.inner.activate()
+
+    def _deactivate(self):
+        self.inner.deactivate()
+
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None):
+        scores = np.array(self.inner.run(input_ids, readout_positions, item_mask, context_positions))
+        for b, n in enumerate(item_mask.sum(axis=1)):
+            if self.inside or n < scores.shape[2]:
+                scores[b, 0, 0 if self.inside else int(n)] = self.value
+        return scores
+
+
 def _server(ranker, **batch) -> tuple[BackgroundServer, object]:
     opts = ServeOptions(batch=BatchOptions(**{"max_batch_slates": 4, "max_wait_ms": 20.0, **batch}), max_body_bytes=64 * 1024)
     app = create_app(ranker, opts)
@@ -384,6 +408,47 @@ def test_loadtest_refuses_non_loopback():
         run_load("http://10.0.0.1:8000", [{"candidates": [{"title": "a"}]}], 1, 1, 1.0)
     with pytest.raises(HllmError, match="loopback only"):
         BackgroundServer(create_app(object()), host="0.0.0.0")
+
+
+def _strict_json(text: str):
+    """Parse as JSON proper: ``Infinity`` / ``NaN`` literals raise."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_scores_follow_one_rule_on_every_route(export_dir, reference, value):
+    """Only a slate's own n×n assignment block matters, on /v1/rank, the rerank routes and KServe: a
+    non-finite score past the slate is ignored (and never emitted), one inside it is one enveloped 500."""
+    base = Ranker.from_path(export_dir)
+    eng = PoisonEngine(base.engine, value)
+    srv, _ = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0)
+    s = tiny_slates(1, 5, seed=21)[0]
+    v2 = {"inputs": [{"name": "slates", "datatype": "BYTES", "shape": [1, 1], "data": [json.dumps(s)]}]}
+    rerank = {"query": "q", "documents": [c["title"] for c in s["candidates"]], "history": s["history"]}
+    with srv, httpx.Client(timeout=60) as c:
+        wait_ready(srv.url, timeout_s=120)
+        rank = c.post(f"{srv.url}/v1/rank", json={"slates": [s]})
+        reranked = [c.post(f"{srv.url}{route}", json=rerank) for route in ("/v1/rerank", "/v2/rerank", "/rerank")]
+        infer = c.post(f"{srv.url}/v2/models/hllm_ranker/infer", json=v2)
+        eng.inside = True
+        bad = [c.post(f"{srv.url}/v1/rank", json={"slates": [s]}), c.post(f"{srv.url}/v1/rerank", json=rerank)]
+        bad_v2 = c.post(f"{srv.url}/v2/models/hllm_ranker/infer", json=v2)
+    want = reference.rank([s])[0]
+    assert rank.status_code == 200 and _strict_json(rank.text)["rankings"][0]["order"] == want.order, rank.text
+    for r in reranked:
+        assert r.status_code == 200, r.text
+        assert [x["index"] for x in _strict_json(r.text)["results"]] == want.order
+    assert infer.status_code == 200, infer.text
+    outputs = {o["name"]: o for o in _strict_json(infer.text)["outputs"]}
+    m = np.array(outputs["scores"]["data"], dtype=np.float32).reshape(1, K, K)[0]
+    assert np.isfinite(m).all() and not m[:, 5:].any() and not m[5:].any()
+    np.testing.assert_allclose([m[i, p] for p, i in enumerate(want.order)], want.scores, atol=1e-4)
+    for r in bad:
+        assert r.status_code == 500 and r.json()["error"]["kind"] == "decode" and r.json()["error"]["id"], r.text
+        assert "non-finite" in r.json()["error"]["message"]
+    assert bad_v2.status_code == 500 and "non-finite" in bad_v2.json()["error"], bad_v2.text
 
 
 def test_readyz_names_the_model_and_version_only(export_dir, served):
