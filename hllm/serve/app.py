@@ -84,6 +84,9 @@ class ServeOptions:
             ``timeout_keep_alive``).
         max_connections: over this many open connections or running requests uvicorn answers 503
             (``limit_concurrency``).
+        max_connections_per_client: most open connections of one client address; past it a new one is
+            answered 503 and closed at once (:mod:`hllm.serve.server`). None: half of ``max_connections``
+            (at least 1), so one address never holds every slot (raise it behind a proxy).
         echo_request_id: set ``X-Request-ID`` on every response (off behind a proxy that sets it
             itself, such as Ray Serve's, which honours the client's header the same way).
     """
@@ -97,16 +100,25 @@ class ServeOptions:
     keep_alive_s: float = 5.0
     max_connections: int = 512
     echo_request_id: bool = True
+    max_connections_per_client: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_slates_per_request", "max_connections"):
+        for name in ("max_body_bytes", "max_slates_per_request", "max_connections", "max_connections_per_client"):
             v = getattr(self, name)
+            if v is None and name == "max_connections_per_client":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HllmError(f"{name} must be a positive integer, got {v!r}")
         for name in ("body_timeout_s", "header_timeout_s", "keep_alive_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise HllmError(f"{name} must be a positive number of seconds, got {v!r}")
+
+    @property
+    def per_client_cap(self) -> int:
+        """The connections one client address may hold: ``max_connections_per_client``, or half of
+        ``max_connections`` (at least 1)."""
+        return self.max_connections_per_client or max(1, self.max_connections // 2)
 
 
 @dataclass

@@ -15,7 +15,11 @@ is held, so none is held without progress. The limits come from the app's
   a JSON 408 and the connection is closed;
 * ``body_timeout_s`` — the app reads the body under a deadline (408, :func:`hllm.serve.protocol.read_body`);
 * ``keep_alive_s`` — uvicorn ``timeout_keep_alive``: idle keep-alive connections are closed;
-* ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once.
+* ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once;
+* ``max_connections_per_client`` — :class:`TimedH11Protocol` counts the open connections of each client
+  address; one over the cap is answered a JSON 503 (``too_many_connections``, ``Retry-After``) and closed
+  at once, so one address (idle sockets, headers without a body) can never hold every slot of
+  ``max_connections`` and the others keep being served.
 
 Every connection is served by the asyncio event loop, so a slow client never blocks the others'
 requests; these limits bound what slow clients can hold. The server always runs uvicorn's h11
@@ -24,6 +28,7 @@ protocol implementation (subclassed), even where ``httptools`` is installed.
 
 from __future__ import annotations
 
+import collections
 import errno
 import ipaddress
 import json
@@ -66,15 +71,43 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _close_with(transport, status: str, kind: str, message: str, extra: bytes = b"") -> None:
+    """Write a JSON error response (the app's envelope) and close the connection (no request read)."""
+    body = json.dumps({"error": {"kind": kind, "message": message, "id": None}}).encode()
+    transport.write(b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: application/json\r\n" + extra +
+                    b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    transport.close()
+
+
 class TimedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a request-header deadline (module doc): 408 and close when a
-    connection has not sent complete request headers within ``config.hllm_header_timeout_s``."""
+    connection has not sent complete request headers within ``config.hllm_header_timeout_s``; and a
+    cap of ``config.hllm_per_client_cap`` open connections per client address (503 and close past it)."""
 
     _header_timer = None
+    _counted = None  # the client address this connection is counted under
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if not self._admit_client():
+            return
         self._watch_headers()
+
+    def _admit_client(self) -> bool:
+        """Count this connection under its client address; False (503 sent, closing) past the cap."""
+        cap, open_by_client = getattr(self.config, "hllm_per_client_cap", None), getattr(self.config, "hllm_open_by_client", None)
+        host = self.client[0] if self.client else None
+        if not cap or open_by_client is None or host is None:
+            return True
+        if open_by_client[host] >= cap:
+            log.warning("refusing a connection from %s: it already holds %d (max_connections_per_client)", host, cap)
+            _close_with(self.transport, "503 Service Unavailable", "too_many_connections",
+                        f"this client address already holds {cap} connections (the server's per-client limit)",
+                        b"retry-after: 1\r\n")
+            return False
+        open_by_client[host] += 1
+        self._counted = host
+        return True
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -86,6 +119,12 @@ class TimedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._stop_header_timer()
+        if self._counted is not None:
+            open_by_client = self.config.hllm_open_by_client
+            open_by_client[self._counted] -= 1
+            if open_by_client[self._counted] <= 0:
+                del open_by_client[self._counted]
+            self._counted = None
         super().connection_lost(exc)
 
     def _watch_headers(self) -> None:
@@ -107,11 +146,7 @@ class TimedH11Protocol(H11Protocol):
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
         log.info("closing %s: request headers not received within %g s", self.client, timeout)
-        body = json.dumps({"error": {"kind": "timeout", "message": f"request headers not received within {timeout:g} s",
-                                     "id": None}}).encode()
-        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                             b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        self.transport.close()
+        _close_with(self.transport, "408 Request Timeout", "timeout", f"request headers not received within {timeout:g} s")
 
 
 def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float) -> uvicorn.Config:
@@ -131,6 +166,8 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
         limit_concurrency=getattr(opts, "max_connections", None),
     )
     config.hllm_header_timeout_s = getattr(opts, "header_timeout_s", 10.0)
+    config.hllm_per_client_cap = getattr(opts, "per_client_cap", None)
+    config.hllm_open_by_client = collections.Counter()
     return config
 
 
