@@ -123,7 +123,8 @@ class ServeOptions:
 
 @dataclass
 class ServerState:
-    """What the app knows about its engine: ready after warm-up, draining after SIGTERM."""
+    """What the app knows about its engine: ready after warm-up, draining after SIGTERM; ``shed``: the
+    in-flight requests answered 503 because the graceful timeout ended (:mod:`hllm.serve.server`)."""
 
     ranker: Any
     batcher: MicroBatcher
@@ -134,6 +135,7 @@ class ServerState:
     load_error: str | None = None
     loader: asyncio.Task | None = None
     info: dict = field(default_factory=dict)
+    shed: int = 0
 
 
 def warmup_slate(k: int) -> dict:

@@ -1,8 +1,17 @@
 """Running the app with uvicorn: in the foreground (``hllm serve``) or in a thread (tests, load test).
 
-Graceful shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections and waits (up to
-``graceful_timeout_s``) for in-flight requests; the app's ``/readyz`` turns 503 at once and its
-lifespan then drains the batcher queue (https://www.uvicorn.org/settings/#timeouts).
+Graceful shutdown: on SIGTERM/SIGINT the app stops admitting at once (``/readyz`` and every new request:
+503 + ``Retry-After``, the JSON envelope) and uvicorn stops accepting connections and waits (up to
+``graceful_timeout_s``) for in-flight requests; the app's lifespan then drains the batcher queue
+(https://www.uvicorn.org/settings/#timeouts). Nothing accepted is cut (:class:`_DrainingServer`):
+
+* connections still in the listen backlog when uvicorn closes the listening socket (the kernel would reset
+  them) are accepted first and answered like any other request (503 while draining);
+* when ``graceful_timeout_s`` ends, what the batcher still holds (queued or in the running batch) is
+  answered 503 (:meth:`hllm.serve.batching.MicroBatcher.abandon`) just before uvicorn cancels the tasks
+  that are left; a request uvicorn cancels before its response started (e.g. while its body arrives) is
+  answered 503 too (:class:`AnswerCancelled`) instead of uvicorn's plain-text 500 and traceback. Both are
+  counted in the app state's ``shed``, which ``hllm serve`` reports on exit.
 
 Slow clients: a connection costs a file descriptor and a little memory while it
 is held, so none is held without progress. The limits come from the app's
@@ -28,11 +37,14 @@ protocol implementation (subclassed), even where ``httptools`` is installed.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import errno
+import functools
 import ipaddress
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -59,7 +71,9 @@ def is_loopback(host: str) -> bool:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's server that marks the app as draining on the first SIGTERM/SIGINT."""
+    """uvicorn's server that marks the app as draining on the first SIGTERM/SIGINT, answers the listen
+    backlog before closing the listening socket and sheds the batcher when the graceful timeout ends
+    (module doc)."""
 
     def __init__(self, config: uvicorn.Config, state=None):
         super().__init__(config)
@@ -69,6 +83,84 @@ class _DrainingServer(uvicorn.Server):
         if self._hllm_state is not None:
             self._hllm_state.draining = True
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets=None) -> None:
+        state, timeout = self._hllm_state, self.config.timeout_graceful_shutdown
+        if state is not None:
+            state.draining = True
+            if timeout is not None:  # fires before uvicorn's own timer, which starts after this
+                asyncio.get_running_loop().call_later(timeout, self._shed, timeout)
+        await self._take_backlog()
+        await super().shutdown(sockets)
+
+    def _shed(self, timeout: float) -> None:
+        abandon = getattr(self._hllm_state.batcher, "abandon", None)
+        if abandon is not None:
+            n = abandon(f"server is shutting down: its graceful timeout of {timeout:g} s expired")
+            self._hllm_state.shed += n
+            if n:
+                log.warning("graceful timeout of %g s expired: %d in-flight requests answered 503", timeout, n)
+
+    async def _take_backlog(self) -> None:
+        """Accept the connections the kernel holds for the listening sockets (closing those would reset
+        them) and let them read their requests, which the draining app answers 503."""
+        loop = asyncio.get_running_loop()
+        factory = functools.partial(self.config.http_protocol_class, config=self.config,
+                                    server_state=self.server_state, app_state=self.lifespan.state)
+        taken = 0
+        for server in self.servers:
+            for listener in server.sockets:
+                with socket.socket(fileno=os.dup(listener.fileno())) as lsock:
+                    lsock.setblocking(False)
+                    while True:
+                        try:
+                            conn, _ = lsock.accept()
+                        except OSError:  # BlockingIOError: the backlog is empty
+                            break
+                        conn.setblocking(False)
+                        await loop.connect_accepted_socket(factory, conn)
+                        taken += 1
+        if taken:
+            log.info("shutting down: %d connections taken from the listen backlog", taken)
+        await asyncio.sleep(0.05)  # one more read of every connection: a request that came is answered, not closed
+
+
+class AnswerCancelled:
+    """ASGI wrapper: an HTTP request that uvicorn cancels while shutting down (its graceful timeout ended)
+    before the response started is answered 503 with the JSON envelope (KServe paths: the protocol's
+    ``{"error": message}``) and counted in ``state.shed``, instead of uvicorn's plain-text 500 and a
+    traceback in the log (uvicorn ``timeout_graceful_shutdown``: "the server will start terminating
+    requests"). Anything else passes through."""
+
+    def __init__(self, app, state):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.state is None:
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_started(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if started or not self.state.draining or task is None:
+                raise
+            task.uncancel()
+            self.state.shed += 1
+            message = "server is shutting down: its graceful timeout expired before this request was answered"
+            body = {"error": message} if scope["path"].startswith("/v2/models/") else {
+                "error": {"kind": "not_ready", "message": message, "id": None}}
+            data = json.dumps(body).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                (b"retry-after", b"1"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": data})
 
 
 def _close_with(transport, status: str, kind: str, message: str, extra: bytes = b"") -> None:
@@ -154,7 +246,7 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
     state = getattr(app.state, "hllm", None) if hasattr(app, "state") else None
     opts = getattr(state, "options", None)
     config = uvicorn.Config(
-        app,
+        AnswerCancelled(app, state),
         host=host,
         port=port,
         log_level=log_level,
@@ -213,10 +305,11 @@ class BackgroundServer:
     requests) and waits for the thread.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout_s: float = 60.0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout_s: float = 60.0,
+                 graceful_timeout_s: float = 30.0):
         if not is_loopback(host):
             raise HllmError(f"background servers bind loopback only, not {host!r}")
-        self.server = _DrainingServer(_config(app, host, port, log_level, 30.0), getattr(app.state, "hllm", None))
+        self.server = _DrainingServer(_config(app, host, port, log_level, graceful_timeout_s), getattr(app.state, "hllm", None))
         self.host = host
         self.start_timeout_s = start_timeout_s
         self.thread = threading.Thread(target=self.server.run, name="hllm-uvicorn", daemon=True)
