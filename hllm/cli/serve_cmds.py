@@ -71,6 +71,9 @@ def serve_cmd(
         run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock)
     except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out
         shed = application.state.hllm.shed
+        if not application.state.hllm.served:  # stopped before the engine was ever ready: start-up interrupted
+            console.print("terminated (SIGTERM) while starting: the engine was still loading")
+            raise typer.Exit(EXIT_SIGTERM) from None
         if not shed:  # every accepted request was answered: a clean stop, exit 0
             console.print("stopped (SIGTERM): in-flight requests were drained")
             return

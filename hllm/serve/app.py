@@ -136,6 +136,7 @@ class ServerState:
     loader: asyncio.Task | None = None
     info: dict = field(default_factory=dict)
     shed: int = 0
+    served: bool = False  # the engine was ready once (a stop before that is an interrupted start-up)
 
 
 def warmup_slate(k: int) -> dict:
@@ -206,7 +207,9 @@ class RankService(kserve.KServeEndpoints):
             self.state.load_error = f"{type(e).__name__}: {e}"
             log.error("engine failed to load: %s", self.state.load_error)
             return
-        self.state.ready = True
+        if self.state.draining:  # stopped while it loaded: never ready
+            return
+        self.state.ready = self.state.served = True
         self.metrics.ready.set(1)
         log.info("engine %s ready", self.ranker.engine.name)
 
