@@ -171,15 +171,19 @@ def run(argv: Optional[list[str]] = None) -> int:
     _state["debug"] = debug_from_env()
     out.file = None  # back to stdout (a previous in-process run may have moved it)
     quiet_libraries()
-    previous = None
+    previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        if getattr(signal.getsignal(signal.SIGINT), "hllm_startup", False):  # hllm.__main__'s: KeyboardInterrupt now
+            previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _run(argv)
     finally:
         out.file = None
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _non_finite_message(e: Exception) -> Optional[str]:

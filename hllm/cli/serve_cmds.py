@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from hllm.cli.app import Terminated, app, console, out, quiet_libraries
+from hllm.cli.app import EXIT_SIGTERM, Terminated, app, console, out, quiet_libraries
 from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, emit_json, finish_report, load_slates,
                          slates_source)
 from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, out_opt, overwrite_opt, pick, slates_opt,
@@ -32,7 +32,7 @@ def serve_cmd(
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1, max=1024**3, help="Larger request bodies → 413."),
     max_slates_per_request: int = typer.Option(32, min=1, max=MAX_BATCH, help="More slates in one request → 413."),
     threads: Optional[int] = threads_opt(),
-    graceful_timeout: float = typer.Option(60.0, min=0.0, max=3600.0, help="Seconds to drain in-flight requests on SIGTERM."),
+    graceful_timeout: float = typer.Option(60.0, min=0.0, max=3600.0, help="Seconds to drain in-flight requests on SIGTERM; those still unanswered then get 503 (exit 143)."),
     log_level: str = choice_opt("info", LOG_LEVELS, "--log-level", help="uvicorn log level."),
     log_format: str = choice_opt("text", LOG_FORMATS, "--log-format", help="Log lines as text or one JSON object a line; at --log-level info every request is logged (request id, route, status, latency, slates, documents, model version)."),
     api_key: List[str] = typer.Option([], "--api-key", metavar="KEY", help="Accept 'Authorization: Bearer KEY' (16+ visible ASCII characters). Repeatable. Prefer --api-key-file or $HLLM_API_KEYS: argv is visible to other users."),
@@ -123,8 +123,17 @@ def serve_cmd(
     try:
         run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock,
                    tls=tls)
-    except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out: a clean stop, exit 0
-        console.print("stopped (SIGTERM): in-flight requests were drained")
+    except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out
+        shed = application.state.hllm.shed
+        if not application.state.hllm.served:  # stopped before the engine was ever ready: start-up interrupted
+            console.print("terminated (SIGTERM) while starting: the engine was still loading")
+            raise typer.Exit(EXIT_SIGTERM) from None
+        if not shed:  # every accepted request was answered: a clean stop, exit 0
+            console.print("stopped (SIGTERM): in-flight requests were drained")
+            return
+        console.print(f"stopped (SIGTERM): the graceful timeout of {graceful_timeout:g} s expired; {shed} in-flight "
+                      "requests were answered 503 (Retry-After) instead of their rankings")
+        raise typer.Exit(EXIT_SIGTERM) from None
 
 
 @app.command("loadtest")

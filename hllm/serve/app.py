@@ -8,7 +8,9 @@ Endpoints:
 * ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` — the Cohere / Jina reranking API, one slate per request
   (:mod:`hllm.serve.rerank`);
 * ``GET /healthz`` — the process answers (200);
-* ``GET /readyz`` — 200 once the engine is loaded and warmed up, 503 while loading, after a load
+* ``GET /readyz`` — 200 once the engine is loaded and warmed up (``{"status": "ready", "served_model_names",
+  "model_version"}``:
+  the served model's name and version only, never its path or engine), 503 while loading, after a load
   failure and while draining;
 * ``GET /metrics`` — Prometheus text (:mod:`hllm.serve.metrics`);
 * ``GET /openapi.json`` and ``/docs`` — the OpenAPI schema;
@@ -65,8 +67,8 @@ from hllm.serve.batching import BatchFailed, BatchOptions, DeadlineExceeded, Mic
 from hllm.serve.auth import ApiKeyMiddleware, AuthOptions
 from hllm.serve.metrics import ServeMetrics
 from hllm.serve.models import ServedModel
-from hllm.serve.protocol import (ERROR_RESPONSES, HTTP_KINDS, ApiError, encode_slates, error_response, metric_path,
-                                 parse_rank_body, read_body, request_id)
+from hllm.serve.protocol import (ERROR_RESPONSES, HTTP_KINDS, ApiError, assignment_blocks, encode_slates,
+                                 error_response, metric_path, parse_rank_body, read_body, request_id)
 from hllm.serve.repository import watch_sighup
 from hllm.serve.rerank import add_rerank_routes
 from hllm.serve.schemas import ErrorResponse, RankRequest, RankResponse
@@ -92,6 +94,9 @@ class ServeOptions:
             ``timeout_keep_alive``).
         max_connections: over this many open connections or running requests uvicorn answers 503
             (``limit_concurrency``).
+        max_connections_per_client: most open connections of one client address; past it a new one is
+            answered 503 and closed at once (:mod:`hllm.serve.server`). None: half of ``max_connections``
+            (at least 1), so one address never holds every slot (raise it behind a proxy).
         echo_request_id: set ``X-Request-ID`` on every response (off behind a proxy that sets it
             itself, such as Ray Serve's, which honours the client's header the same way).
     """
@@ -105,10 +110,13 @@ class ServeOptions:
     keep_alive_s: float = 5.0
     max_connections: int = 512
     echo_request_id: bool = True
+    max_connections_per_client: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_slates_per_request", "max_connections"):
+        for name in ("max_body_bytes", "max_slates_per_request", "max_connections", "max_connections_per_client"):
             v = getattr(self, name)
+            if v is None and name == "max_connections_per_client":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HllmError(f"{name} must be a positive integer, got {v!r}")
         for name in ("body_timeout_s", "header_timeout_s", "keep_alive_s"):
@@ -116,10 +124,17 @@ class ServeOptions:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise HllmError(f"{name} must be a positive number of seconds, got {v!r}")
 
+    @property
+    def per_client_cap(self) -> int:
+        """The connections one client address may hold: ``max_connections_per_client``, or half of
+        ``max_connections`` (at least 1)."""
+        return self.max_connections_per_client or max(1, self.max_connections // 2)
+
 
 @dataclass
 class ServerState:
-    """What the app knows about its engine: ready after warm-up, draining after SIGTERM."""
+    """What the app knows about its engine: ready after warm-up, draining after SIGTERM; ``shed``: the
+    in-flight requests answered 503 because the graceful timeout ended (:mod:`hllm.serve.server`)."""
 
     ranker: Any
     batcher: MicroBatcher
@@ -133,6 +148,8 @@ class ServerState:
     model: ServedModel = field(default_factory=ServedModel)
     versions: Any = None  # hllm.serve.repository.VersionManager when serving a versioned repository
     inflight: collections.Counter = field(default_factory=collections.Counter)  # id(ranker) → requests holding it
+    shed: int = 0
+    served: bool = False  # the engine was ready once (a stop before that is an interrupted start-up)
 
 
 def warmup_slate(k: int) -> dict:
@@ -244,7 +261,9 @@ class RankService(kserve.KServeEndpoints):
             if self.state.versions is not None:
                 self.state.versions.load_failed(self.state.load_error)
             return
-        self.state.ready = True
+        if self.state.draining:  # stopped while it loaded: never ready
+            return
+        self.state.ready = self.state.served = True
         self.metrics.ready.set(1)
         log.info("engine %s ready", self.ranker.engine.name)
 
@@ -312,9 +331,9 @@ class RankService(kserve.KServeEndpoints):
         return {"status": "ok"}
 
     async def readyz(self):
-        state, engine = self.state, self.ranker.engine
-        if state.ready and not state.draining:
-            return {"status": "ready", "engine": engine.name, "num_positions": engine.num_positions, **state.info}
+        state = self.state
+        if state.ready and not state.draining:  # name and version only: no path, engine or options to anyone
+            return {"status": "ready", "served_model_names": list(state.model.names), "model_version": state.model.version}
         if state.draining:
             kind, msg = "draining", "server is shutting down"
         elif state.load_error:
@@ -349,8 +368,10 @@ class RankService(kserve.KServeEndpoints):
         ranked it: ``pinned`` (a :meth:`pin` the caller holds, whose builder encoded ``encoded``), else the
         version served at admission.
 
+        The JobResult's score matrices follow the one rule of every route (:func:`assignment_blocks`).
+
         Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
-        504 (deadline), 500 (the engine batch failed).
+        504 (deadline), 500 (the engine batch failed, a non-finite score in a slate's assignment block).
         """
         if pinned is None:
             with self.pin() as own:
@@ -370,6 +391,11 @@ class RankService(kserve.KServeEndpoints):
             raise ApiError(504, "deadline", str(e)) from None
         except BatchFailed as e:
             raise ApiError(500, e.kind, str(e), error_id=e.error_id) from None
+        try:
+            res.scores = assignment_blocks(res.scores, res.rankings)
+        except ApiError as e:
+            log.error("%s (error id %s)", e.message, e.error_id)
+            raise
         t2 = time.perf_counter()
         self.metrics.stage.labels("request").observe(t2 - t0)
         timing = {"validate_ms": round((t1 - t0) * 1e3, 3), **res.timing, "total_ms": round((t2 - t0) * 1e3, 3)}

@@ -14,7 +14,9 @@ https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/use
   only collects and dispatches, so it never blocks on the engine.
 * An exception from the engine (or decode) fails only the requests of that batch, with
   :class:`BatchFailed` carrying an error id that is also logged; the collector keeps serving.
-* :meth:`MicroBatcher.close` stops admission and drains what is queued (graceful shutdown).
+* :meth:`MicroBatcher.close` stops admission and drains what is queued (graceful shutdown);
+  :meth:`MicroBatcher.abandon` ends a drain that ran out of time: every request not yet answered gets
+  :class:`ShuttingDown` (HTTP 503) at once.
 
 Each request runs on the ranker it was submitted with (``submit(..., ranker=)``, default the batcher's
 ``ranker``): a batch holds requests of one ranker only, so a model version swapped in while requests wait
@@ -191,6 +193,7 @@ class MicroBatcher(EngineThread):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = False
         self._batch_seq = 0
+        self._running: list[_Job] = []  # the jobs of the batch on the engine thread
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -209,6 +212,22 @@ class MicroBatcher(EngineThread):
         self._wakeup.set()
         await self._task
         self._executor.shutdown(wait=True)
+
+    def abandon(self, reason: str) -> int:
+        """Stop admitting and answer every request not answered yet — queued, or in the batch the engine
+        is running (that call finishes; its results are dropped) — with :class:`ShuttingDown` (``reason``).
+        For the end of a graceful shutdown's time. Returns how many requests were answered so."""
+        self._closing = True
+        n = 0
+        for j in [*self._running, *self._pending]:
+            if not j.future.done():
+                j.future.set_exception(ShuttingDown(reason))
+                n += 1
+        self._pending.clear()
+        self._observe_depth()
+        if self._wakeup is not None:
+            self._wakeup.set()
+        return n
 
     @property
     def depth(self) -> int:
@@ -276,6 +295,8 @@ class MicroBatcher(EngineThread):
                 if remaining <= 0:
                     break
                 await self._wait(remaining)
+            if not self._pending:  # abandoned while the batch filled
+                continue
             jobs = [self._pending.popleft()]
             n = len(jobs[0].slates)
             while (self._pending and n + len(self._pending[0].slates) <= opt.max_batch_slates
@@ -306,6 +327,7 @@ class MicroBatcher(EngineThread):
             if self.metrics is not None:
                 self.metrics.queue_wait(start - j.enqueued)
         loop = asyncio.get_running_loop()
+        self._running = jobs
         try:
             rankings, times, matrices = await loop.run_in_executor(self._executor, self._rank, slates, encoded, jobs[0].ranker)
         except Exception as e:  # noqa: BLE001 — any engine failure fails this batch only
@@ -320,6 +342,8 @@ class MicroBatcher(EngineThread):
                 if not j.future.done():
                     j.future.set_exception(BatchFailed(msg, error_id, kind, batch_id))
             return
+        finally:
+            self._running = []
         self.stats.batches += 1
         self.stats.sizes[len(slates)] += 1
         if self.metrics is not None:

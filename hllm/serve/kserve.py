@@ -8,7 +8,7 @@ talks to ``hllm serve``, its Ray Serve deployment and Triton alike:
 * input ``slates`` ``[B, 1]`` BYTES — one slate JSON object (UTF-8) per row, checked by the runtime's
   :func:`hllm.runtime.slates.validate_slate` (the rules of ``hllm rank`` and ``/v1/rank``);
 * outputs ``ranking`` ``[B, K]`` INT64 (candidate index per rank position, -1 past the slate),
-  ``scores`` ``[B, K, K]`` FP32 (the score matrix M, rows past the slate are 0) and ``truncated``
+  ``scores`` ``[B, K, K]`` FP32 (the score matrix M, rows and columns past the slate are 0) and ``truncated``
   ``[B, K]`` BOOL (candidate text cut to the token budget).
 
 Endpoints: ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2`` (server metadata),
@@ -295,7 +295,8 @@ def request_slates(doc: dict, blob: bytes, max_slates: int) -> list[dict]:
 
 def output_arrays(rankings: Sequence, scores: Sequence[np.ndarray], k: int) -> dict[str, np.ndarray]:
     """The model's outputs for ranked slates: ``ranking [B, K]`` int64 (-1 padded), ``scores [B, K, K]``
-    float32 (real rows of each score matrix, zeros below), ``truncated [B, K]`` bool.
+    float32 (real rows of each score matrix, zeros below; the server passes the matrices of
+    :func:`hllm.serve.protocol.assignment_blocks`, zero past the slate's columns too), ``truncated [B, K]`` bool.
 
     ``rankings``: :class:`hllm.runtime.ranker.Ranking` per slate; ``scores``: ``[n_b, K]`` per slate.
     """
@@ -341,7 +342,7 @@ def response_body(doc: dict, outputs: dict[str, np.ndarray], request_id: str, mo
             o["data"] = a.reshape(-1).tolist()
         meta.append(o)
     head = json.dumps({"model_name": model_name, "model_version": model_version, "id": request_id,
-                       "outputs": meta}, separators=(",", ":")).encode()
+                       "outputs": meta}, separators=(",", ":"), allow_nan=False).encode()  # strict JSON
     if not blobs:
         return head, {"content-type": "application/json"}
     return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}

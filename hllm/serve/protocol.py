@@ -13,6 +13,7 @@ import re
 import uuid
 from typing import Any
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -138,6 +139,34 @@ def encode_slates(builder, slates: list[dict]) -> list:
         except SlateError as e:
             raise ApiError(422, "bad_slate", f"slates[{i}]: {e}") from None
     return rows
+
+
+def assignment_blocks(matrices: list, rankings: list) -> list[np.ndarray]:
+    """The one rule for scores on every route: only a slate's own assignment block matters.
+
+    A slate of n candidates is decoded on ``M[:n, :n]`` (:func:`hllm.runtime.decode.decode`); the columns
+    past n (rank positions the slate does not have) are used by nothing, so they are returned as 0 — a
+    non-finite value there never reaches a response (JSON has no ``Infinity`` / ``NaN``). A non-finite
+    value inside the block is refused by the decoder (the batch fails: 500 ``decode``); it is checked
+    again here so that no route can emit one.
+
+    Args: matrices: per slate its score matrix ``[n, K]`` (``JobResult.scores``); rankings: the slates'
+        :class:`hllm.runtime.ranker.Ranking` (for the slate id in the error).
+    Returns: per slate a float32 ``[n, K]`` copy with columns ``n..K-1`` zero.
+    Raises: ApiError 500 ``decode`` naming the slate when its block holds a non-finite value.
+    """
+    out = []
+    for m, r in zip(matrices, rankings):
+        m = np.asarray(m, dtype=np.float32)
+        n = m.shape[0]
+        bad = int(np.count_nonzero(~np.isfinite(m[:, :n])))
+        if bad:
+            raise ApiError(500, "decode", f"slate {r.slate_id}: score matrix has {bad} non-finite value(s) in its "
+                           f"{n}x{n} assignment block; refusing to rank", error_id=uuid.uuid4().hex[:12])
+        block = np.zeros_like(m)
+        block[:, :n] = m[:, :n]
+        out.append(block)
+    return out
 
 
 #: ``error.kind`` of the HTTP errors raised by routing.

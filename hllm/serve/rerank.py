@@ -276,14 +276,15 @@ def relevance_scores(scores: np.ndarray, order, tau: float = SINKHORN_TAU, iters
             ``order[p]`` = item at position p (a permutation of ``range(n)``).
         tau: Sinkhorn temperature (> 0). iters: normalisation rounds (≥ 1).
     Returns: ``[n]`` float64 scores, ``out[p]`` for item ``order[p]``.
-    Raises: ValueError if ``order`` is not a permutation of the ``n`` rows or ``scores`` is not finite.
+    Raises: ValueError if ``order`` is not a permutation of the ``n`` rows or the ``[n, n]`` block it reads
+        is not finite (the columns past n are not read).
     """
     m = np.asarray(scores, dtype=np.float64)
     n = m.shape[0]
     order = np.asarray(order, dtype=np.int64)
     if m.ndim != 2 or m.shape[1] < n or sorted(order.tolist()) != list(range(n)):
         raise ValueError(f"order must be a permutation of the {n} rows of a [n, K ≥ n] matrix, got shape {m.shape}")
-    if not np.isfinite(m).all():
+    if not np.isfinite(m[:, :n]).all():
         raise ValueError("scores must be finite")
     if n == 1:
         return np.ones(1)

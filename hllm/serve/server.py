@@ -1,8 +1,17 @@
 """Running the app with uvicorn: in the foreground (``hllm serve``) or in a thread (tests, load test).
 
-Graceful shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections and waits (up to
-``graceful_timeout_s``) for in-flight requests; the app's ``/readyz`` turns 503 at once and its
-lifespan then drains the batcher queue (https://www.uvicorn.org/settings/#timeouts).
+Graceful shutdown: on SIGTERM/SIGINT the app stops admitting at once (``/readyz`` and every new request:
+503 + ``Retry-After``, the JSON envelope) and uvicorn stops accepting connections and waits (up to
+``graceful_timeout_s``) for in-flight requests; the app's lifespan then drains the batcher queue
+(https://www.uvicorn.org/settings/#timeouts). Nothing accepted is cut (:class:`_DrainingServer`):
+
+* connections still in the listen backlog when uvicorn closes the listening socket (the kernel would reset
+  them) are accepted first and answered like any other request (503 while draining);
+* when ``graceful_timeout_s`` ends, what the batcher still holds (queued or in the running batch) is
+  answered 503 (:meth:`hllm.serve.batching.MicroBatcher.abandon`) just before uvicorn cancels the tasks
+  that are left; a request uvicorn cancels before its response started (e.g. while its body arrives) is
+  answered 503 too (:class:`AnswerCancelled`) instead of uvicorn's plain-text 500 and traceback. Both are
+  counted in the app state's ``shed``, which ``hllm serve`` reports on exit.
 
 Slow clients: a connection costs a file descriptor and a little memory while it
 is held, so none is held without progress. The limits come from the app's
@@ -15,7 +24,11 @@ is held, so none is held without progress. The limits come from the app's
   a JSON 408 and the connection is closed;
 * ``body_timeout_s`` — the app reads the body under a deadline (408, :func:`hllm.serve.protocol.read_body`);
 * ``keep_alive_s`` — uvicorn ``timeout_keep_alive``: idle keep-alive connections are closed;
-* ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once.
+* ``max_connections`` — uvicorn ``limit_concurrency``: past it new requests get 503 at once;
+* ``max_connections_per_client`` — :class:`TimedH11Protocol` counts the open connections of each client
+  address; one over the cap is answered a JSON 503 (``too_many_connections``, ``Retry-After``) and closed
+  at once, so one address (idle sockets, headers without a body) can never hold every slot of
+  ``max_connections`` and the others keep being served.
 
 Every connection is served by the asyncio event loop, so a slow client never blocks the others'
 requests; these limits bound what slow clients can hold. The server always runs uvicorn's h11
@@ -24,10 +37,14 @@ protocol implementation (subclassed), even where ``httptools`` is installed.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import errno
+import functools
 import ipaddress
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -54,7 +71,9 @@ def is_loopback(host: str) -> bool:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's server that marks the app as draining on the first SIGTERM/SIGINT."""
+    """uvicorn's server that marks the app as draining on the first SIGTERM/SIGINT, answers the listen
+    backlog before closing the listening socket and sheds the batcher when the graceful timeout ends
+    (module doc)."""
 
     def __init__(self, config: uvicorn.Config, state=None):
         super().__init__(config)
@@ -65,16 +84,122 @@ class _DrainingServer(uvicorn.Server):
             self._hllm_state.draining = True
         super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets=None) -> None:
+        state, timeout = self._hllm_state, self.config.timeout_graceful_shutdown
+        if state is not None:
+            state.draining = True
+            if timeout is not None:  # fires before uvicorn's own timer, which starts after this
+                asyncio.get_running_loop().call_later(timeout, self._shed, timeout)
+        await self._take_backlog()
+        await super().shutdown(sockets)
+
+    def _shed(self, timeout: float) -> None:
+        abandon = getattr(self._hllm_state.batcher, "abandon", None)
+        if abandon is not None:
+            n = abandon(f"server is shutting down: its graceful timeout of {timeout:g} s expired")
+            self._hllm_state.shed += n
+            if n:
+                log.warning("graceful timeout of %g s expired: %d in-flight requests answered 503", timeout, n)
+
+    async def _take_backlog(self) -> None:
+        """Accept the connections the kernel holds for the listening sockets (closing those would reset
+        them) and let them read their requests, which the draining app answers 503."""
+        loop = asyncio.get_running_loop()
+        factory = functools.partial(self.config.http_protocol_class, config=self.config,
+                                    server_state=self.server_state, app_state=self.lifespan.state)
+        taken = 0
+        for server in self.servers:
+            for listener in server.sockets:
+                with socket.socket(fileno=os.dup(listener.fileno())) as lsock:
+                    lsock.setblocking(False)
+                    while True:
+                        try:
+                            conn, _ = lsock.accept()
+                        except OSError:  # BlockingIOError: the backlog is empty
+                            break
+                        conn.setblocking(False)
+                        await loop.connect_accepted_socket(factory, conn)
+                        taken += 1
+        if taken:
+            log.info("shutting down: %d connections taken from the listen backlog", taken)
+        await asyncio.sleep(0.05)  # one more read of every connection: a request that came is answered, not closed
+
+
+class AnswerCancelled:
+    """ASGI wrapper: an HTTP request that uvicorn cancels while shutting down (its graceful timeout ended)
+    before the response started is answered 503 with the JSON envelope (KServe paths: the protocol's
+    ``{"error": message}``) and counted in ``state.shed``, instead of uvicorn's plain-text 500 and a
+    traceback in the log (uvicorn ``timeout_graceful_shutdown``: "the server will start terminating
+    requests"). Anything else passes through."""
+
+    def __init__(self, app, state):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.state is None:
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_started(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if started or not self.state.draining or task is None:
+                raise
+            task.uncancel()
+            self.state.shed += 1
+            message = "server is shutting down: its graceful timeout expired before this request was answered"
+            body = {"error": message} if scope["path"].startswith("/v2/models/") else {
+                "error": {"kind": "not_ready", "message": message, "id": None}}
+            data = json.dumps(body).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                (b"retry-after", b"1"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": data})
+
+
+def _close_with(transport, status: str, kind: str, message: str, extra: bytes = b"") -> None:
+    """Write a JSON error response (the app's envelope) and close the connection (no request read)."""
+    body = json.dumps({"error": {"kind": kind, "message": message, "id": None}}).encode()
+    transport.write(b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: application/json\r\n" + extra +
+                    b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    transport.close()
+
 
 class TimedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a request-header deadline (module doc): 408 and close when a
-    connection has not sent complete request headers within ``config.hllm_header_timeout_s``."""
+    connection has not sent complete request headers within ``config.hllm_header_timeout_s``; and a
+    cap of ``config.hllm_per_client_cap`` open connections per client address (503 and close past it)."""
 
     _header_timer = None
+    _counted = None  # the client address this connection is counted under
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if not self._admit_client():
+            return
         self._watch_headers()
+
+    def _admit_client(self) -> bool:
+        """Count this connection under its client address; False (503 sent, closing) past the cap."""
+        cap, open_by_client = getattr(self.config, "hllm_per_client_cap", None), getattr(self.config, "hllm_open_by_client", None)
+        host = self.client[0] if self.client else None
+        if not cap or open_by_client is None or host is None:
+            return True
+        if open_by_client[host] >= cap:
+            log.warning("refusing a connection from %s: it already holds %d (max_connections_per_client)", host, cap)
+            _close_with(self.transport, "503 Service Unavailable", "too_many_connections",
+                        f"this client address already holds {cap} connections (the server's per-client limit)",
+                        b"retry-after: 1\r\n")
+            return False
+        open_by_client[host] += 1
+        self._counted = host
+        return True
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -86,6 +211,12 @@ class TimedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._stop_header_timer()
+        if self._counted is not None:
+            open_by_client = self.config.hllm_open_by_client
+            open_by_client[self._counted] -= 1
+            if open_by_client[self._counted] <= 0:
+                del open_by_client[self._counted]
+            self._counted = None
         super().connection_lost(exc)
 
     def _watch_headers(self) -> None:
@@ -107,11 +238,7 @@ class TimedH11Protocol(H11Protocol):
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
         log.info("closing %s: request headers not received within %g s", self.client, timeout)
-        body = json.dumps({"error": {"kind": "timeout", "message": f"request headers not received within {timeout:g} s",
-                                     "id": None}}).encode()
-        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                             b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        self.transport.close()
+        _close_with(self.transport, "408 Request Timeout", "timeout", f"request headers not received within {timeout:g} s")
 
 
 def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float, tls: dict | None = None) -> uvicorn.Config:
@@ -120,7 +247,7 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
     state = getattr(app.state, "hllm", None) if hasattr(app, "state") else None
     opts = getattr(state, "options", None)
     config = uvicorn.Config(
-        app,
+        AnswerCancelled(app, state),
         host=host,
         port=port,
         log_level=log_level,
@@ -133,6 +260,8 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout_s: float
         **(tls or {}),
     )
     config.hllm_header_timeout_s = getattr(opts, "header_timeout_s", 10.0)
+    config.hllm_per_client_cap = getattr(opts, "per_client_cap", None)
+    config.hllm_open_by_client = collections.Counter()
     return config
 
 
@@ -180,10 +309,11 @@ class BackgroundServer:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout_s: float = 60.0,
-                 tls: dict | None = None):
+                 tls: dict | None = None, graceful_timeout_s: float = 30.0):
         if not is_loopback(host):
             raise HllmError(f"background servers bind loopback only, not {host!r}")
-        self.server = _DrainingServer(_config(app, host, port, log_level, 30.0, tls), getattr(app.state, "hllm", None))
+        self.server = _DrainingServer(_config(app, host, port, log_level, graceful_timeout_s, tls),
+                                      getattr(app.state, "hllm", None))
         self.scheme = "https" if tls else "http"
         self.host = host
         self.start_timeout_s = start_timeout_s

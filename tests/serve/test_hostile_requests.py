@@ -216,9 +216,11 @@ def test_bad_requests_never_fail_good_ones_sent_alongside(server, reference):
 
 
 # -- slow clients ------------------------------------------------------------------------------------
-def _connect(url: str) -> socket.socket:
+def _connect(url: str, source: str | None = None) -> socket.socket:
+    """A raw TCP connection to the server; ``source``: the local loopback address to connect from
+    (127.0.0.0/8 is all this machine's, so 127.0.0.2 is another client address)."""
     host, port = url.removeprefix("http://").split(":")
-    s = socket.create_connection((host, int(port)), timeout=10)
+    s = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0) if source else None)
     return s
 
 
@@ -306,7 +308,7 @@ def test_keep_alive_connection_serves_then_times_out(server):
 
 
 def test_connection_limit(export_dir):
-    srv, _ = _start(export_dir, max_connections=3)
+    srv, _ = _start(export_dir, max_connections=3, max_connections_per_client=3)
     with srv:
         wait_ready(srv.url, timeout_s=120)
         held = [_connect(srv.url) for _ in range(3)]
@@ -321,8 +323,39 @@ def test_connection_limit(export_dir):
         assert httpx.get(f"{srv.url}/healthz", timeout=10).status_code == 200
 
 
+def test_one_client_address_cannot_hold_every_connection(export_dir):
+    """More connections than ``max_connections`` from one address, each sending headers and no body: past
+    its per-client share each new one is a JSON 503 closed at once, the held ones end with 408 after the
+    body timeout, and a client from another address is served meanwhile."""
+    srv, _ = _start(export_dir, max_connections=24)  # default share of one address: 12
+    head = (b"POST /v1/rank HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n")
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        held = []
+        try:
+            for _ in range(30):
+                sock = _connect(srv.url, source="127.0.0.2")
+                sock.sendall(head)
+                held.append(sock)
+            time.sleep(0.3)
+            t0 = time.perf_counter()
+            r = httpx.post(f"{srv.url}/v1/rank", json={"slates": [_slate()]}, timeout=30)
+            served_s = time.perf_counter() - t0
+            answers = [_read_all(sock, 4 * TIMEOUT_S) for sock in held]
+        finally:
+            for sock in held:
+                sock.close()
+    assert r.status_code == 200 and served_s < TIMEOUT_S, (r.status_code, r.text[:300], served_s)
+    refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+    timed_out = [a for a in answers if a.startswith(b"HTTP/1.1 408")]
+    assert len(refused) == 18 and len(timed_out) == 12, [a[:40] for a in answers]
+    body = json.loads(refused[0].partition(b"\r\n\r\n")[2])
+    assert body["error"]["kind"] == "too_many_connections" and b"retry-after: 1" in refused[0].lower()
+    assert json.loads(timed_out[0].partition(b"\r\n\r\n")[2])["error"]["kind"] == "timeout"
+
+
 def test_options_are_validated():
     for bad in ({"header_timeout_s": 0}, {"body_timeout_s": float("nan")}, {"max_connections": 0},
-                {"keep_alive_s": -1}, {"max_body_bytes": 1.5}):
+                {"keep_alive_s": -1}, {"max_body_bytes": 1.5}, {"max_connections_per_client": 0}):
         with pytest.raises(HllmError, match=next(iter(bad))):
             ServeOptions(**bad)

@@ -67,6 +67,30 @@ class ControlledEngine(Engine):
         return self.inner.run(input_ids, readout_positions, item_mask, context_positions)
 
 
+class PoisonEngine(Engine):
+    """Delegates to a real engine, then writes ``value`` at ``M[b, 0, column]`` of every slate, where
+    ``column`` is ``n_b`` (the first rank position past the slate) or, with ``inside``, ``0``."""
+
+    name = "poison"
+
+    def __init__(self, inner: Engine, value: float = float("inf")):
+        super().__init__(inner.num_positions)
+        self.inner, self.value, self.inside = inner, value, False
+
+    def _activate(self):
+        self.inner.activate()
+
+    def _deactivate(self):
+        self.inner.deactivate()
+
+    def _run(self, input_ids, readout_positions, item_mask, context_positions=None):
+        scores = np.array(self.inner.run(input_ids, readout_positions, item_mask, context_positions))
+        for b, n in enumerate(item_mask.sum(axis=1)):
+            if self.inside or n < scores.shape[2]:
+                scores[b, 0, 0 if self.inside else int(n)] = self.value
+        return scores
+
+
 def _server(ranker, **batch) -> tuple[BackgroundServer, object]:
     opts = ServeOptions(batch=BatchOptions(**{"max_batch_slates": 4, "max_wait_ms": 20.0, **batch}), max_body_bytes=64 * 1024)
     app = create_app(ranker, opts)
@@ -105,7 +129,7 @@ def test_health_ready_and_one_ranking(served, reference):
     srv, _ = served
     assert httpx.get(f"{srv.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{srv.url}/readyz")
-    assert ready.status_code == 200 and ready.json()["num_positions"] == K
+    assert ready.status_code == 200
     s = tiny_slates(1, 6, seed=11)[0]
     r = _post(srv.url, {"slates": [s]})
     assert r.status_code == 200, r.text
@@ -386,23 +410,150 @@ def test_loadtest_refuses_non_loopback():
         BackgroundServer(create_app(object()), host="0.0.0.0")
 
 
+def _strict_json(text: str):
+    """Parse as JSON proper: ``Infinity`` / ``NaN`` literals raise."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_scores_follow_one_rule_on_every_route(export_dir, reference, value):
+    """Only a slate's own n×n assignment block matters, on /v1/rank, the rerank routes and KServe: a
+    non-finite score past the slate is ignored (and never emitted), one inside it is one enveloped 500."""
+    base = Ranker.from_path(export_dir)
+    eng = PoisonEngine(base.engine, value)
+    srv, _ = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0)
+    s = tiny_slates(1, 5, seed=21)[0]
+    v2 = {"inputs": [{"name": "slates", "datatype": "BYTES", "shape": [1, 1], "data": [json.dumps(s)]}]}
+    rerank = {"query": "q", "documents": [c["title"] for c in s["candidates"]], "history": s["history"]}
+    with srv, httpx.Client(timeout=60) as c:
+        wait_ready(srv.url, timeout_s=120)
+        rank = c.post(f"{srv.url}/v1/rank", json={"slates": [s]})
+        reranked = [c.post(f"{srv.url}{route}", json=rerank) for route in ("/v1/rerank", "/v2/rerank", "/rerank")]
+        infer = c.post(f"{srv.url}/v2/models/hllm_ranker/infer", json=v2)
+        eng.inside = True
+        bad = [c.post(f"{srv.url}/v1/rank", json={"slates": [s]}), c.post(f"{srv.url}/v1/rerank", json=rerank)]
+        bad_v2 = c.post(f"{srv.url}/v2/models/hllm_ranker/infer", json=v2)
+    want = reference.rank([s])[0]
+    assert rank.status_code == 200 and _strict_json(rank.text)["rankings"][0]["order"] == want.order, rank.text
+    for r in reranked:
+        assert r.status_code == 200, r.text
+        assert [x["index"] for x in _strict_json(r.text)["results"]] == want.order
+    assert infer.status_code == 200, infer.text
+    outputs = {o["name"]: o for o in _strict_json(infer.text)["outputs"]}
+    m = np.array(outputs["scores"]["data"], dtype=np.float32).reshape(1, K, K)[0]
+    assert np.isfinite(m).all() and not m[:, 5:].any() and not m[5:].any()
+    np.testing.assert_allclose([m[i, p] for p, i in enumerate(want.order)], want.scores, atol=1e-4)
+    for r in bad:
+        assert r.status_code == 500 and r.json()["error"]["kind"] == "decode" and r.json()["error"]["id"], r.text
+        assert "non-finite" in r.json()["error"]["message"]
+    assert bad_v2.status_code == 500 and "non-finite" in bad_v2.json()["error"], bad_v2.text
+
+
+def test_readyz_names_the_model_and_version_only(export_dir, served):
+    """/readyz is public: ready or not plus the served model's name and version, never its path or engine."""
+    srv, _ = served
+    first = httpx.get(f"{srv.url}/readyz").json()
+    assert set(first) == {"status", "served_model_names", "model_version"} and first["served_model_names"] == ["hllm_ranker"]
+    app = create_app(Ranker.from_path(export_dir), ServeOptions(), info={"model": str(export_dir)})
+    with BackgroundServer(app) as bg:
+        body = wait_ready(bg.url, timeout_s=120)
+    assert body == first
+    assert str(export_dir) not in json.dumps(body) and "engine" not in body
+
+
+def _raw_request(url: str, body: bytes, declared: int | None = None) -> socket.socket:
+    """A POST /v1/rank sent on a raw socket; ``declared``: the Content-Length (default: the body's)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(b"POST /v1/rank HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                 + str(len(body) if declared is None else declared).encode() + b"\r\n\r\n" + body)
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes; raises ConnectionResetError on a reset."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_sigterm_past_the_graceful_timeout_cuts_nothing(export_dir):
+    """SIGTERM with requests queued behind a held engine and connections in the listen backlog (made while the
+    event loop is busy: uvloop's next iteration runs the shutdown tick before it accepts), graceful timeout 1 s: every accepted request is answered 503 with the envelope (not uvicorn's plain 500), the
+    backlog is answered 503 (not reset), and the count is in the state ``hllm serve`` reports."""
+    base = Ranker.from_path(export_dir)
+    eng = ControlledEngine(base.engine)
+    opts = ServeOptions(batch=BatchOptions(max_batch_slates=1, max_wait_ms=0.0, max_queue=100), max_body_bytes=64 * 1024)
+    app = create_app(Ranker(eng, base.builder), opts)
+    blocking = threading.Event()
+
+    @app.get("/block-the-loop")
+    async def block_the_loop():  # a busy event loop: connections made meanwhile wait in the listen backlog
+        blocking.set()
+        time.sleep(1.0)
+        return {}
+
+    srv = BackgroundServer(app, graceful_timeout_s=1.0)
+    state = app.state.hllm
+    body = json.dumps({"slates": tiny_slates(1, 3, seed=5)}).encode()
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        eng.gate.clear()  # the first batch holds the engine past the graceful timeout
+        with concurrent.futures.ThreadPoolExecutor(25) as ex:  # 24 requests and the loop blocker
+            futs = [ex.submit(_post, srv.url, {"slates": tiny_slates(1, 3, seed=i)}) for i in range(24)]
+            deadline = time.monotonic() + 60
+            while state.batcher.depth < 23 and time.monotonic() < deadline:  # 1 on the engine, 23 queued
+                time.sleep(0.02)
+            assert state.batcher.depth == 23
+            half = _raw_request(srv.url, body, declared=len(body) + 100)  # the app waits for the rest of its body
+            blocker = ex.submit(httpx.get, f"{srv.url}/block-the-loop", timeout=60)
+            assert blocking.wait(timeout=30)
+            backlog = [_raw_request(srv.url, body) for _ in range(5)]
+            srv.server.handle_exit(signal.SIGTERM, None)  # seen by the server's next tick, before its next accept
+            assert blocker.result(timeout=60).status_code == 200
+            try:
+                answers = [f.result(timeout=60) for f in futs]
+                raw = [_answer(sock) for sock in backlog]
+                cut = _answer(half)
+            finally:
+                eng.gate.set()
+    for sock in [*backlog, half]:
+        sock.close()
+    for r in answers:
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["kind"] == "not_ready" and "graceful timeout of 1 s" in r.json()["error"]["message"]
+    assert state.shed == 25
+    head, _, payload = cut.partition(b"\r\n\r\n")  # cancelled by uvicorn while its body came: 503, not a plain 500
+    assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower(), cut[:300]
+    assert json.loads(payload)["error"]["kind"] == "not_ready" and b"graceful timeout expired" in payload
+    for a in raw:
+        head, _, payload = a.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), a[:200]
+        assert json.loads(payload)["error"] == {"kind": "not_ready", "message": "server is shutting down", "id": None}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
-    """`hllm serve` in a subprocess: a request waiting in a 1.5 s batch window still completes after SIGTERM."""
+def _serve_sigterm_while_queued(export_dir, tmp_path, *args) -> tuple[int, httpx.Response, str]:
+    """`hllm serve ARGS` in a subprocess: one request waiting in a 1.5 s batch window, then SIGTERM
+    → (exit code, the request's response, the server's output)."""
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", "1500", "--log-level", "warning"],
+        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", "1500",
+         "--log-level", "warning", *args],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, timeout_s=120)
+        assert str(export_dir) not in json.dumps(wait_ready(url, timeout_s=120))
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             fut = ex.submit(_post, url, {"slates": tiny_slates(1, 5, seed=70)})
             # SIGTERM only once the request is queued (waiting for its batch window): on a loaded
@@ -415,15 +566,32 @@ def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
                 time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             r = fut.result(timeout=60)
-        assert r.status_code == 200, r.text
-        assert len(r.json()["rankings"][0]["order"]) == 5
         rc = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
         log.close()
-    # a drained stop is a clean one: exit 0 and the line that says so (docs/serving.md, README exit codes)
-    assert rc == 0, (rc, (tmp_path / "serve.log").read_text()[-2000:])
-    assert "stopped (SIGTERM): in-flight requests were drained" in (tmp_path / "serve.log").read_text()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/healthz", timeout=2)
+    return rc, r, (tmp_path / "serve.log").read_text()
+
+
+def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
+    """`hllm serve` in a subprocess: a request waiting in a 1.5 s batch window still completes after SIGTERM."""
+    rc, r, log = _serve_sigterm_while_queued(export_dir, tmp_path)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["rankings"][0]["order"]) == 5
+    # a drained stop is a clean one: exit 0 and the line that says so (docs/serving.md, README exit codes)
+    assert rc == 0, (rc, log[-2000:])
+    assert "stopped (SIGTERM): in-flight requests were drained" in log
+
+
+def test_cli_serve_past_its_graceful_timeout_answers_503_and_says_so(export_dir, tmp_path):
+    """`--graceful-timeout 0`: the queued request is answered 503 with the envelope (was uvicorn's plain-text
+    500 and tracebacks), and the exit code (143) and last line say how many were not ranked."""
+    rc, r, log = _serve_sigterm_while_queued(export_dir, tmp_path, "--graceful-timeout", "0")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["kind"] == "not_ready", r.text
+    assert rc == 143, (rc, log[-2000:])
+    assert "the graceful timeout of 0 s expired; 1 in-flight requests were answered 503" in log
+    assert "Traceback" not in log and "in-flight requests were drained" not in log, log[-3000:]
