@@ -174,7 +174,9 @@ def test_training_state_holds_no_pickle(backbones, train_file, tmp_path):
 
 
 def test_no_pickle_loading_in_the_package():
-    """No torch.load / pickle.load anywhere in hllm (enforced; docs/hardening.md)."""
+    """No pickle loading anywhere in hllm (enforced; docs/hardening.md): no pickle.load, and torch.load only with
+    ``weights_only=True`` (PyTorch's restricted unpickler: tensors and plain containers, no code) — the one use
+    reads a team's ``torch.save``'d head state dict in ``hllm import``."""
     import re
     from pathlib import Path
 
@@ -183,7 +185,8 @@ def test_no_pickle_loading_in_the_package():
     root = Path(hllm.__file__).parent
     bad = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
            for i, line in enumerate(p.read_text().splitlines(), 1)
-           if re.search(r"\btorch\.load\(|\bpickle\.loads?\(|allow_pickle\s*=\s*True|weights_only\s*=\s*False", line)]
+           if re.search(r"\bpickle\.loads?\(|allow_pickle\s*=\s*True|weights_only\s*=\s*False", line)
+           or (re.search(r"\btorch\.load\(", line) and "weights_only=True" not in line)]
     assert not bad, bad
 
 
