@@ -16,20 +16,22 @@ from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
 
 
 def parse_contender(text: str):
-    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → :class:`hllm.calibration.candidate.Candidate`.
+    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → the :class:`hllm.calibration.recipes.recipe.Recipe` of an
+    artefact built before (no scheme: ``bench frontier`` times it, never builds it).
 
     Raises: HllmError naming the malformed value (engine one of auto/onnxruntime/openvino, dtype fp32/int8/bf16)."""
-    from hllm.calibration.candidate import PRECISIONS, Candidate
+    from hllm.calibration.recipes.recipe import Recipe
     from hllm.errors import HllmError
+    from hllm.formats.vocabulary import ARTEFACT_ENGINES, RECIPE_PRECISIONS
 
     parts = text.split("|")
     if len(parts) not in (4, 5) or not all(parts[:4]):
         raise HllmError(f"--contender must be NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION], got {text!r}")
-    engines, dtypes = ("auto", "onnxruntime", "openvino"), [p.value for p in PRECISIONS]
+    engines, dtypes = ARTEFACT_ENGINES, [p.value for p in RECIPE_PRECISIONS]
     if parts[2] not in engines or parts[3] not in dtypes:
         raise HllmError(f"--contender {text!r}: engine {'/'.join(engines)}, dtype {'/'.join(dtypes)}")
-    return Candidate(parts[0], parts[2], parts[3], path=parts[1],
-                     inference_precision=parts[4] if len(parts) == 5 else None)
+    return Recipe(parts[0], parts[2], parts[3], path=parts[1],
+                  inference_precision=parts[4] if len(parts) == 5 else None)
 
 
 @bench_app.command("frontier")

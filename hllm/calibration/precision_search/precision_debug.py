@@ -18,15 +18,15 @@ Candidates are module paths of the export (``backbone.layers.N.mlp``, ``backbone
 
 Targets: ``fp16`` (:func:`hllm.exporter.fp16.convert_to_fp16` + :func:`hllm.exporter.fp16.emulate_fp16`,
 float16 storage emulated on the CPU; islands = the default op-class islands + kept modules), ``int8``
-(NNCF INT8 with SmoothQuant on OpenVINO, :func:`hllm.calibration.openvino_int8.quantize_openvino`; kept
+(NNCF INT8 with SmoothQuant on OpenVINO, :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino`; kept
 modules go to NNCF's ignored scope), ``bf16`` (the typed bf16-GEMM graph of :mod:`hllm.exporter.bf16`:
 real bf16 kernels on OpenVINO where the CPU has AVX512_BF16 / AMX-BF16, the exact emulation in ONNX
 Runtime elsewhere; searched over op classes × layer groups by
-:func:`hllm.calibration.bf16_islands.search_islands`, which writes the speed-vs-fidelity frontier).
+:func:`hllm.calibration.precision_search.bf16_islands.search_islands`, which writes the speed-vs-fidelity frontier).
 
 The islands file (``format: hllm-fp32-islands``) lists ``islands`` (for fp16: the default op-class islands
 plus the modules; for int8: the modules) and is read by ``hllm export --precision fp16 --fp32-islands
-FILE.json`` and by :func:`hllm.calibration.openvino_int8.quantize_openvino` (``keep_float``).
+FILE.json`` and by :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino` (``keep_float``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hllm.calibration.openvino_int8 import quantize_openvino
+from hllm.calibration.recipes.recipe import Recipe, RecipeInputs
 from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.errors import EngineError
 from hllm.exporter.fp16 import DEFAULT_ISLANDS
@@ -49,6 +49,8 @@ from hllm.runtime.artefact import open_engine, resolve
 from hllm.verify.gate import gate_scores
 
 TARGETS = ("fp16", "int8", "bf16")
+#: The recipe every int8 variant is built with (its kept modules go to NNCF's ignored scope).
+NNCF_INT8 = Recipe("nncf-int8", "openvino", "int8", scheme="nncf-int8", flavour="standard", needs_calibration=True)
 FORMAT = "hllm-fp32-islands"
 
 
@@ -187,7 +189,7 @@ class VariantRunner:
         batches: encoded slates (one :class:`hllm.runtime.prompt.Batch` each). calibration: feed dicts (int8).
         threads: engine threads. smooth_quant_alpha: int8 only (None = NNCF default, < 0 = off).
         bf16_runner: bf16 only: ``openvino`` (real bf16 kernels), ``emulate`` (ONNX Runtime, any CPU) or
-            ``auto`` (:func:`hllm.calibration.bf16_islands.bf16_runner`).
+            ``auto`` (:func:`hllm.calibration.precision_search.bf16_islands.bf16_runner`).
     Raises: EngineError (real bf16 asked on a CPU without bf16 instructions; a flavour the target cannot use).
     """
 
@@ -198,7 +200,7 @@ class VariantRunner:
         self.meta = read_export(export_dir)
         self.bf16 = None
         if target == Precision.BF16:  # typed bf16 graph: OpenVINO on a bf16 CPU, the exact emulation elsewhere
-            from hllm.calibration.bf16_islands import Bf16Variants
+            from hllm.calibration.precision_search.bf16_islands import Bf16Variants
 
             self.bf16 = Bf16Variants(export_dir, batches, bf16_runner, threads)
         if target == Precision.INT8 and (self.meta.flavour != "standard" or calibration is None):
@@ -244,7 +246,8 @@ class VariantRunner:
                                                   intra_op_threads=self.threads or 0, context=ctx))
 
         d = self.tmp / f"int8-{self.built}"
-        quantize_openvino(self.meta.root, d, self.calibration, keep_float=keep, smooth_quant_alpha=self.alpha)
+        NNCF_INT8.build(self.meta.root, d, RecipeInputs(feeds=self.calibration, keep_float=tuple(keep),
+                                                        smooth_quant_alpha=self.alpha))
         try:
             return self._scores(open_engine(resolve(d), threads=self.threads))
         finally:
