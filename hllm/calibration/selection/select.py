@@ -289,13 +289,15 @@ def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> t
 def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, threads: int | None = None,
                    chunk: int = 10, on_progress=None):
     """Gate the export at ``path`` against the reference scores ``ref`` (one ``[n_i, K]`` float32 array per
-    slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass
-    (:func:`hllm.verify.sequential.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
-    report over fewer slates than given is a failure whatever its figures.
+    slate) with the sequential gate (:func:`hllm.verify.sequential.sequential_gate`): ``chunk`` slates at a
+    time, passing early once every bound clears its margin, stopping as soon as it can no longer pass
+    (:func:`hllm.verify.sequential.hopeless`). Returns ``(GateReport over the slates scored, number scored)``;
+    its ``sequential`` record says how many slates it needed and why it stopped.
 
     Raises: EngineError / SlateError from loading or running the engine.
     """
-    rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress)
+    rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress,
+                   sequential=True)
     return rep, len(rep.records)
 
 
@@ -318,7 +320,7 @@ def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None
 #: The keys of a gate report kept in each recipe's record of ``selection_report.json``.
 GATE_RECORD_KEYS = ("gate", "slates", "passed", "failures", "criteria", "quality", "fidelity", "strict_passed",
                     "top1_agreement", "perm_match_rate", "kendall_tau_mean", "recall@10_delta", "auc_delta",
-                    "ndcg@10_delta", "nonfinite", "max_abs_diff", "stopped_after", "stop_reason")
+                    "ndcg@10_delta", "nonfinite", "max_abs_diff", "stopped_after", "stop_reason", "sequential")
 
 
 def _gate_record(g: dict) -> dict:
