@@ -22,7 +22,7 @@ def slates_of(n):
 
 
 def measure(std, n, raw):
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
     from hllm.engines.openvino import OpenVinoEngine
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
@@ -100,7 +100,7 @@ def gemm_check():
 
 
 def fig(a, b, slates):
-    from hllm.calibration.precision_debug import ranking_figures
+    from hllm.calibration.precision_search.precision_debug import ranking_figures
 
     f = ranking_figures(a, b, slates)
     return {k: f[k] for k in ("max_abs_dM", "mean_abs_dM", "top1_agreement", "kendall_tau_mean", "nonfinite")} | {
