@@ -12,7 +12,7 @@ from rich.table import Table
 from hllm.cli.app import out, quiet_libraries
 from hllm.cli.io import check_output_file, data_to_stdout, finish_report, load_slates
 from hllm.cli.options import json_opt, limit_opt, slates_opt, threads_opt
-from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
+from hllm.cli.bench_cmds import NOTE_OPT, SHARED_OPT, print_table, bench_app
 
 
 def parse_contender(text: str):
@@ -45,8 +45,8 @@ def frontier_cmd(
     warmup: int = typer.Option(1, min=0, max=100, help="Discarded warm-up rounds."),
     threads: Optional[int] = threads_opt("Threads of every engine (default 2)."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON to write (e.g. results/bench/frontier.json)."),
-    shared: Optional[bool] = _SHARED,
-    note: Optional[str] = _NOTE,
+    shared: Optional[bool] = SHARED_OPT,
+    note: Optional[str] = NOTE_OPT,
     json_out: bool = json_opt(),
 ) -> None:
     """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags.
@@ -81,7 +81,7 @@ def frontier_cmd(
                   f"{r.get('vs_torch_fp32', 0):.2f}", f"{r['gemm_peak_fraction']:.0%}" if r.get("gemm_peak_fraction") else "-",
                   verdict, f(g["auc_lb"], "{:+.4f}"), f(g["kendall_tau_mean"], "{:.3f}"), f(g["regret_p95"], "{:.2g}"),
                   f(g["top1_agreement"], "{:.3f}"))
-    _print_table(t)
+    print_table(t)
     finish_report(out_path, doc, json_out)
     if all("refused" in r for r in res["rows"][1:]):  # rows[0]: the PyTorch reference; nothing was compared
         from hllm.cli.app import console

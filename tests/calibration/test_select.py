@@ -260,12 +260,12 @@ def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_d
 def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skipped(tmp_path):
     """The first candidate (by median engine time) that passes wins; the faster ones were checked and failed,
     the slower ones — and any slower than the baseline — are skipped without a check."""
-    from hllm.calibration.selection.select import _Run
+    from hllm.calibration.selection.select import SelectionRun
 
     ms = {"onnxruntime-fp32": 40.0, "openvino-bf16": 10.0, "onnxruntime-int8-dynamic": 15.0,
           "openvino-bf16-islands": 20.0, "openvino-fp32": 30.0, "onnxruntime-int8-static": 50.0}
     verdict = {"openvino-bf16": False, "onnxruntime-int8-dynamic": False, "openvino-bf16-islands": True}
-    run = _Run(None, None, {}, lambda m: None, None, tmp_path, 0.0)
+    run = SelectionRun(None, None, {}, lambda m: None, None, tmp_path, 0.0)
     run.records = {n: {"name": n} for n in ms}
     checked = []
 
@@ -314,7 +314,7 @@ def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(sta
     """One built candidate whose graph is broken ends neither the timing nor the run: its record says why."""
     import shutil
 
-    from hllm.calibration.selection.select import SelectRequest, _time
+    from hllm.calibration.selection.select import SelectRequest, time_recipes
     from hllm.verify.gate import GateThresholds
 
     good, broken = tmp_path / "good", tmp_path / "broken"
@@ -326,7 +326,7 @@ def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(sta
     req = SelectRequest(standard_export_dir, tmp_path / "o", GateThresholds(), tiny_slates(3, (2, 5), seed=34),
                         rounds=2, warmup=0, threads=1)
     said = []
-    sp = _time(req, built, records, said.append)
+    sp = time_recipes(req, built, records, said.append)
     assert set(sp["engine_ms"]) == {"onnxruntime-fp32", "onnxruntime-fused-fp32"} and "onnxruntime-int8-dynamic" not in built
     assert records[2]["error"].startswith("timing: ") and "engine_ms_median" not in records[2]
     assert all(r["engine_ms_median"] > 0 for r in records[:2])

@@ -74,7 +74,7 @@ def test_round_bf16_is_round_to_nearest_even_and_the_graph_rounds_the_same():
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from hllm.exporter.bf16 import _round_then_cast, round_bf16
+    from hllm.exporter.bf16 import round_then_cast, round_bf16
 
     # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even → 1; 1 + 3·2^-8 ties up to 1 + 2^-6 (even)
     x = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -(1 + 2**-8), np.inf, -np.inf, 0.0], np.float32)
@@ -85,7 +85,7 @@ def test_round_bf16_is_round_to_nearest_even_and_the_graph_rounds_the_same():
     ties = ((r.view(np.uint32) & np.uint32(0xFFFF0000)) | np.uint32(0x8000)).view(np.float32)
     data = np.concatenate([r, ties, x[:4]])
     nodes = []
-    out = _round_then_cast(nodes, "x")
+    out = round_then_cast(nodes, "x")
     nodes.append(helper.make_node("Cast", [out], ["y"], to=TensorProto.FLOAT))
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])

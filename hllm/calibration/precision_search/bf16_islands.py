@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hllm.calibration.precision_search.precision_debug import DebugSettings, _error, _fmt, batch_scores, ranking_figures
+from hllm.calibration.precision_search.precision_debug import DebugSettings, figure_error, format_figures, batch_scores, ranking_figures
 from hllm.engines.openvino import OpenVinoEngine
 from hllm.errors import EngineError, HllmError
 from hllm.exporter.bf16 import (DEFAULT_ISLANDS, OP_CLASSES, check_islands, convert_to_bf16, emulate_bf16,
@@ -264,7 +264,7 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
         p = {"name": name, "islands": list(isl), "fp32_share": round(float(share(isl)), 5), "figures": fig,
              "passes": bool(st.passes(fig)), "outside_base": without is not None}
         points[key] = p
-        say(f"{name}: fp32 share {p['fp32_share']:.3f}; {_fmt(fig)}")
+        say(f"{name}: fp32 share {p['fp32_share']:.3f}; {format_figures(fig)}")
         return p
 
     b = evaluate(f"baseline ({', '.join(base) or 'nothing'} fp32)", ())
@@ -278,7 +278,7 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
         singles.append(evaluate(f"layers {g[0]}-{g[-1]} fp32", layer_islands(g)))
 
     def gain(p: dict) -> float:
-        red = _error(b["figures"]) - _error(p["figures"])
+        red = figure_error(b["figures"]) - figure_error(p["figures"])
         extra = max(p["fp32_share"] - b["fp32_share"], 1e-6)
         return red / extra if np.isfinite(red) else 0.0
 
@@ -294,13 +294,13 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
             break
         acc += [x for x in p["islands"] if x not in base and x not in acc]
         evaluate("greedy: " + " + ".join(sorted({q['name'] for q in order[: order.index(p) + 1]})), acc)
-    front = sorted(points.values(), key=lambda p: (p["fp32_share"], _error(p["figures"])))
+    front = sorted(points.values(), key=lambda p: (p["fp32_share"], figure_error(p["figures"])))
     for p in front:
-        p["pareto"] = not any(q["fp32_share"] <= p["fp32_share"] and _error(q["figures"]) < _error(p["figures"])
+        p["pareto"] = not any(q["fp32_share"] <= p["fp32_share"] and figure_error(q["figures"]) < figure_error(p["figures"])
                               for q in front if q is not p)
     eligible = [p for p in front if not p["outside_base"]]
     passing = [p for p in eligible if p["passes"]]
-    chosen = passing[0] if passing else min(eligible, key=lambda p: _error(p["figures"]))
+    chosen = passing[0] if passing else min(eligible, key=lambda p: figure_error(p["figures"]))
     return {"frontier": front, "islands": chosen["islands"], "islands_figures": chosen["figures"],
             "passed": chosen["passes"], "chosen": chosen["name"], "baseline": b["figures"], "base": list(base),
             "criteria": st.to_dict()}

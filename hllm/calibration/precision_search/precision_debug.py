@@ -90,7 +90,7 @@ def ranking_figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], slates
                      **{f"{m}_delta_lower_bound": q["lower_bound"] for m, q in d["quality"].items()}}}
 
 
-def _error(fig: dict) -> float:
+def figure_error(fig: dict) -> float:
     """A scalar error for ordering variants: mean|ΔM|, +inf when any score is non-finite."""
     return float("inf") if fig["nonfinite"] or fig["mean_abs_dM"] is None else fig["mean_abs_dM"]
 
@@ -134,14 +134,14 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
     """
     st = settings or DebugSettings()
     base = ranking_figures(ref, run_variant(()), slates, st.gate)
-    say(f"baseline: {_fmt(base)}")
+    say(f"baseline: {format_figures(base)}")
     rows = []
     for c in candidates:
         fig = ranking_figures(ref, run_variant((c,)), slates, st.gate)
-        red = _error(base) - _error(fig)
+        red = figure_error(base) - figure_error(fig)
         rows.append({"module": c, "figures": fig, "error_reduction": None if not np.isfinite(red) else red,
                      "fixes_nonfinite": bool(base["nonfinite"] and not fig["nonfinite"])})
-        say(f"keep {c} in fp32: {_fmt(fig)}")
+        say(f"keep {c} in fp32: {format_figures(fig)}")
     rows.sort(key=lambda r: (not r["fixes_nonfinite"], -(r["error_reduction"] or 0.0)))
     islands: list[str] = []
     fig = base
@@ -152,12 +152,13 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
             break
         islands.append(r["module"])
         fig = ranking_figures(ref, run_variant(tuple(islands)), slates, st.gate) if len(islands) > 1 else r["figures"]
-        say(f"islands {islands}: {_fmt(fig)}")
+        say(f"islands {islands}: {format_figures(fig)}")
     return {"baseline": base, "candidates": rows, "islands": islands, "islands_figures": fig,
             "passed": st.passes(fig), "criteria": st.to_dict()}
 
 
-def _fmt(f: dict) -> str:
+def format_figures(f: dict) -> str:
+    """One line of a variant's ranking figures (:func:`ranking_figures`): max / mean |ΔM|, top-1, tau and the gate verdict."""
     m = "non-finite" if f["nonfinite"] else f"max|ΔM| {f['max_abs_dM']:.3g} mean {f['mean_abs_dM']:.3g}"
     g = f.get("gate") or {}
     reg = g.get("regret_p95")

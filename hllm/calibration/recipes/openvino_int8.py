@@ -37,6 +37,7 @@ from hllm.calibration.data import choose_slates
 from hllm.calibration.recipes.parts import nodes_in_part
 from hllm.engines.openvino import no_signal_stack_after_compile
 from hllm.errors import EngineError
+from hllm.extras import quiet_telemetry
 from hllm.files import copy_files
 from hllm.formats.export import ExportChange, OpenVinoSettings, derive_export, read_export
 from hllm.formats.graph import input_names, sidecar_reads_context
@@ -53,6 +54,7 @@ def nncf_output_to_stderr() -> Iterator[None]:
     ``nncf.common.logging.logger``). stdout stays free for the data a command prints (``--json``, ``-o -``).
     Restores both on exit; a file handler added to the ``nncf`` logger is left alone.
     """
+    quiet_telemetry()  # before NNCF and OpenVINO load (their telemetry)
     with contextlib.redirect_stdout(sys.stderr):
         import nncf  # noqa: F401 - what it prints while importing goes to stderr too; its logger exists from here on
 

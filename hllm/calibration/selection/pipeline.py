@@ -32,7 +32,7 @@ from hllm.calibration.recipes.recipe import RecipeInputs, recipe_for_options
 from hllm.calibration.selection.speed import compare_speed
 from hllm.errors import SlateError
 from hllm.extras import optional
-from hllm.files import _staging_prefix, atomic_write_json, promote_dir
+from hllm.files import staging_prefix, atomic_write_json, promote_dir
 from hllm.formats.calibration_report import REPORT_NAME, CalibrationResult
 from hllm.formats.calibration_set import load_calibration_set
 from hllm.formats.precision import Precision
@@ -318,7 +318,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # this run's own names (pid, start time, random part): parallel runs of one OUT_DIR never collide
-    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent))
     cache = staging.with_name(staging.name[:-4] + "-calib-cache.json")
     try:
         attempts = Attempts(req, ref, staging, cache, say, progress)

@@ -43,7 +43,7 @@ from hllm.calibration.selection.pipeline import CalibrateRequest, fp32_reference
 from hllm.calibration.selection.speed import compare_speed
 from hllm.errors import EngineError
 from hllm.extras import optional
-from hllm.files import _staging_prefix, atomic_write_json, promote_dir, sweep_stale_staging
+from hllm.files import staging_prefix, atomic_write_json, promote_dir, sweep_stale_staging
 from hllm.formats.export import read_export
 from hllm.formats.precision import Precision
 from hllm.formats.report import envelope
@@ -123,7 +123,7 @@ class SelectionResult:
         return envelope("calibration_selection", self.to_dict(), machine=self.machine)
 
 
-class _Run:
+class SelectionRun:
     """The state of one :func:`select` run: records by name, built paths, the reference, the clock."""
 
     def __init__(self, req: SelectRequest, ref, ref_info: dict, say: Say, progress, work: Path, t_start: float):
@@ -221,8 +221,8 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_staging(out)  # staging directories of OUT_DIR left by killed runs (their writer is gone)
-    work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
-    run = _Run(req, ref, ref_info, say, progress, work, t_start)
+    work = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent))
+    run = SelectionRun(req, ref, ref_info, say, progress, work, t_start)
     try:
         deferred = []
         for c in RECIPES:  # the one loop over recipes: refuse, defer (accuracy control) or build
@@ -241,7 +241,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
             rec = run.records[BASELINE]
             why = rec.get("error") or f"parity with the FP32 reference failed: {rec.get('parity', {}).get('failures')}"
             raise EngineError(f"the FP32 export itself could not be checked: {why}")
-        timing = _time(req, run.built, list(run.records.values()), say)
+        timing = time_recipes(req, run.built, list(run.records.values()), say)
         winner = run.fastest_passing(list(run.built), timing, BASELINE) if timing else BASELINE
         if deferred:
             winner, timing = _accuracy_control(run, deferred, winner, timing)
@@ -260,7 +260,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     return result, out
 
 
-def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> tuple[str, dict]:
+def _accuracy_control(run: SelectionRun, deferred: list, winner: str, timing: dict) -> tuple[str, dict]:
     """Step 5 of the module doc: build the NNCF accuracy-control recipes with the time left (or refuse
     them), time them beside the baseline and ``winner``, and check those faster than ``winner``.
     Returns ``(winner, timing)``; the timing of this step is stored under ``timing["accuracy_control"]``."""
@@ -280,7 +280,7 @@ def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> t
     if not ok:
         return winner, timing
     sub = {n: run.built[n] for n in dict.fromkeys([BASELINE, winner, *ok])}
-    sp = _time(req, sub, [run.records[n] for n in ok], run.say)  # drops from ``sub`` what cannot be timed
+    sp = time_recipes(req, sub, [run.records[n] for n in ok], run.say)  # drops from ``sub`` what cannot be timed
     names = [n for n in dict.fromkeys([*ok, winner]) if n in sub]
     new = run.fastest_passing(names, sp, winner) if sp and winner in sub else winner
     return new, {**timing, "accuracy_control": sp}
@@ -327,7 +327,7 @@ def _gate_record(g: dict) -> dict:
     return {k: g[k] for k in GATE_RECORD_KEYS if k in g}
 
 
-def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
+def time_recipes(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
     """Interleaved engine timing of the ``built`` recipes (``{name: export dir}``, the baseline among them)
     on the first ``req.rounds`` gate slates; fills the ``records`` of those recipes with
     ``engine_ms_median`` and ``speedup_vs_fp32``. Returns compare_speed's record (empty with one recipe)."""
@@ -348,7 +348,7 @@ def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dic
                 if r["name"] == name:
                     r["error"] = f"timing: {why}"
             say(f"{name}: cannot be timed — {why}")
-        return _time(req, built, records, say) if BASELINE in built else {}
+        return time_recipes(req, built, records, say) if BASELINE in built else {}
     for r in records:
         if r["name"] in built:
             r["engine_ms_median"] = round(sp["engine_ms"][r["name"]]["median"], 3)
