@@ -22,7 +22,7 @@ def slates_of(n):
 
 
 def measure(std, n, raw):
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
     from hllm.engines.openvino import OpenVinoEngine
     from hllm.runtime.artefact import resolve
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
@@ -61,7 +61,7 @@ def gemm_check():
     from onnx import TensorProto as TP
     from onnx import helper, numpy_helper
 
-    from hllm.exporter.bf16 import _round_then_cast, emulate_bf16, round_bf16
+    from hllm.exporter.bf16 import round_then_cast, emulate_bf16, round_bf16
 
     rng = np.random.default_rng(0)
     K, N = 576, 1536
@@ -70,7 +70,7 @@ def gemm_check():
     exact = (round_bf16(x).astype(np.float64) @ round_bf16(W).astype(np.float64)).astype(np.float32)
     want = round_bf16(exact)
     nodes = []
-    xb = _round_then_cast(nodes, "x")
+    xb = round_then_cast(nodes, "x")
     nodes += [helper.make_node("MatMul", [xb, "Wb"], ["yb"]), helper.make_node("Cast", ["yb"], ["y"], to=TP.FLOAT)]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, None, K])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, None)],
@@ -100,7 +100,7 @@ def gemm_check():
 
 
 def fig(a, b, slates):
-    from hllm.calibration.precision_debug import ranking_figures
+    from hllm.calibration.precision_search.precision_debug import ranking_figures
 
     f = ranking_figures(a, b, slates)
     return {k: f[k] for k in ("max_abs_dM", "mean_abs_dM", "top1_agreement", "kendall_tau_mean", "nonfinite")} | {

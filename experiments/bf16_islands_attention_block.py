@@ -1,5 +1,5 @@
 """[experiment] last run at commit 447d709; output: results/precision/bf16-islands-fidelity-smollm2-beauty-eval200.json. Kept for provenance, not maintained (experiments/README.md).
-A typed bf16-GEMM export with the given fp32 islands (hllm.calibration.bf16_islands.build_bf16_export), its
+A typed bf16-GEMM export with the given fp32 islands (hllm.calibration.precision_search.bf16_islands.build_bf16_export), its
 OpenVINO scores on the first N eval slates, and its quality / strict gate reports against the cached fp32
 reference, added to the fidelity JSON under ``islands:ISL1+ISL2…`` (per-slate scores cached in WORKDIR).
 Usage: python experiments/bf16_islands_attention_block.py STD N REF.npz WORKDIR OUT.json ISL1,ISL2,...
@@ -14,7 +14,7 @@ import numpy as np
 
 
 def main(std, n, ref_path, work, out, islands):
-    from hllm.calibration.bf16_islands import build_bf16_export
+    from hllm.calibration.precision_search.bf16_islands import build_bf16_export
     from hllm.measure import describe_machine
     from hllm.runtime.artefact import resolve
     from hllm.runtime.ranker import Ranker

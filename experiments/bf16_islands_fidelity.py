@@ -14,7 +14,7 @@ import numpy as np
 
 
 def main(std, n, ref_path, work, out, engines):
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
     from hllm.engines.openvino import OpenVinoEngine
     from hllm.measure import describe_machine
     from hllm.runtime.artefact import resolve

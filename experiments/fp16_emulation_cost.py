@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hllm.calibration.precision_debug import ranking_figures
+from hllm.calibration.precision_search.precision_debug import ranking_figures
 from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.exporter.fp16 import DEFAULT_ISLANDS, convert_to_fp16, emulate_fp16
 from hllm.exporter.onnx_io import load_onnx, save_onnx

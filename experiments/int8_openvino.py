@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", default="torch", choices=["torch", "openvino_fp32"])
     a = ap.parse_args(argv)
     from hllm.measure import describe_machine
-    from hllm.calibration.openvino_int8 import calibration_feeds
-    from hllm.calibration.openvino_int8 import quantize_openvino
+    from hllm.calibration.recipes.openvino_int8 import calibration_feeds
+    from hllm.calibration.recipes.openvino_int8 import quantize_openvino
     from hllm.engines.openvino import OpenVinoEngine
     from hllm.engines.ort import OnnxRuntimeEngine
     from hllm.engines.reference import TorchEngine

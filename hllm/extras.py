@@ -11,6 +11,8 @@ These two are the one way hllm loads an optional dependency; imports nothing opt
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from types import ModuleType
 
 from hllm.errors import HllmError
@@ -71,6 +73,37 @@ def missing_message(err: ModuleNotFoundError) -> str | None:
     return f"{err.name} is not installed; it comes with the {extra!r} extra: {install_line(extra)}"
 
 
+def _openvino_telemetry_opted_in() -> bool:
+    """True when the user gave OpenVINO consent: ``opt_in_out --opt_in`` wrote "1" to ~/intel/openvino_telemetry."""
+    path = os.path.join(os.path.expanduser("~"), "intel", "openvino_telemetry")
+    try:
+        if not os.path.isfile(path):  # not a FIFO or a device that would block
+            return False
+        with open(path, encoding="ascii") as f:
+            return f.read(8).strip() == "1"
+    except (OSError, ValueError):
+        return False
+
+
+def quiet_telemetry() -> None:
+    """Turn off the telemetry of ONNX Runtime, OpenVINO and NNCF for this process, unless the user chose
+    otherwise. Called by the ``hllm`` command at its entry and by :func:`require` / :func:`optional` before
+    they import a library (never at ``import hllm``, which changes nothing outside hllm). Idempotent.
+
+    * ONNX Runtime's native library writes a device id and a database under
+      ~/.cache/Microsoft/DeveloperTools/.onnxruntime when the module is imported (1.32 on Linux); the variable
+      ``ORT_DISABLE_TELEMETRY`` (read by the library at load) turns that off: set unless already set.
+    * OpenVINO's and NNCF's telemetry (openvino-telemetry 2025.2): ``import openvino`` / ``import nncf`` write
+      a client id and a stats file under ~/intel and send Google Analytics events, unless the consent file
+      ~/intel/openvino_telemetry holds "0". Both document a no-telemetry fallback for an environment without
+      the ``openvino_telemetry`` module: taken by marking the module absent (``sys.modules[...] = None``:
+      import → ImportError), unless it is already imported or the user opted in.
+    """
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    if "openvino_telemetry" not in sys.modules and not _openvino_telemetry_opted_in():
+        sys.modules["openvino_telemetry"] = None
+
+
 def require(module: str, error: type[Exception] = MissingExtraError) -> ModuleType:
     """Import ``module`` or raise ``error`` (default :class:`MissingExtraError`) with the extra's install line.
 
@@ -78,6 +111,7 @@ def require(module: str, error: type[Exception] = MissingExtraError) -> ModuleTy
     Raises: ``error`` (the module or one it needs is missing and belongs to an extra);
     ModuleNotFoundError for a missing module that no extra provides.
     """
+    quiet_telemetry()
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -95,6 +129,7 @@ def optional(module: str) -> ModuleType | None:
     a module that is installed but fails to import raises as usual (a broken install is not hidden).
     Source: Python docs, "importlib.import_module" and "ModuleNotFoundError".
     """
+    quiet_telemetry()
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -173,9 +173,9 @@ def _process_start(pid: int) -> int:
         return 0
 
 
-def _staging_prefix(path: Path) -> str:
-    pid = os.getpid()
-    return f".{path.name}.{pid}-{_process_start(pid)}."
+def staging_prefix(path: Path) -> str:
+    """``.NAME.PID-START.``: the prefix of this process's staging directories beside ``path`` (see the sweep)."""
+    return f".{path.name}.{os.getpid()}-{_process_start(os.getpid())}."
 
 
 def _writer_alive(pid: int, start: int) -> bool:
@@ -275,7 +275,7 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
     _mk_parent(path)
     with cleanup_on_sigterm():
         try:
-            fd, tmp = tempfile.mkstemp(prefix=_staging_prefix(path), suffix=".tmp", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path), suffix=".tmp", dir=path.parent)
         except OSError as e:
             raise OutputError(f"cannot write {path}: {e.strerror}") from None
         os.close(fd)
@@ -322,7 +322,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     sweep_stale_staging(path)
     with cleanup_on_sigterm():
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=_staging_prefix(path), suffix=".tmp", dir=path.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(path), suffix=".tmp", dir=path.parent))
         except OSError as e:
             raise OutputError(f"cannot write {path}: {e.strerror}") from None
         try:

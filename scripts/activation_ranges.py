@@ -2,7 +2,7 @@
 
 For the input of every weight MatMul of each decoder block: max |x|, the 99.9th percentile of |x| and
 the outlier ratio (max channel abs-max / median channel abs-max), measured with ONNX Runtime on a
-reproducible draw of real slates (hllm.calibration.activation_ranges; the figures and their definitions are
+reproducible draw of real slates (hllm.calibration.recipes.activation_ranges; the figures and their definitions are
 in its docstring). Draw from the calibration pool (the train split), not from the gate's slates.
 
 usage: python scripts/activation_ranges.py EXPORT_DIR SLATES [--count 32] [--seed 0] [--batch-size 1]
@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from hllm.calibration.activation_ranges import activation_ranges
+from hllm.calibration.recipes.activation_ranges import activation_ranges
 from hllm.calibration.data import choose_slates
 from hllm.files import atomic_write_json
 from hllm.formats.report import envelope

@@ -1,6 +1,6 @@
 """INT8 of a ``standard`` export through NNCF's accuracy control, judged by rankings.
 
-Build (``--build``): :func:`hllm.calibration.accuracy_control.quantize_with_accuracy_control` with the ranking
+Build (``--build``): :func:`hllm.calibration.recipes.accuracy_control.quantize_with_accuracy_control` with the ranking
 validation function (per-slate regret / tau / AUC / NDCG@10), calibration from train slates, NNCF's
 validation on eval slates kept apart from the judged ones; writes the INT8 export (f32 hint) and its
 mixed INT8 + bf16 twin (the same IR, bf16 hint: the ops left in float run in bf16).
@@ -35,8 +35,8 @@ def log(msg: str) -> None:
 
 
 def build(a, work: Path) -> dict:
-    from hllm.calibration.accuracy_control import cut_slate, quantize_with_accuracy_control
-    from hllm.calibration.openvino_int8 import calibration_feeds
+    from hllm.calibration.recipes.accuracy_control import cut_slate, quantize_with_accuracy_control
+    from hllm.calibration.recipes.openvino_int8 import calibration_feeds
     from hllm.files import copy_files
     from hllm.formats.export import read_export, write_export
     from hllm.formats.graph import sidecar_reads_context

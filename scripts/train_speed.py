@@ -6,7 +6,7 @@ CPU training run spends its time in, measured with the trainer's own code on rea
   ``hllm features --layer c`` and ``hllm train --lora-layers`` run once per slate
   (:func:`hllm.training.data.prepare`).
 * **LoRA step**: one optimizer step on one slate (batch 1, accumulation 1): forward, fp32 Sinkhorn loss,
-  backward, AdamW (:func:`hllm.training.trainer._step`), for LoRA of rank r on every linear projection
+  backward, AdamW (:func:`hllm.training.trainer.train_step`), for LoRA of rank r on every linear projection
   of every layer (``--lora-layers`` unset: the paper's setting) and, from the cached state, on the top
   ``L - c`` layers only (the CPU recipe).
 
@@ -44,14 +44,14 @@ def _model(cfg):
 
     from hllm.formats.prompt import PromptSpec
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
-    from hllm.training.trainer import _trainable, build_model
+    from hllm.training.trainer import trainable_parameters, build_model
 
     from hllm.training.precision import resolve_compute
 
     model, _, _ = build_model(cfg)
     resolve_compute(cfg.precision, "cpu").cast_frozen(model.backbone)  # as hllm train does
     builder = PromptBuilder(load_tokenizer(cfg.backbone), PromptSpec.from_dict(cfg.prompt), max_items=cfg.num_positions)
-    opt = torch.optim.AdamW(_trainable(model).values(), lr=cfg.lr)
+    opt = torch.optim.AdamW(trainable_parameters(model).values(), lr=cfg.lr)
     return model, builder, opt
 
 
@@ -68,7 +68,7 @@ def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, 
     from hllm.training.config import TrainConfig
     from hllm.training.data import load_slates, prepare
     from hllm.training.precision import resolve_compute
-    from hllm.training.trainer import _step
+    from hllm.training.trainer import train_step
 
     computes = {p: resolve_compute(p, "cpu") for p in ("fp32", "bf16")}
     tmp = tempfile.mkdtemp(prefix="train-speed-")
@@ -102,7 +102,7 @@ def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, 
                 model, builder, opt = models[p]
                 model.train()
                 timed("lora_step_top_layers", p,
-                      lambda: _step(model, opt, top[p], examples[p], targets, [i], builder.pad_id, top[p].lr, c))
+                      lambda: train_step(model, opt, top[p], examples[p], targets, [i], builder.pad_id, top[p].lr, c))
         del models, examples
         if not all_layers:
             runs.pop("lora_step_all_layers"), cpu.pop("lora_step_all_layers")
@@ -115,7 +115,7 @@ def measure(backbone: str, slates_path: str, limit: int, layer: int, rank: int, 
                 model, builder, opt = models[p]
                 model.train()
                 timed("lora_step_all_layers", p,
-                      lambda: _step(model, opt, full[p], ids[p], targets, [i], builder.pad_id, full[p].lr, c))
+                      lambda: train_step(model, opt, full[p], ids[p], targets, [i], builder.pad_id, full[p].lr, c))
     return _record(runs, cpu, slates, tokens, layer, n_layers, rank, threads, computes)
 
 

@@ -117,3 +117,10 @@ def test_the_python_api_snippet_runs(export_k50):
         ids = eval(line.split(" ", 1)[1], {})  # the printed list of item ids
         assert len(ids) == 5 and len(set(ids)) == 5
         assert set(ids) <= {c["item_id"] for c in slate["candidates"]}
+
+
+def test_the_two_commands_are_on_the_first_screen():
+    """``make demo`` and ``make test`` are the first thing a reader can run: within the README's first 40 lines,
+    each at the start of a line of a code block."""
+    head = README.read_text(encoding="utf-8").splitlines()[:40]
+    assert any(line.startswith("make demo ") for line in head) and any(line.startswith("make test ") for line in head)

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hllm.calibration.candidate import Candidate
+from hllm.calibration.recipes.recipe import Recipe
 from hllm.errors import EngineError, HllmError
 from hllm.formats.checkpoint import load_manifest
 from hllm.measure import bf16_support
@@ -89,7 +89,7 @@ def gemm_peaks(n: int = 2048, runs: int = 3) -> dict:
     return out
 
 
-def _open(c: Candidate, threads: int):
+def _open(c: Recipe, threads: int):
     opts = {"threads": threads}
     if c.engine not in ("auto", "torch"):
         opts["engine"] = c.engine
@@ -98,7 +98,7 @@ def _open(c: Candidate, threads: int):
     return open_engine(resolve(c.path), **opts)
 
 
-def frontier(checkpoint: str, contenders: Sequence[Candidate], slates: Sequence[dict], rounds: int = 5,
+def frontier(checkpoint: str, contenders: Sequence[Recipe], slates: Sequence[dict], rounds: int = 5,
              warmup: int = 1, threads: int = 2, peak_n: int = 2048) -> dict:
     """Time ``contenders`` and PyTorch fp32 eager on ``checkpoint`` interleaved (module doc); ``peak_n``: size
     of the square GEMMs that measure the peaks.
@@ -114,7 +114,7 @@ def frontier(checkpoint: str, contenders: Sequence[Candidate], slates: Sequence[
     batches = [builder.encode([s]) for s in slates]
     dims = load_manifest(checkpoint).dims
     flops = float(np.mean([prefill_flops(dims, int(b.lengths[0])) for b in batches]))
-    ref = Candidate("PyTorch fp32 eager", "torch", "fp32", path=checkpoint)
+    ref = Recipe("PyTorch fp32 eager", "torch", "fp32", path=checkpoint)
     engines, refused = {}, {}
     for c in [ref, *contenders]:
         try:

@@ -3,6 +3,10 @@
 Without the ``cli`` extra (typer, rich) ``main`` prints ``pip install 'hllm[cli]'`` and exits 2.
 """
 
+from hllm.extras import quiet_telemetry
+
+quiet_telemetry()  # the command's entry: before any command module can import ONNX Runtime, OpenVINO or NNCF
+
 try:
     from hllm.cli import checkpoint_cmds, ranking_cmds, inspect_cmds, serve_cmds, calibrate_cmds, bench_cmds, engine_cmds, train_cmds, debug_cmds, frontier_cmds  # noqa: F401  (register commands)
     from hllm.cli.app import app, main

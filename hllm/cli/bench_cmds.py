@@ -18,11 +18,11 @@ bench_app = typer.Typer(help="Benchmarks: per-stage latency, LAP solvers, hLLM v
                         rich_markup_mode=None)  # plain help text, as the root app
 app.add_typer(bench_app, name="bench")
 
-_SHARED = typer.Option(None, "--shared/--quiet-machine", help="State whether other work shared the cores (recorded).")
-_NOTE = typer.Option(None, "--note", help="Free text stored with the figures.")
+SHARED_OPT = typer.Option(None, "--shared/--quiet-machine", help="State whether other work shared the cores (recorded).")
+NOTE_OPT = typer.Option(None, "--note", help="Free text stored with the figures.")
 
 
-def _print_table(t: Table) -> None:
+def print_table(t: Table) -> None:
     """Print a wide table on stdout; in a log file (not a terminal) use 160 columns instead of 80."""
     if out.is_terminal:
         out.print(t)
@@ -59,8 +59,8 @@ def stages_cmd(
     threads: Optional[int] = threads_opt(),
     peak_size: int = typer.Option(2048, min=0, max=8192, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
     out_path: Path = typer.Option(Path("results/bench/stages.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
-    shared: Optional[bool] = _SHARED,
-    note: Optional[str] = _NOTE,
+    shared: Optional[bool] = SHARED_OPT,
+    note: Optional[str] = NOTE_OPT,
     json_out: bool = json_opt(),
 ) -> None:
     """Per-stage latency (prompt, engine, LAPJV decode, total) on real sub-slates, with the GEMM peak."""
@@ -106,7 +106,7 @@ def print_stages(recs: list[dict]) -> None:
                   f"{s['engine']:.1f}", f"{s['decode_output']:.3f}", f"{r['lapjv_us']['median']:.1f}", f"{s['total']:.1f}",
                   f"{r['overhead_fraction']:.2%}", f"{r['tokens_per_s']:.0f}",
                   "-" if r["gflops"] is None else f"{r['gflops']:.0f}" + ("" if r["peak_fraction"] is None else f" ({r['peak_fraction']:.0%})"))
-    _print_table(t)
+    print_table(t)
 
 
 @bench_app.command("lapjv")
@@ -118,8 +118,8 @@ def lapjv_cmd(
     limit: int = limit_opt(8, "Real slates scored by --model (the first ones; per N ≤ its K and slate size)."),
     slates: Optional[Path] = slates_opt(help="Real slates for --model ('-' = stdin)."),
     out_path: Path = typer.Option(Path("results/bench/lapjv.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
-    shared: Optional[bool] = _SHARED,
-    note: Optional[str] = _NOTE,
+    shared: Optional[bool] = SHARED_OPT,
+    note: Optional[str] = NOTE_OPT,
     json_out: bool = json_opt(),
     model_slates: Optional[int] = hidden_alias("--model-slates", "--limit"),
 ) -> None:
@@ -193,7 +193,7 @@ def print_lapjv(recs: list[dict], solver_names: list[str]) -> None:
                 f"{bu['decode_batch()']['median']:.1f} | {bu['decode() loop']['median']:.1f} | {bu['lap.lapjv loop']['median']:.1f}",
                 "yes" if r["correct"] else "NO"]
         t.add_row(*row)
-    _print_table(t)
+    print_table(t)
 
 
 @bench_app.command("scaling")
@@ -206,8 +206,8 @@ def scaling_cmd(
     threads: Optional[int] = threads_opt(),
     peak_size: int = typer.Option(2048, min=0, max=8192, help="Matrix size of the fp32 GEMM peak measurement (0 = skip)."),
     out_path: Path = typer.Option(Path("results/bench/scaling.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
-    shared: Optional[bool] = _SHARED,
-    note: Optional[str] = _NOTE,
+    shared: Optional[bool] = SHARED_OPT,
+    note: Optional[str] = NOTE_OPT,
     json_out: bool = json_opt(),
 ) -> None:
     """Engine time against prompt length (synthetic prompts of exactly S tokens), contenders interleaved."""
@@ -235,7 +235,7 @@ def scaling_cmd(
         pf = "" if r["peak_fraction"] is None else f" ({r['peak_fraction']:.0%})"
         t.add_row(str(r["seq_len"]), Path(r["model"]).parent.name or r["model"], r["precision"], str(r["flavour"]),
                   f"{r['engine_ms']['median']:.0f}", f"{r['ratio_to_reference']:.2f}", f"{r['gflops']}{pf}")
-    _print_table(t)
+    print_table(t)
     finish_report(out_path, doc, json_out, label="")
 
 
@@ -249,8 +249,8 @@ def versus_ar_cmd(
     threads: Optional[int] = threads_opt("Intra-op threads of every engine and of torch."),
     unconstrained: bool = typer.Option(True, help="Also run unconstrained greedy decoding."),
     out_path: Path = typer.Option(Path("results/bench/versus_ar.json"), "--out", "-o", help="JSON to write (atomic; '-' = stdout)."),
-    shared: Optional[bool] = _SHARED,
-    note: Optional[str] = _NOTE,
+    shared: Optional[bool] = SHARED_OPT,
+    note: Optional[str] = NOTE_OPT,
     json_out: bool = json_opt(),
     count: Optional[int] = hidden_alias("--count", "--limit"),
 ) -> None:
@@ -288,7 +288,7 @@ def versus_ar_cmd(
                   f"{r['speedup']:.1f}×", f"{r.get('ar_unconstrained_ms', float('nan')):.0f}",
                   f"{r.get('ar_unconstrained_decode_passes', float('nan')):.0f}",
                   f"{r.get('ar_unconstrained_invalid_rate', float('nan')):.0%}")
-    _print_table(t)
+    print_table(t)
     finish_report(out_path, doc, json_out, label="")
 
 

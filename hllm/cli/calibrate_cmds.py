@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import List, Optional
 
 import typer
@@ -16,7 +17,8 @@ from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, fi
 from hllm.cli.options import (choice_opt, deprecated, hidden_alias, json_opt, limit_opt, overwrite_opt, pick,
                               slates_opt, threads_opt)
 from hllm.formats.graph import MAX_BATCH
-from hllm.calibration.options import BACKENDS, PRECISIONS
+from hllm.calibration.recipes.options import BACKENDS
+from hllm.formats.vocabulary import QUANT_PRECISIONS
 from hllm.errors import EngineError, OutputError, SlateError
 from hllm.runtime.slates import slate_ids
 
@@ -26,7 +28,7 @@ def calibrate_cmd(
     export_dir: Path = typer.Argument(..., help="FP32 export directory (from `hllm export`)."),
     out_dir: Optional[Path] = typer.Argument(None, show_default=False, help="Quantized export directory to write (only if it passes the gate)."),
     backend: str = choice_opt("ort-static", BACKENDS + ("auto",), "--backend", help="ort-static (CPU, calibrated), ort-dynamic (CPU), ort-weight-only (CPU, 8-bit weights, float activations), modelopt (TensorRT Q/DQ), or auto: build every engine × precision this CPU runs (ONNX Runtime / OpenVINO, fp32 / bf16 / int8), gate each, write the fastest that passes."),
-    precision: str = choice_opt("int8", PRECISIONS + ("bf16",), "--precision", help="int8, fp8 (modelopt, Ada/Hopper targets only), or bf16 (checked against the CPU: AVX512_BF16 / AMX; refused with the reason)."),
+    precision: str = choice_opt("int8", tuple(str(p) for p in QUANT_PRECISIONS) + ("bf16",), "--precision", help="int8, fp8 (modelopt, Ada/Hopper targets only), or bf16 (checked against the CPU: AVX512_BF16 / AMX; refused with the reason)."),
     target: str = typer.Option("cpu", help="cpu, a GPU name (a100, l4, h100 …) or compute capability (8.0)."),
     calib_slates: Optional[Path] = typer.Option(None, help="Slates to draw calibration data from (e.g. the train split)."),
     calibration: Optional[Path] = typer.Option(None, help="A saved calibration set (.npz/.json) to reuse instead."),
@@ -74,57 +76,68 @@ def calibrate_cmd(
     bench_rounds: Optional[int] = hidden_alias("--bench-rounds", "--bench-runs"),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
-    from hllm.calibration.pipeline import CalibrateRequest, prepare_calibration
-    from hllm.calibration.options import QuantOptions
+    run_calibrate(SimpleNamespace(**locals()))
 
+
+def run_calibrate(a: SimpleNamespace) -> None:
+    """The run of ``hllm calibrate`` from its parsed options ``a``: the checks every run makes, then the one
+    recipe of ``--backend B`` (:func:`hllm.calibration.selection.pipeline.calibrate`) or, with ``--backend
+    auto``, the table of recipes (:func:`_select`). Raises: typer.BadParameter / HllmError (exit 2)."""
     quiet_libraries()
-    if out_alias is not None:
+    if a.out_alias is not None:
         deprecated("calibrate --out/-o DIR", "the positional OUT_DIR")
-    out_dir = out_dir if out_dir is not None else out_alias
+    out_dir = a.out_dir if a.out_dir is not None else a.out_alias
     if out_dir is None:
         raise typer.BadParameter("give OUT_DIR, the quantized export directory to write")
-    slates, limit = pick(slates, eval_slates), pick(limit, eval_limit, 100)
-    bench_runs = pick(bench_runs, bench_rounds, 0)
+    slates, limit = pick(a.slates, a.eval_slates), pick(a.limit, a.eval_limit, 100)
+    bench_runs = pick(a.bench_runs, a.bench_rounds, 0)
     if (limit is not None and limit < 1) or not 0 <= bench_runs <= 10_000:
         raise typer.BadParameter("--limit must be ≥ 1 and --bench-runs within 0..10000")
-    th_kw = dict(mode=gate, auc_margin=auc_margin, ndcg10_margin=ndcg10_margin, recall10_margin=recall10_margin,
-                 min_tau=min_tau, max_regret_p95=max_regret_p95, min_top1=min_top1,
-                 max_recall10_delta=max_recall10_delta, max_auc_delta=max_auc_delta)
-    if backend == "auto":
+    th_kw = dict(mode=a.gate, auc_margin=a.auc_margin, ndcg10_margin=a.ndcg10_margin, recall10_margin=a.recall10_margin,
+                 min_tau=a.min_tau, max_regret_p95=a.max_regret_p95, min_top1=a.min_top1,
+                 max_recall10_delta=a.max_recall10_delta, max_auc_delta=a.max_auc_delta)
+    if a.backend == "auto":
         _refuse_ignored_by_auto()
-        return _select(export_dir, out_dir, th_kw=th_kw,
-                       slates=slates, limit=limit, calib=(calibration, calib_slates, calib_count, calib_seed, calib_batch_size),
-                       candidates=tuple(candidate), rounds=bench_runs or 5, warmup=bench_warmup, threads=threads,
-                       reference_cache=reference_scores_path, report=report, overwrite=overwrite, json_out=json_out,
-                       bf16_islands=bf16_islands, time_budget=time_budget)
-    if time_budget is not None:
-        raise typer.BadParameter("--time-budget applies to --backend auto only")
-    if candidate:
-        raise typer.BadParameter("--candidate applies to --backend auto only")
-    if bf16_islands is not None:
-        raise typer.BadParameter("--bf16-islands applies to --backend auto only")
-    opts = QuantOptions(backend=backend, precision=precision, target=target, per_channel=per_channel,
-                        reduce_range=reduce_range, activation_type=activation_type, exclude=tuple(exclude),
-                        exclude_nodes=tuple(exclude_node), calibrate_method=calibrate_method,
-                        weight_matmuls_only=weight_matmuls_only, op_types=tuple(op_type),
-                        block_size=block_size, accuracy_level=accuracy_level)
+        return _select(a.export_dir, out_dir, th_kw=th_kw, slates=slates, limit=limit,
+                       calib=(a.calibration, a.calib_slates, a.calib_count, a.calib_seed, a.calib_batch_size),
+                       candidates=tuple(a.candidate), rounds=bench_runs or 5, warmup=a.bench_warmup, threads=a.threads,
+                       reference_cache=a.reference_scores_path, report=a.report, overwrite=a.overwrite,
+                       json_out=a.json_out, bf16_islands=a.bf16_islands, time_budget=a.time_budget)
+    for given, option in ((a.time_budget is not None, "--time-budget"), (bool(a.candidate), "--candidate"),
+                          (a.bf16_islands is not None, "--bf16-islands")):
+        if given:
+            raise typer.BadParameter(f"{option} applies to --backend auto only")
+    _calibrate_one(a, out_dir, th_kw, slates, limit, bench_runs)
+
+
+def _calibrate_one(a: SimpleNamespace, out_dir: Path, th_kw: dict, slates, limit, bench_runs: int) -> None:
+    """``--backend B``: the one recipe of that quantizer (:func:`hllm.calibration.recipes.recipe.recipe_for_options`)
+    built, gated and (``--auto``) searched for parts to keep in float; writes OUT_DIR only if it passes."""
+    from hllm.calibration.recipes.options import QuantOptions
+    from hllm.calibration.selection.pipeline import CalibrateRequest, prepare_calibration
+
+    opts = QuantOptions(backend=a.backend, precision=a.precision, target=a.target, per_channel=a.per_channel,
+                        reduce_range=a.reduce_range, activation_type=a.activation_type, exclude=tuple(a.exclude),
+                        exclude_nodes=tuple(a.exclude_node), calibrate_method=a.calibrate_method,
+                        weight_matmuls_only=a.weight_matmuls_only, op_types=tuple(a.op_type),
+                        block_size=a.block_size, accuracy_level=a.accuracy_level)
     opts.validate()  # refuses fp8 for an A100 before any work
-    th, calib_slates = _check_run(th_kw, json_out, report, out_dir, overwrite,
-                                  reference_scores_path, calib_slates)
-    art, builder = _onnx_export(export_dir, backend)
+    th, calib_slates = _check_run(th_kw, a.json_out, a.report, out_dir, a.overwrite, a.reference_scores_path,
+                                  a.calib_slates)
+    art, builder = _onnx_export(a.export_dir, a.backend)
     evals = load_slates(slates, limit=limit)
     warn_unlabelled(evals)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
     with console.status("[bold]preparing calibration data…"):
-        calib = prepare_calibration(art, builder, backend, calibration, calib_slates, calib_count, calib_seed,
-                                    calib_batch_size, slate_ids(evals), say)
+        calib = prepare_calibration(art, builder, a.backend, a.calibration, calib_slates, a.calib_count, a.calib_seed,
+                                    a.calib_batch_size, slate_ids(evals), say)
     slates_name = slates_source(slates, str(slates_file(None)))
     req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
-                           calibration_saved=calibration is not None, auto=auto, max_tries=max_tries,
-                           bench_rounds=bench_runs, bench_warmup=bench_warmup, threads=threads,
-                           reference_cache=reference_scores_path, artefact=art, overwrite=overwrite)
+                           calibration_saved=a.calibration is not None, auto=a.auto, max_tries=a.max_tries,
+                           bench_rounds=bench_runs, bench_warmup=a.bench_warmup, threads=a.threads,
+                           reference_cache=a.reference_scores_path, artefact=art, overwrite=a.overwrite)
     result, dest = _calibrate_with_progress(req)
-    _report(result, dest, report, json_out)
+    _report(result, dest, a.report, a.json_out)
 
 
 #: Options of one quantization recipe, which ``--backend auto`` does not use (it builds every engine ×
@@ -162,11 +175,11 @@ def warn_unlabelled(slates: list[dict]) -> None:
 def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: tuple, candidates: tuple, rounds: int,
             warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool, bf16_islands=None,
             time_budget: Optional[float] = None) -> None:
-    """``--backend auto``: :func:`hllm.calibration.select.select` with the console's progress; prints the
+    """``--backend auto``: :func:`hllm.calibration.selection.select.select` with the console's progress; prints the
     candidates table and writes the selected export (always: the FP32 baseline passes its own gate)."""
-    from hllm.calibration.pipeline import prepare_calibration
-    from hllm.calibration.auto_candidates import check_start
-    from hllm.calibration.select import TIME_BUDGET_S, SelectRequest, select
+    from hllm.calibration.selection.pipeline import prepare_calibration
+    from hllm.calibration.recipes.table import check_start
+    from hllm.calibration.selection.select import TIME_BUDGET_S, SelectRequest, select
     from hllm.formats.export import read_export
 
     t_start = time.perf_counter()  # the budget counts the calibration data and the checks before select
@@ -175,10 +188,10 @@ def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: 
     art, builder = _onnx_export(export_dir, "auto")
     check_start(read_export(art.path.parent), candidates)
     if bf16_islands is not None:  # a bad islands file is refused before any work
-        from hllm.calibration.bf16_islands import read_islands
+        from hllm.calibration.precision_search.bf16_islands import read_islands
 
         read_islands(bf16_islands, art.path.parent)
-    from hllm.calibration.accuracy_control import CANDIDATE_SETTINGS
+    from hllm.calibration.recipes.accuracy_control import CANDIDATE_SETTINGS
 
     # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own
     loaded = load_slates(slates, limit=limit + CANDIDATE_SETTINGS["validation_slates"])
@@ -273,8 +286,8 @@ def _onnx_export(export_dir: Path, backend: str):
 
 
 def _calibrate_with_progress(req):
-    """:func:`hllm.calibration.pipeline.calibrate` with its steps and progress shown on the console."""
-    from hllm.calibration.pipeline import calibrate
+    """:func:`hllm.calibration.selection.pipeline.calibrate` with its steps and progress shown on the console."""
+    from hllm.calibration.selection.pipeline import calibrate
 
     with progress_lines(progress()) as bar:
         return calibrate(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
@@ -295,7 +308,7 @@ class progress_lines:
     """A rich progress bar (:func:`hllm.cli.app.progress`) that also leaves a trace in a log: when stderr is
     not a terminal (the bar is off), each task prints a line ``description: done/total (elapsed, ETA)``
     at most every ``every_s`` seconds and when it completes. ``bar_for(description, total)`` → ``advance(n)``
-    is the :data:`hllm.calibration.pipeline.Progress` callable the pipelines take."""
+    is the :data:`hllm.calibration.selection.pipeline.Progress` callable the pipelines take."""
 
     def __init__(self, bar, every_s: float = 30.0):
         self.bar, self.every_s, self.console = bar, every_s, bar.console

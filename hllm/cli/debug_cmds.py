@@ -1,5 +1,5 @@
 """``hllm debug precision``: which modules must stay fp32 for a reduced-precision graph to keep the rankings
-(:mod:`hllm.calibration.precision_debug`)."""
+(:mod:`hllm.calibration.precision_search.precision_debug`)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def precision_cmd(
 ) -> None:
     """Keep one module at a time in fp32, rank real slates, report each module's ΔM / top-1 / tau, then add
     the most sensitive modules until the rankings match; write the islands file."""
-    from hllm.calibration.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
+    from hllm.calibration.precision_search.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
                                                   islands_file)
     from hllm.formats.precision import Precision
     from hllm.runtime.artefact import resolve
@@ -75,7 +75,7 @@ def precision_cmd(
     batches = [builder.encode([s]) for s in data]
     calib = None
     if target is Precision.INT8 and calib_slates is not None:
-        from hllm.calibration.openvino_int8 import calibration_feeds
+        from hllm.calibration.recipes.openvino_int8 import calibration_feeds
         from hllm.runtime.slates import read_slates
 
         calib = calibration_feeds(read_slates(calib_slates), builder, calib_count, 0, art.context,
@@ -94,7 +94,7 @@ def precision_cmd(
 
         settings = DebugSettings(min_top1, min_tau, max_islands, gate=GateThresholds(mode=gate, min_tau=min_tau, min_top1=min_top1))
         if target is Precision.BF16:
-            from hllm.calibration.bf16_islands import search_islands
+            from hllm.calibration.precision_search.bf16_islands import search_islands
             from hllm.exporter.bf16 import fp32_share
 
             v = runner.bf16
@@ -103,7 +103,7 @@ def precision_cmd(
                                  settings, groups=groups, refine=refine, base=base_islands, say=out.print)
             res["runner"] = v.runner
         elif target is Precision.INT8:  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
-            from hllm.calibration.accuracy_control import debug_int8
+            from hllm.calibration.recipes.accuracy_control import debug_int8
             from hllm.runtime.artefact import open_engine
 
             res = debug_int8(export_dir, data, ref, runner.calibration, settings,

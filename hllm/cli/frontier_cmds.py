@@ -12,24 +12,26 @@ from rich.table import Table
 from hllm.cli.app import out, quiet_libraries
 from hllm.cli.io import check_output_file, data_to_stdout, finish_report, load_slates
 from hllm.cli.options import json_opt, limit_opt, slates_opt, threads_opt
-from hllm.cli.bench_cmds import _NOTE, _SHARED, _print_table, bench_app
+from hllm.cli.bench_cmds import NOTE_OPT, SHARED_OPT, print_table, bench_app
 
 
 def parse_contender(text: str):
-    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → :class:`hllm.calibration.candidate.Candidate`.
+    """``NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION]`` → the :class:`hllm.calibration.recipes.recipe.Recipe` of an
+    artefact built before (no scheme: ``bench frontier`` times it, never builds it).
 
     Raises: HllmError naming the malformed value (engine one of auto/onnxruntime/openvino, dtype fp32/int8/bf16)."""
-    from hllm.calibration.candidate import PRECISIONS, Candidate
+    from hllm.calibration.recipes.recipe import Recipe
     from hllm.errors import HllmError
+    from hllm.formats.vocabulary import ARTEFACT_ENGINES, RECIPE_PRECISIONS
 
     parts = text.split("|")
     if len(parts) not in (4, 5) or not all(parts[:4]):
         raise HllmError(f"--contender must be NAME|PATH|ENGINE|DTYPE[|INFERENCE_PRECISION], got {text!r}")
-    engines, dtypes = ("auto", "onnxruntime", "openvino"), [p.value for p in PRECISIONS]
+    engines, dtypes = ARTEFACT_ENGINES, [p.value for p in RECIPE_PRECISIONS]
     if parts[2] not in engines or parts[3] not in dtypes:
         raise HllmError(f"--contender {text!r}: engine {'/'.join(engines)}, dtype {'/'.join(dtypes)}")
-    return Candidate(parts[0], parts[2], parts[3], path=parts[1],
-                     inference_precision=parts[4] if len(parts) == 5 else None)
+    return Recipe(parts[0], parts[2], parts[3], path=parts[1],
+                  inference_precision=parts[4] if len(parts) == 5 else None)
 
 
 @bench_app.command("frontier")
@@ -43,8 +45,8 @@ def frontier_cmd(
     warmup: int = typer.Option(1, min=0, max=100, help="Discarded warm-up rounds."),
     threads: Optional[int] = threads_opt("Threads of every engine (default 2)."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON to write (e.g. results/bench/frontier.json)."),
-    shared: Optional[bool] = _SHARED,
-    note: Optional[str] = _NOTE,
+    shared: Optional[bool] = SHARED_OPT,
+    note: Optional[str] = NOTE_OPT,
     json_out: bool = json_opt(),
 ) -> None:
     """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags.
@@ -79,7 +81,7 @@ def frontier_cmd(
                   f"{r.get('vs_torch_fp32', 0):.2f}", f"{r['gemm_peak_fraction']:.0%}" if r.get("gemm_peak_fraction") else "-",
                   verdict, f(g["auc_lb"], "{:+.4f}"), f(g["kendall_tau_mean"], "{:.3f}"), f(g["regret_p95"], "{:.2g}"),
                   f(g["top1_agreement"], "{:.3f}"))
-    _print_table(t)
+    print_table(t)
     finish_report(out_path, doc, json_out)
     if all("refused" in r for r in res["rows"][1:]):  # rows[0]: the PyTorch reference; nothing was compared
         from hllm.cli.app import console

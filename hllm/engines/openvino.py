@@ -9,7 +9,7 @@ plugin run matrix multiplications in bfloat16 — only on a CPU with AVX512_BF16
 (:func:`hllm.measure.bf16_support`), refused elsewhere because the plugin would otherwise fall back
 or emulate silently. The ``bf16`` hint runs nearly every op in bfloat16 and ignores per-node runtime info;
 fp32 islands are honoured through an explicitly typed graph instead (:mod:`hllm.exporter.bf16`: bfloat16
-``MatMul`` nodes only where wanted, compiled with ``f32``). An INT8 IR (``model.xml`` written by :func:`hllm.calibration.openvino_int8.quantize_openvino`)
+``MatMul`` nodes only where wanted, compiled with ``f32``). An INT8 IR (``model.xml`` written by :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino`)
 carries its own FakeQuantize nodes and runs with the f32 hint for the parts kept in float.
 
 Sources: OpenVINO Python API (``openvino.Core.read_model`` / ``compile_model``, properties
@@ -34,6 +34,7 @@ from hllm.errors import EngineError
 from hllm.extras import require
 from hllm.formats.graph import OUTPUT_NAME, input_names
 from hllm.formats.precision import Precision
+from hllm.formats.vocabulary import OPENVINO_HINTS
 from hllm.measure import bf16_support
 
 class _StackT(ctypes.Structure):  # stack_t of sigaltstack(2) (Linux, x86-64 / aarch64)
@@ -85,7 +86,7 @@ def no_signal_stack_after_compile() -> Iterator[None]:
 
 
 #: Inference precisions this engine accepts (OpenVINO's names for ``INFERENCE_PRECISION_HINT``).
-INFERENCE_PRECISIONS = ("f32", "bf16")
+INFERENCE_PRECISIONS = OPENVINO_HINTS[:2]
 
 
 def check_inference_precision(value: str) -> str:
@@ -119,6 +120,7 @@ class OpenVinoEngine(Engine):
             a CPU without bf16 instructions like the ``bf16`` hint).
         context: the graph has the ``context_positions`` input (checked on activate).
         flavour: the export's flavour when known; ``ort-cpu`` is refused (contrib ops OpenVINO cannot read).
+        dynamic_quantization_group_size: the CPU plugin's ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` (None = its default).
     Raises: EngineError (at construction for a refused flavour or precision; on activate for a graph
         OpenVINO cannot read or whose inputs/K do not match the sidecar).
     """
@@ -127,7 +129,7 @@ class OpenVinoEngine(Engine):
 
     def __init__(self, model_path: str | os.PathLike, num_positions: int, threads: int | None = None,
                  inference_precision: str = "f32", precision: Precision = Precision.FP32, context: bool = False,
-                 flavour: str | None = None):
+                 flavour: str | None = None, dynamic_quantization_group_size: int | None = None):
         if flavour == "ort-cpu":
             raise EngineError(f"OpenVINO cannot run {model_path}: it is the `ort-cpu` flavour (ONNX Runtime contrib "
                               "ops such as com.microsoft.GroupQueryAttention); export with --flavour standard")
@@ -139,6 +141,7 @@ class OpenVinoEngine(Engine):
         super().__init__(num_positions, precision, context)
         self.model_path = Path(model_path)
         self.threads = threads
+        self.dynamic_quantization_group_size = dynamic_quantization_group_size
         self._compiled = None
         self._request = None
 
@@ -147,7 +150,16 @@ class OpenVinoEngine(Engine):
         cfg = {"INFERENCE_PRECISION_HINT": self.inference_precision, "PERFORMANCE_HINT": "LATENCY"}
         if self.threads:
             cfg["INFERENCE_NUM_THREADS"] = int(self.threads)
+        if self.dynamic_quantization_group_size is not None:
+            cfg["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(self.dynamic_quantization_group_size)
         return cfg
+
+    def compiled_property(self, name: str):
+        """The value the compiled model reports for the CPU plugin property ``name`` (``get_property``): the
+        setting in effect. Raises: EngineError before :meth:`activate`."""
+        if self._compiled is None:
+            raise EngineError("the OpenVINO engine is not active: no compiled model to ask")
+        return self._compiled.get_property(name)
 
     def _activate(self) -> None:
         ov = require("openvino", EngineError)

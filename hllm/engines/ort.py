@@ -13,6 +13,7 @@ import numpy as np
 from hllm.engines.base import Engine
 from hllm.formats.graph import OUTPUT_NAME, input_names
 from hllm.errors import EngineError
+from hllm.extras import quiet_telemetry
 from hllm.formats.precision import Precision
 
 
@@ -49,9 +50,10 @@ class OnnxRuntimeEngine(Engine):
         self._session = None
 
     def _activate(self) -> None:
+        quiet_telemetry()  # before ONNX Runtime's native library loads (it reads ORT_DISABLE_TELEMETRY then)
         import onnxruntime as ort
 
-        if hasattr(ort, "disable_telemetry_events"):  # Windows ETW events; the Linux files: hllm/__init__.py
+        if hasattr(ort, "disable_telemetry_events"):  # Windows ETW events; the Linux files: quiet_telemetry
             ort.disable_telemetry_events()
         if not self.model_path.is_file():
             raise EngineError(f"ONNX model not found: {self.model_path}")

@@ -197,7 +197,7 @@ def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS):
                 nodes.append(helper.make_node("Cast", [name], [casts[name]], to=BFLOAT16,
                                               name=f"hllm_bf16_{casts[name]}"))
             else:
-                casts[name] = _round_then_cast(nodes, name)
+                casts[name] = round_then_cast(nodes, name)
                 rep.roundings_inserted += 1
             rep.casts_inserted += 1
         return casts[name]
@@ -242,7 +242,7 @@ def convert_to_bf16(model, islands: Sequence[str] = DEFAULT_ISLANDS):
 VELTKAMP_C = 65537.0
 
 
-def _round_then_cast(nodes: list, name: str) -> str:
+def round_then_cast(nodes: list, name: str) -> str:
     """Append nodes that round float32 tensor ``name`` to bfloat16 (round-to-nearest-even) in float32
     arithmetic and cast it to bfloat16; returns the bfloat16 tensor's name.
 

@@ -42,9 +42,8 @@ from hllm.errors import ExportError
 
 from hllm.files import copy_files
 from hllm.formats.export import FLAVOURS  # noqa: E402,F401  (the one list of graph flavours)
-from hllm.formats.export import read_export, write_export
+from hllm.formats.export import ExportChange, derive_export, read_export
 from hllm.formats.precision import Precision
-from hllm.reading import sha256_file
 FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's temporary fusion ops; none may survive
 
 
@@ -342,8 +341,6 @@ def fuse_export(src: str | os.PathLike, dst: str | os.PathLike) -> dict:
     out = dst / meta.onnx_path.name
     ir.save(model, str(out))
     fusion = {"rewrites": counts, "ops": dict(sorted(ops.items())), "opset": meta.raw.get("opset")}
-    keep = {k: v for k, v in meta.raw.items() if k not in ("format", "engine", "openvino")}  # ORT contrib ops now
-    write_export(dst, {**keep, "flavour": "ort-cpu", "fusion": fusion,
-                       "onnx_sha256": sha256_file(out), "onnx_bytes": out.stat().st_size,
-                       "fused_from": meta.raw.get("onnx_sha256")})
+    derive_export(meta, dst, ExportChange(flavour="ort-cpu", fusion=fusion, graph=out.name,  # ORT contrib ops now
+                                          drop=("engine", "openvino"), extra={"fused_from": meta.raw.get("onnx_sha256")}))
     return fusion

@@ -11,7 +11,7 @@ node metadata):
   (``[..., 'LlamaDecoderLayer', 'LlamaMLP', 'Linear']``).
 
 The FP16 and BF16 island rewrites (:mod:`hllm.exporter.fp16`, :mod:`hllm.exporter.bf16`), the quantizers'
-graph parts (:mod:`hllm.calibration.parts`) and the activation statistics read them only through this module.
+graph parts (:mod:`hllm.calibration.recipes.parts`) and the activation statistics read them only through this module.
 A node without metadata (a graph not made by ``hllm export``) has no scopes and no module path.
 """
 

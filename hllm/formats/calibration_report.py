@@ -1,6 +1,6 @@
 """``calibration_report.json``: what one ``hllm calibrate`` run decided, typed (numpy-free, torch-free).
 
-:func:`hllm.calibration.pipeline.calibrate` returns a :class:`CalibrationResult`; its :meth:`to_dict` is the
+:func:`hllm.calibration.selection.pipeline.calibrate` returns a :class:`CalibrationResult`; its :meth:`to_dict` is the
 file beside the quantized export and the ``--report`` / ``--json`` document. The gate's figures
 (:mod:`hllm.verify.gate`) compare the quantized graph's rankings with the FP32 export's on held-out slates.
 """

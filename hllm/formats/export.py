@@ -52,6 +52,7 @@ from hllm.formats.graph import check_tensor_specs, describe_value, input_names
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
 from hllm.formats.tokenizer import check_tokenizer
+from hllm.formats.vocabulary import OPENVINO_HINTS, SIDECAR_ENGINES
 
 SIDECAR = "export.json"
 FORMAT = "hllm-onnx"
@@ -89,17 +90,18 @@ class OpenVinoSettings:
 
     Attributes: ir: file name of the OpenVINO IR (``.xml``) inside the export, or None (run ``model.onnx``);
         inference_precision: the CPU plugin's ``INFERENCE_PRECISION_HINT`` (``f32`` / ``bf16``;
-        :func:`hllm.engines.openvino.check_inference_precision` normalises aliases), or None (f32).
+        :func:`hllm.engines.openvino.check_inference_precision` normalises aliases), or None (f32);
+        dynamic_quantization_group_size: the CPU plugin's ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` (activations
+        of INT8-weight MatMuls quantized per group of that many values; 0 = off), or None (the plugin's default).
     """
 
     ir: str | None = None
     inference_precision: str | None = None
+    dynamic_quantization_group_size: int | None = None
 
 
-#: Engines a sidecar's ``engine`` key may name (``hllm rank --engine auto`` opens it; absent = onnxruntime).
-SIDECAR_ENGINES = ("onnxruntime", "openvino")
 #: OpenVINO inference precisions (and the aliases the engine accepts) a sidecar may record.
-OPENVINO_PRECISIONS = ("f32", "bf16", "fp32", "float32", "bfloat16")
+OPENVINO_PRECISIONS = OPENVINO_HINTS
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ def parse_export(d: object, root: str | os.PathLike, where: str = SIDECAR) -> Ex
     if engine is not None and (not isinstance(engine, str) or engine not in SIDECAR_ENGINES):
         raise EngineError(f"{where}: engine must be one of {SIDECAR_ENGINES} (absent = onnxruntime), got {describe_value(engine)}")
     ov = d.get("openvino")
-    settings = None if ov is None else OpenVinoSettings(ov.get("ir"), ov.get("inference_precision"))
+    settings = None if ov is None else OpenVinoSettings(ov.get("ir"), ov.get("inference_precision"),
+                                                        ov.get("dynamic_quantization_group_size"))
     return ExportMeta(root, onnx, tok, k, prompt, precision, flavour, d, engine or "onnxruntime", settings)
 
 
@@ -222,6 +225,7 @@ _FIELDS = {
     "openvino.ir": (_text, "a file name (a non-empty string)"),
     "openvino.inference_precision": (lambda v: isinstance(v, str) and v.lower() in OPENVINO_PRECISIONS,
                                      f"one of {OPENVINO_PRECISIONS[:2]}"),
+    "openvino.dynamic_quantization_group_size": (_count, "a non-negative integer"),
 }
 
 
@@ -301,13 +305,64 @@ def read_export(path: str | os.PathLike, verify_hash: bool = False) -> ExportMet
 
 
 def write_export(root: str | os.PathLike, d: dict) -> Path:
-    """Validate ``d`` (:func:`parse_export`) and write it atomically as ``root/export.json``.
+    """Validate ``d`` (:func:`parse_export`) and write it atomically as ``root/export.json``: the only
+    function that writes the file. ``hllm export`` writes a fresh sidecar with it; everything derived from
+    an export (quantized, fused, another engine) goes through the typed :func:`derive_export`.
 
     ``format`` is set to ``hllm-onnx``. Returns the path. Raises: EngineError (malformed dict).
     """
     d = {"format": FORMAT, **d}
     parse_export(d, root)
     return atomic_write_json(Path(root) / SIDECAR, d)
+
+
+@dataclass(frozen=True)
+class ExportChange:
+    """What an export derived from another changes in its sidecar (None = kept from the source).
+
+    Attributes:
+        precision: the dtype of its matrix products. engine: one of :data:`SIDECAR_ENGINES`.
+        flavour: one of :data:`FLAVOURS`. openvino: the OpenVINO settings (ir, inference precision).
+        quantization / fusion: the record of what was done (``hllm info``).
+        graph: the new graph file's name inside the derived directory: sets ``onnx``, ``onnx_sha256``
+            and ``onnx_bytes`` from the file. drop: keys removed (e.g. a fused graph's stale ``inputs``).
+        extra: other keys set (recipe records such as ``bf16_islands``).
+    """
+
+    precision: Precision | str | None = None
+    engine: str | None = None
+    flavour: str | None = None
+    openvino: OpenVinoSettings | None = None
+    quantization: dict | None = None
+    fusion: dict | None = None
+    graph: str | None = None
+    drop: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+
+def derive_export(src: ExportMeta, dst: str | os.PathLike, change: ExportChange) -> ExportMeta:
+    """Write the sidecar of an export derived from ``src`` into the directory ``dst`` (its graph and
+    tokenizer already there): ``src``'s sidecar with ``change`` applied, validated and written by
+    :func:`write_export`. Returns the derived :class:`ExportMeta` (parsed, not re-verified).
+
+    Raises: EngineError for a change the sidecar rules refuse (unknown engine, precision ...).
+    """
+    d = {k: v for k, v in src.raw.items() if k not in change.drop}
+    if change.precision is not None:
+        d["precision"] = str(Precision.parse(change.precision, "derived export: precision"))
+    for key in ("engine", "flavour", "quantization", "fusion"):
+        if getattr(change, key) is not None:
+            d[key] = getattr(change, key)
+    if change.openvino is not None:
+        ov = {"ir": change.openvino.ir, "inference_precision": change.openvino.inference_precision,
+              "dynamic_quantization_group_size": change.openvino.dynamic_quantization_group_size}
+        d["openvino"] = {k: v for k, v in ov.items() if v is not None}
+    if change.graph is not None:
+        g = Path(dst) / change.graph
+        d.update(onnx=change.graph, onnx_sha256=sha256_file(g), onnx_bytes=graph_bytes(g))
+    d.update(change.extra)
+    write_export(dst, d)
+    return parse_export({"format": FORMAT, **d}, dst, str(Path(dst) / SIDECAR))
 
 
 #: Keys of the ONNX ``metadata_props`` that ``hllm export`` writes (:func:`onnx_metadata_props`).

@@ -40,6 +40,7 @@ from hllm.formats.graph import declared_inputs, input_names, sidecar_reads_conte
 from hllm.formats.plan import read_plan, sidecar_path, verify_plan
 from hllm.formats.precision import Precision
 from hllm.formats.prompt import PromptSpec
+from hllm.formats.vocabulary import ARTEFACT_ENGINES
 
 #: File suffixes of a TensorRT plan (trtexec writes ``.engine`` as often as ``.plan``).
 PLAN_SUFFIXES = (".plan", ".engine")
@@ -166,7 +167,7 @@ def open_engine(artefact: Artefact, **options):
 
 
 #: Engines that run an export directory (``hllm rank --engine``); ``auto`` follows the sidecar.
-EXPORT_ENGINES = ("auto", "onnxruntime", "openvino")
+EXPORT_ENGINES = ARTEFACT_ENGINES
 
 
 def _wants_openvino(artefact: Artefact, engine: str | None) -> bool:
@@ -190,4 +191,5 @@ def _openvino_engine(artefact: Artefact, options: dict):
             raise EngineError(f"export.json: openvino.ir file {path.name} is missing")
     prec = options.get("inference_precision") or ov.inference_precision or "f32"
     return OpenVinoEngine(path, artefact.num_positions, threads=options.get("threads"), inference_precision=prec,
-                          precision=artefact.precision, context=artefact.context, flavour=artefact.flavour)
+                          precision=artefact.precision, context=artefact.context, flavour=artefact.flavour,
+                          dynamic_quantization_group_size=ov.dynamic_quantization_group_size)

@@ -75,7 +75,7 @@ def _type(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
-def _text(v: Any, where: str, field: str, allow_int: bool = False, allow_empty: bool = True) -> str:
+def text_field(v: Any, where: str, field: str, allow_int: bool = False, allow_empty: bool = True) -> str:
     """A string field (integers converted when ``allow_int``); SlateError naming field and type."""
     if allow_int and isinstance(v, int) and not isinstance(v, bool):
         return str(v)
@@ -113,13 +113,13 @@ def validate_slate(obj: Any, where: str = "slate") -> dict:
         raise SlateError(f"{where}: a slate must be a JSON object, got {_type(obj)}")
     out = dict(obj)
     if "slate_id" in obj:
-        out["slate_id"] = _text(obj["slate_id"], where, "slate_id", allow_int=True, allow_empty=False)
+        out["slate_id"] = text_field(obj["slate_id"], where, "slate_id", allow_int=True, allow_empty=False)
         where = f"{where} (slate_id {out['slate_id']!r})"
     hist = obj.get("history", [])
     if not isinstance(hist, list):
         raise SlateError(f"{where}: 'history' must be a list of strings, got {_type(hist)}")
     for i, h in enumerate(hist):
-        _text(h, where, f"history[{i}]")
+        text_field(h, where, f"history[{i}]")
     cands = obj.get("candidates")
     if not isinstance(cands, list):
         raise SlateError(f"{where}: 'candidates' must be a list, got {_type(cands)}")
@@ -143,13 +143,13 @@ def _candidates(cands: list, where: str) -> list[dict]:
             raise SlateError(f"{where}: candidates[{i}] must be an object with a string 'title', got {_type(c)}")
         if "title" not in c:
             raise SlateError(f"{where}: candidates[{i}] has no 'title'")
-        c = dict(c, title=_text(c["title"], where, f"candidates[{i}].title"))
+        c = dict(c, title=text_field(c["title"], where, f"candidates[{i}].title"))
         if any(with_id) and not with_id[i]:
             first = with_id.index(True)
             raise SlateError(f"{where}: candidates[{i}] has no item_id but candidates[{first}] has one "
                              "(give every candidate an item_id, or none)")
         if with_id[i]:
-            item = c["item_id"] = _text(c["item_id"], where, f"candidates[{i}].item_id", allow_int=True, allow_empty=False)
+            item = c["item_id"] = text_field(c["item_id"], where, f"candidates[{i}].item_id", allow_int=True, allow_empty=False)
             if item in seen:
                 raise SlateError(f"{where}: duplicate item_id {item!r} (candidates[{seen[item]}] and candidates[{i}])")
             seen[item] = i

@@ -138,7 +138,9 @@ class _Job:
     started: float = 0.0
 
 
-def _error_kind(e: BaseException) -> str:
+def error_kind(e: BaseException) -> str:
+    """The kind of a ranking error as the server reports it: ``engine``, ``decode``, ``shape``, ``slate``
+    (hllm's error types) or ``internal`` (anything else)."""
     for cls, kind in ((EngineError, "engine"), (DecodeError, "decode"), (ShapeError, "shape"), (SlateError, "slate")):
         if isinstance(e, cls):
             return kind
@@ -332,7 +334,7 @@ class MicroBatcher(EngineThread):
             rankings, times, matrices = await loop.run_in_executor(self._executor, self._rank, slates, encoded, jobs[0].ranker)
         except Exception as e:  # noqa: BLE001 — any engine failure fails this batch only
             error_id = uuid.uuid4().hex[:12]
-            kind = _error_kind(e)
+            kind = error_kind(e)
             log.error("batch %d failed (error id %s, %s): %s", batch_id, error_id, kind, e, exc_info=not isinstance(e, HllmError))
             self.stats.failed_batches += 1
             if self.metrics is not None:

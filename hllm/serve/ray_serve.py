@@ -55,7 +55,7 @@ from hllm.serve.app import ServeOptions, create_app, warmup_slate
 from hllm.serve.auth import ENV_VAR, AuthOptions, load_api_keys
 from hllm.serve.models import DEFAULT_NAME, ServedModel, model_version
 from hllm.serve.batching import (BatchFailed, BatchOptions, DeadlineExceeded, EngineThread, JobResult, ShuttingDown,
-                                 _error_kind)
+                                 error_kind)
 
 log = logging.getLogger("hllm.serve")
 
@@ -162,7 +162,7 @@ class ServeBatcher(EngineThread):
         try:
             rankings, times, matrices = await self.run_in_engine_thread(self._rank, slates, rows)
         except Exception as e:  # noqa: BLE001 — fails this batch only
-            error_id, kind = uuid.uuid4().hex[:12], _error_kind(e)
+            error_id, kind = uuid.uuid4().hex[:12], error_kind(e)
             log.error("batch %d failed (error id %s, %s): %s", batch_id, error_id, kind, e)
             if self.metrics is not None:
                 self.metrics.batch_failed(kind)

@@ -55,7 +55,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hllm.errors import SlateError
 from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING, PromptBuilder
-from hllm.runtime.slates import _text, loads_json
+from hllm.runtime.slates import text_field, loads_json
 from hllm.serve.protocol import ERROR_RESPONSES, JSON_TYPES, ApiError, read_body
 
 #: The model name a request may give (that of the Open Inference Protocol model, :data:`hllm.serve.kserve.MODEL_NAME`).
@@ -158,7 +158,7 @@ def _string(v: Any, where: str) -> str:
     """A string field, by the slate validator's rule for text (:mod:`hllm.runtime.slates`: a string, no lone
     surrogate); ApiError 400 naming the field otherwise."""
     try:
-        return _text(v, "request", where)
+        return text_field(v, "request", where)
     except SlateError as e:
         _fail(str(e).removeprefix("request: "))
 

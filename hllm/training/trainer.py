@@ -99,7 +99,8 @@ class TrainableModel(torch.nn.Module):
                                        batch["context"])
 
 
-def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """``{name: parameter}`` of the parameters of ``model`` that require a gradient (what the optimizer updates)."""
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
@@ -170,7 +171,7 @@ def save_checkpoint(model: TrainableModel, spec: HeadSpec, cfg: TrainConfig, sta
         if cfg.lora_rank:
             model.backbone.save_pretrained(str(tmp / "adapter"))
             adapter = "adapter"
-        save_state(tmp, state, _trainable(model), optimizer)
+        save_state(tmp, state, trainable_parameters(model), optimizer)
         training = {"created_by": "hllm train", "trained": True, "step": state.step, "seed": cfg.seed,
                     "final_loss": state.losses[-1] if state.losses else None, "config": asdict(cfg),
                     "validation": state.validation}
@@ -200,7 +201,7 @@ def validate_model(model: TrainableModel, examples, slates, pad_id: int, batch_s
     return {k: v for k, v in rep.to_dict().items() if k != "ci95"}
 
 
-def _step(model, opt, cfg: TrainConfig, examples, targets, order: list[int], pad_id: int, lr: float,
+def train_step(model, opt, cfg: TrainConfig, examples, targets, order: list[int], pad_id: int, lr: float,
           compute: Compute) -> float:
     """One optimizer step over ``accum`` forwards of ``batch_size`` slates; returns the summed loss.
     The forward runs under ``compute``'s autocast, the Sinkhorn loss in fp32."""
@@ -296,7 +297,7 @@ def _train(cfg, resume, on_step, on_cache, on_validation, compute: Compute) -> T
     model.to(compute.device)
     compute.cast_frozen(model.backbone)  # bf16: frozen weights converted once, not at every autocast call
     builder = PromptBuilder(load_tokenizer(cfg.backbone), PromptSpec.from_dict(cfg.prompt), max_items=cfg.num_positions)
-    params = _trainable(model)
+    params = trainable_parameters(model)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = _resume_state(cfg, params, opt) if resume else TrainingState(0, [], asdict(cfg))
     if state.step < cfg.steps:
@@ -314,7 +315,7 @@ def _train(cfg, resume, on_step, on_cache, on_validation, compute: Compute) -> T
     model.train()
     while state.step < cfg.steps:
         order = data_order(n_train, cfg.seed, per_step, start=state.step * per_step)
-        state.losses.append(_step(model, opt, cfg, examples, targets, order, builder.pad_id, cfg.lr_at(state.step),
+        state.losses.append(train_step(model, opt, cfg, examples, targets, order, builder.pad_id, cfg.lr_at(state.step),
                                   compute))
         state.step += 1
         if on_step:

@@ -16,6 +16,7 @@ slate, so the 5% error of the quality test ((a) in :mod:`hllm.verify.gate`) is t
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -104,6 +105,81 @@ def gate_stream(ref_scores: Sequence[np.ndarray], score: Callable[[Sequence[dict
     return gate_scores(ref_scores, got, slates, th, planned=n, **labels)
 
 
+#: Sequential gate: the fractions of the planned slates at which it looks (pass early, or stop for futility).
+SEQUENTIAL_LOOKS = (0.25, 0.5, 0.75, 1.0)
+
+
+def look_thresholds(thresholds: GateThresholds, looks: int) -> GateThresholds:
+    """The thresholds of one look of a sequential gate with ``looks`` looks: the same margins and fidelity
+    floor, the bounds of (a) at confidence ``1 − (1 − confidence) / looks`` (Bonferroni over the looks:
+    the chance that some look passes a candidate that is not non-inferior stays ≤ 1 − confidence)."""
+    return replace(thresholds, confidence=1.0 - (1.0 - thresholds.confidence) / max(1, looks))
+
+
+def clears(report: GateReport) -> bool:
+    """Whether ``report`` (a look of a sequential gate, quality mode) already passes: every bound of (a)
+    computed (≥ :data:`FUTILITY_MIN_SLATES` labelled slates) and within its margin, and the fidelity floor
+    held on the slates scored."""
+    d = report.deltas
+    if report.thresholds.mode != "quality" or d is None or d.shape[0] < FUTILITY_MIN_SLATES:
+        return False
+    return len(report.quality()) == len(QUALITY_METRICS) and report.passed
+
+
+def sequential_gate(ref_scores: Sequence[np.ndarray], score: Callable[[Sequence[dict]], list[np.ndarray]],
+                    slates: Sequence[dict], thresholds: GateThresholds | None = None, block: int = 10,
+                    on_progress=None, **labels) -> GateReport:
+    """Gate a candidate over up to all of ``slates`` (labelled eval slates), scored ``block`` at a time,
+    deciding as early as the evidence allows (quality mode; strict mode = :func:`gate_stream` with fail-fast):
+
+    * at each look (:data:`SEQUENTIAL_LOOKS` of the slates) the bounds of (a) are computed at the Bonferroni
+      level of :func:`look_thresholds`; when every one clears its margin and the fidelity floor holds
+      (:func:`clears`) the candidate **passes** there, on the slates scored so far;
+    * after every block, :func:`hopeless` stops it (**fail**) as soon as it can no longer pass (exact rules
+      and the futility rule);
+    * otherwise it runs to the last slate, where the verdict is the gate's at the look level.
+
+    ``ref_scores`` are the reference's matrices of ``slates`` (compute them once per slate set:
+    :func:`hllm.verify.reference.reference_scores`, cached by content with :func:`hllm.verify.reference.reference_key`).
+    The report's ``sequential`` record says how many slates it needed: ``{slates_needed, slates_available,
+    looks, decision: pass-early | fail-early | all-slates, confidence_per_look}``.
+    Raises: what ``score`` raises; ValueError from :func:`gate_scores`.
+    """
+    th = thresholds or GateThresholds()
+    n = len(slates)
+    if th.mode != "quality":
+        return gate_stream(ref_scores, score, slates, th, True, block, on_progress, **labels)
+    looks = sorted({max(1, math.ceil(f * n)) for f in SEQUENTIAL_LOOKS})
+    lth = look_thresholds(th, len(looks))
+    got: list[np.ndarray] = []
+    decision, rep = "all-slates", None
+    for i in range(0, n, max(1, block)):
+        part = score(slates[i:i + block])
+        got += part
+        if on_progress is not None:
+            on_progress(len(part))
+        k = len(got)
+        at_look = any(k - len(part) < x <= k for x in looks)
+        if k >= n:
+            break
+        rep = gate_scores(ref_scores[:k], got, slates[:k], lth, planned=n, **labels)
+        why = hopeless(rep, n, at_look)
+        if why:
+            rep.stop_reason, decision = why, "fail-early"
+            break
+        if at_look:
+            early = gate_scores(ref_scores[:k], got, slates[:k], lth, **labels)
+            if clears(early):
+                rep, decision = early, "pass-early"
+                rep.stop_reason = f"passed at the look after {k} of {n} slates"
+                break
+    if decision == "all-slates":
+        rep = gate_scores(ref_scores, got, slates, lth, **labels)
+    rep.extra["sequential"] = {"slates_needed": len(got), "slates_available": n, "looks": looks,
+                               "decision": decision, "confidence_per_look": lth.confidence}
+    return rep
+
+
 def run_gate(
     ref_scores: Sequence[np.ndarray],
     test,
@@ -115,9 +191,11 @@ def run_gate(
     threads: int | None = None,
     fail_fast: bool = False,
     chunk: int = 10,
+    sequential: bool = False,
 ) -> GateReport:
     """Run the candidate artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it
-    (:func:`gate_stream`; ``fail_fast`` stops it once it can no longer pass).
+    (:func:`gate_stream`; ``fail_fast`` stops it once it can no longer pass; ``sequential``: the sequential
+    gate of :func:`sequential_gate`, which also passes it early once every bound clears its margin).
 
     Raises:
         SlateError: an evaluation slate was used for calibration (:func:`check_disjoint`).
@@ -126,6 +204,8 @@ def run_gate(
     check_disjoint(calibration_ids, slates)
     r = test if isinstance(test, Ranker) else cpu_ranker(test, threads)
     with r:
-        return gate_stream(ref_scores, lambda part: score_slates([r.engine], r.builder, part, batch_size)[0], slates,
-                           thresholds, fail_fast, chunk, on_progress, precision=str(r.engine.precision),
-                           backend=r.engine.name)
+        score = lambda part: score_slates([r.engine], r.builder, part, batch_size)[0]  # noqa: E731
+        labels = dict(precision=str(r.engine.precision), backend=r.engine.name)
+        if sequential:
+            return sequential_gate(ref_scores, score, slates, thresholds, chunk, on_progress, **labels)
+        return gate_stream(ref_scores, score, slates, thresholds, fail_fast, chunk, on_progress, **labels)

@@ -14,10 +14,10 @@ from hllm.verify.gate import check_disjoint
 from hllm.verify.gate import GateThresholds, gate_scores, label_metrics
 from hllm.verify.reference import reference_scores
 from hllm.verify.sequential import run_gate
-from hllm.calibration.modelopt_ptq import modelopt_available
-from hllm.calibration.options import QuantOptions, check_target
-from hllm.calibration.parts import nodes_in_part, quantized_nodes, sensitivity_ladder
-from hllm.calibration.quantize import auto_exclude, quantize_export
+from hllm.calibration.recipes.modelopt_ptq import modelopt_available
+from hllm.calibration.recipes.options import QuantOptions, check_target
+from hllm.calibration.recipes.parts import nodes_in_part, quantized_nodes, sensitivity_ladder
+from hllm.calibration.recipes.quantize import auto_exclude, quantize_export
 from hllm.exporter.scopes import module_path
 from hllm.cli import main
 from hllm.errors import EngineError, SlateError

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("nncf")
 
-from hllm.calibration.ranking_validation import RankingValidation, aggregate, max_drop_for, slate_value  # noqa: E402
+from hllm.calibration.recipes.ranking_validation import RankingValidation, aggregate, max_drop_for, slate_value  # noqa: E402
 from hllm.errors import EngineError, SlateError  # noqa: E402
 
 # a 3-candidate slate: FP32's optimum is the identity (J = 3 + 2 + 2 = 7); a random order scores
@@ -99,7 +99,7 @@ def test_validation_fn_returns_the_aggregate_and_per_slate_values():
 
 @pytest.fixture(scope="module")
 def int8_inputs(standard_export_dir):
-    from hllm.calibration.openvino_int8 import calibration_feeds
+    from hllm.calibration.recipes.openvino_int8 import calibration_feeds
     from hllm.formats.export import read_export
     from hllm.runtime.prompt import PromptBuilder, load_tokenizer
     from hllm.testing import tiny_slates
@@ -112,8 +112,8 @@ def int8_inputs(standard_export_dir):
 
 
 def test_accuracy_control_reverts_groups_and_writes_an_engine_that_ranks(standard_export_dir, int8_inputs, tmp_path):
-    from hllm.calibration.accuracy_control import quantize_with_accuracy_control
-    from hllm.calibration.openvino_int8 import quantize_openvino
+    from hllm.calibration.recipes.accuracy_control import quantize_with_accuracy_control
+    from hllm.calibration.recipes.openvino_int8 import quantize_openvino
     from hllm.runtime.artefact import resolve
     from hllm.runtime.ranker import Ranker
 
@@ -148,7 +148,7 @@ def test_accuracy_control_reverts_groups_and_writes_an_engine_that_ranks(standar
 
 
 def test_accuracy_control_refuses_bad_inputs_before_quantizing(export_dir, standard_export_dir, int8_inputs, tmp_path):
-    from hllm.calibration.accuracy_control import quantize_with_accuracy_control
+    from hllm.calibration.recipes.accuracy_control import quantize_with_accuracy_control
 
     calib, val = int8_inputs
     with pytest.raises(EngineError, match="flavour standard"):
@@ -182,8 +182,8 @@ def test_calibrate_candidate_bf16_twin_reuses_the_searched_ir(standard_export_di
     """``openvino-int8-bf16`` takes the IR the ``openvino-int8`` candidate's search wrote (no second search)
     and only changes the hint; its validation slates are the gate's first ones, cut short."""
     from hllm import measure
-    from hllm.calibration.accuracy_control import build_candidate
-    from hllm.calibration.openvino_int8 import fake_quantize_count
+    from hllm.calibration.recipes.accuracy_control import build_candidate
+    from hllm.calibration.recipes.openvino_int8 import fake_quantize_count
     from hllm.formats.export import read_export
 
     calib, val = int8_inputs
@@ -227,7 +227,7 @@ def test_debug_precision_int8_runs_accuracy_control(standard_export_dir, tmp_pat
 def test_validation_fn_can_end_the_search_at_its_deadline():
     import time
 
-    from hllm.calibration.ranking_validation import SearchBudgetExceeded
+    from hllm.calibration.recipes.ranking_validation import SearchBudgetExceeded
 
     model = FakeCompiled({0: REF.copy()})
     fn = RankingValidation([{"slate": 0}], [3], [REF], metric="regret", deadline=time.monotonic() - 1, stop="raise")

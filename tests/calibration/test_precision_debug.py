@@ -46,7 +46,7 @@ def planted(tmp_path_factory):
 
 
 def test_debugger_finds_the_planted_fp16_layer_and_its_islands_file_exports(planted, tmp_path):
-    from hllm.calibration.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
+    from hllm.calibration.precision_search.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
                                                   islands_file)
     from hllm.exporter.fp16 import read_islands_file
     from hllm.exporter.onnx import export_onnx
@@ -75,7 +75,7 @@ def test_debugger_finds_the_planted_fp16_layer_and_its_islands_file_exports(plan
 
 
 def test_islands_and_targets_are_validated(tmp_path):
-    from hllm.calibration.precision_debug import VariantRunner, candidate_modules
+    from hllm.calibration.precision_search.precision_debug import VariantRunner, candidate_modules
     from hllm.errors import ExportError
     from hllm.exporter.fp16 import parse_islands, read_islands_file
 

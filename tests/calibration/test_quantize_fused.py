@@ -12,12 +12,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from hllm.calibration.activation_ranges import RESOLUTION, activation_ranges, decoder_matmul_inputs
+from hllm.calibration.recipes.activation_ranges import RESOLUTION, activation_ranges, decoder_matmul_inputs
 from hllm.calibration.data import build_calibration_set
-from hllm.calibration.options import FLOAT_OPS, QuantOptions
-from hllm.calibration.parts import (excluded_nodes, float_ops_fed_by_quantized, nodes_in_part, quantized_nodes,
+from hllm.calibration.recipes.options import FLOAT_OPS, QuantOptions
+from hllm.calibration.recipes.parts import (excluded_nodes, float_ops_fed_by_quantized, nodes_in_part, quantized_nodes,
                                     sensitivity_ladder, weight_matmuls)
-from hllm.calibration.quantize import quantize_export
+from hllm.calibration.recipes.quantize import quantize_export
 from hllm.exporter.scopes import module_path
 from hllm.cli import main
 from hllm.errors import EngineError

@@ -158,7 +158,7 @@ def test_non_finite_or_mismatched_scores_are_never_cached(good_cache, tmp_path):
 
 
 def test_fp32_reference_writes_then_reuses_the_cache(export_dir, art, evals, tmp_path):
-    from hllm.calibration.pipeline import CalibrateRequest, fp32_reference
+    from hllm.calibration.selection.pipeline import CalibrateRequest, fp32_reference
     from hllm.verify.gate import GateThresholds
 
     cache = tmp_path / "ref.npz"

@@ -12,21 +12,21 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from hllm.calibration.auto_candidates import CANDIDATES, refusal  # noqa: E402
+from hllm.calibration.recipes.table import RECIPES  # noqa: E402
 from hllm.testing import tiny_slates  # noqa: E402
 
-BY_NAME = {c.name: c for c in CANDIDATES}
+BY_NAME = {c.name: c for c in RECIPES}
 
 
 def test_refusal_names_the_missing_instruction_set_flavour_and_data():
     vnni = ["avx2", "avx512f", "avx512_vnni"]
-    why = refusal(BY_NAME["openvino-bf16"], "standard", vnni, True, True)
+    why = BY_NAME["openvino-bf16"].refusal("standard", vnni, True, True)
     assert "AVX512_BF16 and AMX_BF16" in why and "avx512_vnni" in why
-    assert refusal(BY_NAME["openvino-bf16"], "standard", vnni + ["amx_bf16"], True, True) is None
-    assert "flavour standard" in refusal(BY_NAME["openvino-fp32"], "ort-cpu", vnni, True, True)
-    assert "calibration" in refusal(BY_NAME["onnxruntime-int8-static"], "ort-cpu", vnni, False, True)
-    assert "hllm[openvino]" in refusal(BY_NAME["openvino-int8"], "standard", vnni, True, False)
-    assert refusal(BY_NAME["onnxruntime-fp32"], "ort-cpu", [], False, False) is None
+    assert BY_NAME["openvino-bf16"].refusal("standard", vnni + ["amx_bf16"], True, True) is None
+    assert "flavour standard" in BY_NAME["openvino-fp32"].refusal("ort-cpu", vnni, True, True)
+    assert "calibration" in BY_NAME["onnxruntime-int8-static"].refusal("ort-cpu", vnni, False, True)
+    assert "hllm[openvino]" in BY_NAME["openvino-int8"].refusal("standard", vnni, True, False)
+    assert BY_NAME["onnxruntime-fp32"].refusal("ort-cpu", [], False, False) is None
 
 
 def test_auto_times_every_candidate_and_writes_the_fastest_that_passes(standard_export_dir, tmp_path):
@@ -47,12 +47,12 @@ def test_auto_times_every_candidate_and_writes_the_fastest_that_passes(standard_
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(rep.read_text())
     rec = {c["name"]: c for c in doc["candidates"]}
-    assert list(rec) == [c.name for c in CANDIDATES]
+    assert list(rec) == [c.name for c in RECIPES]
     assert "AVX512_BF16" in rec["openvino-bf16"]["refused"]
     # every built candidate is timed first; they are checked from the fastest down until one passes (fp32: tensor
     # parity with the reference on a few slates, the engine that computed it not rerun; reduced precision: the gate
     # over every slate or until it cannot pass); the slower ones are skipped, never checked
-    from hllm.calibration.select import FP32_PARITY_ATOL
+    from hllm.calibration.selection.select import FP32_PARITY_ATOL
 
     assert doc["reference"]["engine"] in ("onnxruntime-fp32", "openvino-fp32") and doc["wall_s"] > 0
     assert doc["thresholds"]["time_budget_s"] > 0
@@ -112,7 +112,7 @@ def test_auto_refuses_an_unknown_candidate_and_a_quantized_start(standard_export
 def test_gate_fail_fast_stops_once_the_gate_cannot_pass(standard_export_dir):
     import numpy as np
 
-    from hllm.calibration.select import gate_fail_fast
+    from hllm.calibration.selection.select import gate_fail_fast
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker, ranker_scores
 
@@ -159,12 +159,11 @@ def test_reference_cache_is_never_written_into_the_input_or_out_dir(backend, sta
 
 def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_export_dir, tmp_path, capsys):
     """A previous selection that picked OpenVINO (sidecar ``engine: openvino``) is not an ONNX Runtime FP32
-    start: its "onnxruntime-*" candidates would inherit that engine. Refused, as is a --candidate typo,
+    start: its "onnxruntime-*" recipes would inherit that engine. Refused, as is a --candidate typo,
     before the slates are read."""
-    from hllm.calibration.auto_candidates import build
     from hllm.cli import main
 
-    ov = build(BY_NAME["openvino-fp32"], standard_export_dir, tmp_path / "ov")
+    ov = BY_NAME["openvino-fp32"].build(standard_export_dir, tmp_path / "ov").root
     for export, extra, want in ((ov, [], "selects the openvino engine"), (standard_export_dir, ["--candidate", "openvino-fp33"], "openvino-fp33")):
         with pytest.raises(SystemExit) as e:
             main(["calibrate", str(export), str(tmp_path / "o"), "--backend", "auto", "-s", str(tmp_path / "missing.jsonl"),
@@ -178,9 +177,10 @@ def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_ex
 def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_export_dir, tmp_path, monkeypatch):
     """NNCF's accuracy control gets the validation slates, never the gate's: overlapping ones are refused before
     any work, none at all refuse the candidate, disjoint ones are what its build receives."""
-    from hllm.calibration import accuracy_control, pipeline
-    from hllm.calibration.auto_candidates import NO_VALIDATION, check_validation
-    from hllm.calibration.select import SelectRequest, select
+    from hllm.calibration.recipes import accuracy_control
+    from hllm.calibration.selection import pipeline
+    from hllm.calibration.recipes.table import NO_VALIDATION, check_validation
+    from hllm.calibration.selection.select import SelectRequest, select
     from hllm.errors import EngineError, SlateError
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker
@@ -218,8 +218,10 @@ def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_expo
 def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_dir, tmp_path, monkeypatch):
     """NNCF's search runs last with the run's budget minus what was spent and a reserve for its own gate; under
     the minimum it is refused with the figures, and never built."""
-    from hllm.calibration import accuracy_control, pipeline, select as sel
-    from hllm.calibration.select import SelectRequest, select
+    from hllm.calibration.recipes import accuracy_control
+    from hllm.calibration.selection import pipeline
+    from hllm.calibration.selection import select as sel
+    from hllm.calibration.selection.select import SelectRequest, select
     from hllm.errors import EngineError
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker
@@ -258,12 +260,12 @@ def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_d
 def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skipped(tmp_path):
     """The first candidate (by median engine time) that passes wins; the faster ones were checked and failed,
     the slower ones — and any slower than the baseline — are skipped without a check."""
-    from hllm.calibration.select import _Run
+    from hllm.calibration.selection.select import SelectionRun
 
     ms = {"onnxruntime-fp32": 40.0, "openvino-bf16": 10.0, "onnxruntime-int8-dynamic": 15.0,
           "openvino-bf16-islands": 20.0, "openvino-fp32": 30.0, "onnxruntime-int8-static": 50.0}
     verdict = {"openvino-bf16": False, "onnxruntime-int8-dynamic": False, "openvino-bf16-islands": True}
-    run = _Run(None, None, {}, lambda m: None, None, tmp_path, 0.0)
+    run = SelectionRun(None, None, {}, lambda m: None, None, tmp_path, 0.0)
     run.records = {n: {"name": n} for n in ms}
     checked = []
 
@@ -292,8 +294,8 @@ def test_slates_without_ids_follow_the_id_rule_and_overlap_is_checked_only_when_
     """Validation slates come after the gate's in the input: one without ``slate_id`` is named by that index
     (the project's id rule), so it never collides with a gate slate; an explicit id shared with the gate does.
     The overlap is checked only when an accuracy-control candidate is going to be built."""
-    from hllm.calibration.auto_candidates import check_validation
-    from hllm.calibration.select import SelectRequest, select
+    from hllm.calibration.recipes.table import check_validation
+    from hllm.calibration.selection.select import SelectRequest, select
     from hllm.errors import SlateError
     from hllm.verify.gate import GateThresholds
 
@@ -312,7 +314,7 @@ def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(sta
     """One built candidate whose graph is broken ends neither the timing nor the run: its record says why."""
     import shutil
 
-    from hllm.calibration.select import SelectRequest, _time
+    from hllm.calibration.selection.select import SelectRequest, time_recipes
     from hllm.verify.gate import GateThresholds
 
     good, broken = tmp_path / "good", tmp_path / "broken"
@@ -324,7 +326,7 @@ def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(sta
     req = SelectRequest(standard_export_dir, tmp_path / "o", GateThresholds(), tiny_slates(3, (2, 5), seed=34),
                         rounds=2, warmup=0, threads=1)
     said = []
-    sp = _time(req, built, records, said.append)
+    sp = time_recipes(req, built, records, said.append)
     assert set(sp["engine_ms"]) == {"onnxruntime-fp32", "onnxruntime-fused-fp32"} and "onnxruntime-int8-dynamic" not in built
     assert records[2]["error"].startswith("timing: ") and "engine_ms_median" not in records[2]
     assert all(r["engine_ms_median"] > 0 for r in records[:2])

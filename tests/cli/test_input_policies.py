@@ -150,12 +150,12 @@ def test_a_sidecar_engine_hllm_cannot_run_is_refused_naming_the_field(engine, ex
 def test_a_selected_fp32_export_shares_no_inode_with_its_input(export_dir, tmp_path):
     """The ``onnxruntime-fp32`` selection is a copy: writing the selected graph in place leaves the input's
     graph byte for byte as it was (a hard link would change both)."""
-    from hllm.calibration.auto_candidates import BASELINE, CANDIDATES, build
+    from hllm.calibration.recipes.table import BASELINE, RECIPES
 
     exp = tmp_path / "exp"
     shutil.copytree(export_dir, exp)
     before = {p.name: p.read_bytes() for p in exp.iterdir() if p.is_file()}
-    dst = build(next(c for c in CANDIDATES if c.name == BASELINE), exp, tmp_path / "selected")
+    dst = next(c for c in RECIPES if c.name == BASELINE).build(exp, tmp_path / "selected").root
     for name in before:
         assert not os.path.samefile(dst / name, exp / name), name
         with open(dst / name, "r+b") as f:

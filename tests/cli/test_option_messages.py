@@ -41,7 +41,7 @@ def test_calibrate_refuses_an_unknown_op_type_before_any_work(capsys, tmp_path, 
 
 
 def test_quant_options_know_the_onnxruntime_registry():
-    from hllm.calibration.options import QuantOptions, quantizable_op_types
+    from hllm.calibration.recipes.options import QuantOptions, quantizable_op_types
     from hllm.errors import EngineError
 
     assert {"MatMul", "Gemm", "Conv"} <= quantizable_op_types() and "Bogus" not in quantizable_op_types()

@@ -98,7 +98,7 @@ def test_nncf_output_to_stderr_restores_the_streams(capsys):
     """The redirection lasts for the block only: NNCF's log handler and sys.stdout are restored after it."""
     import logging
 
-    from hllm.calibration.openvino_int8 import nncf_output_to_stderr
+    from hllm.calibration.recipes.openvino_int8 import nncf_output_to_stderr
 
     before = sys.stdout
     with nncf_output_to_stderr():

@@ -96,7 +96,7 @@ def test_open_engine_selects_openvino_by_option_and_sidecar(exports):
 
 
 def test_nncf_int8_export_opens_with_openvino_and_keeps_named_parts_in_fp32(exports, tmp_path):
-    from hllm.calibration.openvino_int8 import quantize_openvino
+    from hllm.calibration.recipes.openvino_int8 import quantize_openvino
     from hllm.runtime.artefact import open_engine, resolve
 
     ckpt, export = exports["llama"]
@@ -145,7 +145,7 @@ def test_cli_rank_engine_openvino_info_and_bf16_refusal(exports, tmp_path, capsy
 def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypatch):
     from hllm import measure
     from hllm.bench.frontier import frontier, markdown_table
-    from hllm.calibration.candidate import Candidate
+    from hllm.calibration.recipes.recipe import Recipe
     from hllm.testing import tiny_slates
 
     ckpt, export = exports["qwen2"]
@@ -159,8 +159,8 @@ def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypa
         return {k: [per_slate_s[k]] * rounds for k in calls}
 
     monkeypatch.setattr(measure, "time_interleaved", timed)
-    cs = [Candidate("ort", "onnxruntime", "fp32", path=str(export)), Candidate("ov", "openvino", "fp32", path=str(export)),
-          Candidate("ov-bf16", "openvino", "bf16", path=str(export), inference_precision="bf16",
+    cs = [Recipe("ort", "onnxruntime", "fp32", path=str(export)), Recipe("ov", "openvino", "fp32", path=str(export)),
+          Recipe("ov-bf16", "openvino", "bf16", path=str(export), inference_precision="bf16",
                     gate={"top1_agreement": 0.9})]
     res = frontier(str(ckpt), cs, tiny_slates(2, (3, K), seed=2), rounds=2, warmup=0, threads=1, peak_n=128)
     rows = {r["name"]: r for r in res["rows"]}

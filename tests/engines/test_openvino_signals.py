@@ -52,8 +52,8 @@ def test_sigterm_after_nncf_accuracy_control_exits_with_the_handlers_code(standa
     (exit 143), where it used to crash the interpreter with SIGSEGV (exit -11) every time."""
     r = _run("""
         import os, signal, sys, tempfile
-        from hllm.calibration.accuracy_control import quantize_with_accuracy_control
-        from hllm.calibration.openvino_int8 import calibration_feeds
+        from hllm.calibration.recipes.accuracy_control import quantize_with_accuracy_control
+        from hllm.calibration.recipes.openvino_int8 import calibration_feeds
         from hllm.formats.export import read_export
         from hllm.runtime.prompt import PromptBuilder, load_tokenizer
         from hllm.testing import tiny_slates

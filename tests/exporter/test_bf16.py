@@ -1,4 +1,4 @@
-"""bf16 GEMMs with fp32 islands (hllm.exporter.bf16, hllm.calibration.bf16_islands): the rounding is
+"""bf16 GEMMs with fp32 islands (hllm.exporter.bf16, hllm.calibration.precision_search.bf16_islands): the rounding is
 round-to-nearest-even (ties included) in the graph as in NumPy; islands covering the whole graph give the
 fp32 scores bit for bit on OpenVINO and on the emulation; without islands every matrix product runs bf16
 (OpenVINO's runtime precisions say so) and the scores move; the emulation is the real kernel's twin; the
@@ -56,7 +56,7 @@ def context_setup(tmp_path_factory, context_checkpoint):
 
 
 def _ort_fp32(export_dir, batches):
-    from hllm.calibration.precision_debug import VariantRunner
+    from hllm.calibration.precision_search.precision_debug import VariantRunner
 
     r = VariantRunner(export_dir, "fp16", batches, threads=1)
     try:
@@ -74,7 +74,7 @@ def test_round_bf16_is_round_to_nearest_even_and_the_graph_rounds_the_same():
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from hllm.exporter.bf16 import _round_then_cast, round_bf16
+    from hllm.exporter.bf16 import round_then_cast, round_bf16
 
     # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even → 1; 1 + 3·2^-8 ties up to 1 + 2^-6 (even)
     x = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -(1 + 2**-8), np.inf, -np.inf, 0.0], np.float32)
@@ -85,7 +85,7 @@ def test_round_bf16_is_round_to_nearest_even_and_the_graph_rounds_the_same():
     ties = ((r.view(np.uint32) & np.uint32(0xFFFF0000)) | np.uint32(0x8000)).view(np.float32)
     data = np.concatenate([r, ties, x[:4]])
     nodes = []
-    out = _round_then_cast(nodes, "x")
+    out = round_then_cast(nodes, "x")
     nodes.append(helper.make_node("Cast", [out], ["y"], to=TensorProto.FLOAT))
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
@@ -142,7 +142,7 @@ def test_flop_shares_sum_to_one(setup):
 
 
 def test_full_islands_give_fp32_scores_on_the_emulation(setup):
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
 
     export_dir, _, batches = setup
     ref = _ort_fp32(export_dir, batches)
@@ -158,7 +158,7 @@ def test_full_islands_give_fp32_scores_on_the_emulation(setup):
 @needs_ov
 @needs_bf16
 def test_openvino_honours_islands_full_islands_are_fp32_bit_for_bit(setup):
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
     from hllm.engines.openvino import OpenVinoEngine
     from hllm.exporter.bf16 import runtime_precisions
 
@@ -186,7 +186,7 @@ def test_openvino_honours_islands_full_islands_are_fp32_bit_for_bit(setup):
 @needs_ov
 @needs_bf16
 def test_emulation_is_the_twin_of_real_bf16(setup):
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
 
     export_dir, _, batches = setup
     ref = _ort_fp32(export_dir, batches)
@@ -201,7 +201,7 @@ def test_emulation_is_the_twin_of_real_bf16(setup):
 
 def test_runner_choice_and_refusal(monkeypatch):
     from hllm import measure
-    from hllm.calibration.bf16_islands import bf16_runner
+    from hllm.calibration.precision_search.bf16_islands import bf16_runner
     from hllm.errors import EngineError
 
     monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx2", "avx512f"])
@@ -214,7 +214,7 @@ def test_runner_choice_and_refusal(monkeypatch):
 
 def test_bf16_export_is_refused_without_bf16_and_runs_with_it(setup, tmp_path, monkeypatch):
     from hllm import measure
-    from hllm.calibration.bf16_islands import build_bf16_export
+    from hllm.calibration.precision_search.bf16_islands import build_bf16_export
     from hllm.errors import EngineError
     from hllm.formats.export import read_export
     from hllm.runtime.artefact import open_engine, resolve
@@ -241,7 +241,7 @@ def test_bf16_export_is_refused_without_bf16_and_runs_with_it(setup, tmp_path, m
 
 
 def test_search_writes_frontier_and_islands_file(setup, tmp_path):
-    from hllm.calibration.bf16_islands import build_bf16_export, read_islands
+    from hllm.calibration.precision_search.bf16_islands import build_bf16_export, read_islands
     from hllm.cli.app import run
 
     export_dir, slates, _ = setup
@@ -276,15 +276,16 @@ def test_search_writes_frontier_and_islands_file(setup, tmp_path):
 
 
 def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
-    from hllm.calibration.bf16_islands import CANDIDATE_ISLANDS
-    from hllm.calibration.auto_candidates import CANDIDATES, build, refusal
+    from hllm.calibration.precision_search.bf16_islands import CANDIDATE_ISLANDS
+    from hllm.calibration.recipes.recipe import RecipeInputs
+    from hllm.calibration.recipes.table import RECIPES
     from hllm.errors import EngineError
 
-    c = next(c for c in CANDIDATES if c.name == "openvino-bf16-islands")
-    assert "AVX512_BF16" in refusal(c, "standard", ["avx2", "avx512f"], False, True)
-    assert "flavour standard" in refusal(c, "ort-cpu", ["avx512_bf16"], False, True)
-    assert refusal(c, "standard", ["avx512_bf16"], False, True) is None
-    build(c, standard_export_dir, tmp_path / "default")
+    c = next(c for c in RECIPES if c.name == "openvino-bf16-islands")
+    assert "AVX512_BF16" in c.refusal("standard", ["avx2", "avx512f"], False, True)
+    assert "flavour standard" in c.refusal("ort-cpu", ["avx512_bf16"], False, True)
+    assert c.refusal("standard", ["avx512_bf16"], False, True) is None
+    c.build(standard_export_dir, tmp_path / "default")
     side = json.loads((tmp_path / "default" / "export.json").read_text())
     assert side["bf16_gemm"]["islands"] == list(CANDIDATE_ISLANDS) and side["precision"] == "bf16"
     by_class = side["bf16_gemm"]["report"]["by_class"]  # the attention in fp32, the MLP in bf16
@@ -292,18 +293,18 @@ def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
     assert all(by_class[k]["fp32"] == 0 and by_class[k]["bf16"] > 0 for k in ("gate_proj", "up_proj", "down_proj"))
     f = tmp_path / "islands.json"
     f.write_text(json.dumps({"format": "hllm-fp32-islands", "target": "bf16", "islands": ["head", "down_proj"]}))
-    build(c, standard_export_dir, tmp_path / "file", bf16_islands=f)
+    c.build(standard_export_dir, tmp_path / "file", RecipeInputs(bf16_islands=f))
     rep = json.loads((tmp_path / "file" / "export.json").read_text())["bf16_gemm"]["report"]
     assert rep["by_class"]["down_proj"]["bf16"] == 0 and rep["by_class"]["attention"]["fp32"] == 0
     f.write_text(json.dumps({"format": "hllm-fp32-islands", "target": "bf16", "islands": ["head", "mlpp"]}))
     with pytest.raises(EngineError, match="unknown bf16 FP32 island"):
-        build(c, standard_export_dir, tmp_path / "bad", bf16_islands=f)
+        c.build(standard_export_dir, tmp_path / "bad", RecipeInputs(bf16_islands=f))
 
 
 def test_context_head_full_islands_give_fp32_and_no_islands_move_the_scores(context_setup):
     """The bf16 rewrite keeps the fourth graph input: with a context-reading head, every MatMul in an island
     is the fp32 graph exactly, and bf16 everywhere changes the scores (so the user row reaches the head)."""
-    from hllm.calibration.bf16_islands import Bf16Variants
+    from hllm.calibration.precision_search.bf16_islands import Bf16Variants
 
     export_dir, _, batches = context_setup
     assert all(b.context_positions is not None for b in batches)

@@ -60,7 +60,7 @@ def test_bench_document_is_an_envelope():
 
 
 def test_calibration_and_selection_reports_are_envelopes():
-    from hllm.calibration.select import SelectionResult
+    from hllm.calibration.selection.select import SelectionResult
 
     res = CalibrationResult(precision=Precision.INT8, backend="ort-static", target=None, passed=True,
                             top1_agreement=0.9, kendall_tau_mean=0.8, recall10_delta=0.0, excluded_parts=["head"],

@@ -1,24 +1,24 @@
 """``hllm calibrate --backend auto``: build every engine × precision this CPU can run from one FP32 export
-(:mod:`hllm.calibration.auto_candidates`), time them, and gate them from the fastest down until one passes.
+(:mod:`hllm.calibration.recipes.table`), time them, and gate them from the fastest down until one passes.
 
 The run, in order:
 
 1. **FP32 reference** scores on the evaluation slates, from the fastest fp32 engine of the export
-   (:func:`hllm.calibration.pipeline.fastest_fp32`) or the ``--reference-scores`` cache.
-2. **Build** every candidate the CPU and the export allow (a refused one is listed with the reason); the
-   accuracy-control candidates wait for step 5.
+   (:func:`hllm.calibration.selection.pipeline.fastest_fp32`) or the ``--reference-scores`` cache.
+2. **Build** every recipe the CPU and the export allow (a refused one is listed with the reason); the
+   accuracy-control recipes wait for step 5.
 3. **Baseline check**: ``onnxruntime-fp32`` (the export itself) by tensor parity, so a run always has a
-   candidate to write.
-4. **Time, then gate fastest first.** Every built candidate is timed interleaved
-   (:func:`hllm.calibration.speed.compare_speed`, median engine ms per slate, batch 1); they are checked
+   recipe to write.
+4. **Time, then gate fastest first.** Every built recipe is timed interleaved
+   (:func:`hllm.calibration.selection.speed.compare_speed`, median engine ms per slate, batch 1); they are checked
    in that order and the first that passes is selected: a slower one could not be selected, so it is
-   recorded as ``skipped`` with the candidate that passed before it. An fp32 candidate computes the same
+   recorded as ``skipped`` with the recipe that passed before it. An fp32 recipe computes the same
    function in another order of summation, so it is checked by tensor parity on the first
    :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| ≤ :data:`FP32_PARITY_ATOL`, all finite);
    a reduced-precision one by the gate (:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor
    by default, ``strict`` on request) on all the slates, scored in chunks and stopped as soon as it can no
    longer pass (:func:`hllm.verify.sequential.hopeless`).
-5. **NNCF accuracy control** (:data:`~hllm.calibration.auto_candidates.ACCURACY_CONTROL`) runs last, with
+5. **NNCF accuracy control** (:data:`~hllm.calibration.recipes.table.ACCURACY_CONTROL`) runs last, with
    what is left of ``time_budget_s`` after :data:`ACCURACY_CONTROL_RESERVE_S` for its own timing and gate;
    below :data:`ACCURACY_CONTROL_MIN_S` it is refused with the figures (its statistics collection alone
    takes minutes on 2 cores). It validates on ``validation_slates``, never gate slates.
@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hllm.calibration.auto_candidates import (ACCURACY_CONTROL, BASELINE, CANDIDATES, NO_VALIDATION, build,
-                                              check_start, check_validation, refusal)
-from hllm.calibration.pipeline import CalibrateRequest, fp32_reference, gate_line
-from hllm.calibration.speed import compare_speed
+from hllm.calibration.recipes.recipe import RecipeInputs
+from hllm.calibration.recipes.table import (ACCURACY_CONTROL, BASELINE, NO_VALIDATION, RECIPES, check_start,
+                                            check_validation)
+from hllm.calibration.selection.pipeline import CalibrateRequest, fp32_reference, gate_line
+from hllm.calibration.selection.speed import compare_speed
 from hllm.errors import EngineError
 from hllm.extras import optional
-from hllm.files import _staging_prefix, atomic_write_json, promote_dir, sweep_stale_staging
+from hllm.files import staging_prefix, atomic_write_json, promote_dir, sweep_stale_staging
 from hllm.formats.export import read_export
 from hllm.formats.precision import Precision
 from hllm.formats.report import envelope
@@ -54,7 +55,7 @@ Say = Callable[[str], None]
 
 #: The report written beside the selected export.
 SELECTION_NAME = "selection_report.json"
-#: fp32 candidates: slates of the tensor-parity check, and its max |ΔM| against the FP32 reference. fp32
+#: fp32 recipes: slates of the tensor-parity check, and its max |ΔM| against the FP32 reference. fp32
 #: engines differ only in the order of summation: ONNX Runtime vs PyTorch eager on the real export differ
 #: by < 5e-5 on scores of magnitude ~10, so 1e-3 leaves room for other kernels and catches a wrong graph.
 FP32_PARITY_SLATES = 8
@@ -73,10 +74,10 @@ ACCURACY_CONTROL_RESERVE_S = 120.0
 class SelectRequest:
     """One selection run. ``export_dir``: the FP32 export; ``out_dir``: where the winner goes;
     ``eval_slates``: labelled held-out slates of the gate (≥ 200 recommended); ``calibration``: a
-    :class:`hllm.formats.calibration_set.CalibrationSet` or None; ``only``: candidate names to consider
+    :class:`hllm.formats.calibration_set.CalibrationSet` or None; ``only``: recipe names to consider
     (empty = all); ``rounds`` / ``warmup``: interleaved timing rounds; ``threads``: engine threads;
     ``time_budget_s``: the wall-clock seconds the run plans for; the accuracy-control search gets what is left
-    of it (None = no limit: it gets :data:`~hllm.calibration.accuracy_control.CANDIDATE_SETTINGS`' budget);
+    of it (None = no limit: it gets :data:`~hllm.calibration.recipes.accuracy_control.CANDIDATE_SETTINGS`' budget);
     ``spent_before_s``: seconds the caller spent on this run before :func:`select` (calibration data), counted
     against the budget."""
 
@@ -99,8 +100,8 @@ class SelectRequest:
 
 @dataclass
 class SelectionResult:
-    """What a selection run decided: ``selected`` (a candidate name), ``candidates`` (one record per
-    candidate: refused / skipped / gate or parity figures / engine ms per slate / speed-up over
+    """What a selection run decided: ``selected`` (a recipe name), ``candidates`` (the report key kept for readers: one record per
+    recipe: refused / skipped / gate or parity figures / engine ms per slate / speed-up over
     ``onnxruntime-fp32``), the machine it ran on and the gate's slates. ``to_dict`` is ``selection_report.json``."""
 
     selected: str
@@ -122,7 +123,7 @@ class SelectionResult:
         return envelope("calibration_selection", self.to_dict(), machine=self.machine)
 
 
-class _Run:
+class SelectionRun:
     """The state of one :func:`select` run: records by name, built paths, the reference, the clock."""
 
     def __init__(self, req: SelectRequest, ref, ref_info: dict, say: Say, progress, work: Path, t_start: float):
@@ -139,9 +140,10 @@ class _Run:
         r, rec = self.req, self.records[c.name]
         t0 = time.perf_counter()
         try:
-            self.built[c.name] = build(c, r.export_dir, self.work / c.name, r.calibration, bf16_islands=r.bf16_islands,
-                                       validation=r.validation_slates, thresholds=r.thresholds, ac_settings=ac_settings)
-        except Exception as e:  # one candidate's failure is a record, never the end of the run
+            inputs = RecipeInputs(r.calibration, bf16_islands=r.bf16_islands, validation=r.validation_slates,
+                                  thresholds=r.thresholds, ac_settings=ac_settings)
+            self.built[c.name] = c.build(r.export_dir, self.work / c.name, inputs).root
+        except Exception as e:  # one recipe's failure is a record, never the end of the run
             rec["error"] = f"{type(e).__name__}: {e}"
             self.say(f"{c.name}: failed — {rec['error']}")
             return False
@@ -179,7 +181,7 @@ class _Run:
         or at one no faster than ``winner``; the rest are recorded as ``skipped``. Returns the new winner."""
         ms = {n: timing["engine_ms"][n]["median"] for n in names}
         limit = timing["engine_ms"][winner]["median"] if winner in timing["engine_ms"] else float("inf")
-        by_name = {c.name: c for c in CANDIDATES}
+        by_name = {c.name: c for c in RECIPES}
         found = None
         for n in sorted(names, key=ms.get):
             if found is None and ms[n] < limit and n != winner:
@@ -194,12 +196,12 @@ class _Run:
 
 def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tuple[SelectionResult, Path]:
     """Run the selection (module doc); returns ``(result, out_dir)``. ``progress(description, total)`` →
-    ``advance(n)`` shows the reference pass and each candidate's gate (:data:`hllm.calibration.pipeline.Progress`).
+    ``advance(n)`` shows the reference pass and each recipe's gate (:data:`hllm.calibration.selection.pipeline.Progress`).
 
-    Raises: EngineError from :func:`~hllm.calibration.auto_candidates.check_start` (unknown candidate, not an
+    Raises: EngineError from :func:`~hllm.calibration.recipes.table.check_start` (unknown recipe, not an
         ONNX Runtime fp32 export) or when the FP32 export itself cannot be checked; SlateError from
-        :func:`~hllm.calibration.auto_candidates.check_validation`; FileExistsError if ``out_dir`` exists and
-        ``overwrite`` is False; the quantizers' errors are recorded per candidate, not raised.
+        :func:`~hllm.calibration.recipes.table.check_validation`; FileExistsError if ``out_dir`` exists and
+        ``overwrite`` is False; the quantizers' errors are recorded per recipe, not raised.
     """
     from hllm.measure import cpu_flags, describe_machine
 
@@ -210,7 +212,7 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     flavour, features = meta.flavour, cpu_flags()
     have_ov = optional("openvino") is not None
     if any(c.name in ACCURACY_CONTROL and not (req.only and c.name not in req.only)
-           and refusal(c, flavour, features, req.calibration is not None, have_ov) is None for c in CANDIDATES):
+           and c.refusal(flavour, features, req.calibration is not None, have_ov) is None for c in RECIPES):
         check_validation(req.validation_slates, req.eval_slates)  # only when NNCF would validate on them
     ref_info: dict = {}
     ref, _ = fp32_reference(CalibrateRequest(req.export_dir, req.out_dir, None, req.thresholds, req.eval_slates, "",
@@ -219,14 +221,14 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_staging(out)  # staging directories of OUT_DIR left by killed runs (their writer is gone)
-    work = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
-    run = _Run(req, ref, ref_info, say, progress, work, t_start)
+    work = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent))
+    run = SelectionRun(req, ref, ref_info, say, progress, work, t_start)
     try:
         deferred = []
-        for c in CANDIDATES:
+        for c in RECIPES:  # the one loop over recipes: refuse, defer (accuracy control) or build
             rec = run.records[c.name] = {"name": c.name, "engine": c.engine, "precision": str(c.precision)}
             why = "not requested (--candidate)" if req.only and c.name not in req.only and c.name != BASELINE else \
-                refusal(c, flavour, features, req.calibration is not None, have_ov) or \
+                c.refusal(flavour, features, req.calibration is not None, have_ov) or \
                 (NO_VALIDATION if c.name in ACCURACY_CONTROL and not req.validation_slates else None)
             if why:
                 rec["refused"] = why
@@ -235,11 +237,11 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
                 deferred.append(c)
             else:
                 run.build(c)
-        if BASELINE not in run.built or not run.check(CANDIDATES[0]):
+        if BASELINE not in run.built or not run.check(RECIPES[0]):
             rec = run.records[BASELINE]
             why = rec.get("error") or f"parity with the FP32 reference failed: {rec.get('parity', {}).get('failures')}"
             raise EngineError(f"the FP32 export itself could not be checked: {why}")
-        timing = _time(req, run.built, list(run.records.values()), say)
+        timing = time_recipes(req, run.built, list(run.records.values()), say)
         winner = run.fastest_passing(list(run.built), timing, BASELINE) if timing else BASELINE
         if deferred:
             winner, timing = _accuracy_control(run, deferred, winner, timing)
@@ -258,8 +260,8 @@ def select(req: SelectRequest, say: Say = lambda m: None, progress=None) -> tupl
     return result, out
 
 
-def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> tuple[str, dict]:
-    """Step 5 of the module doc: build the NNCF accuracy-control candidates with the time left (or refuse
+def _accuracy_control(run: SelectionRun, deferred: list, winner: str, timing: dict) -> tuple[str, dict]:
+    """Step 5 of the module doc: build the NNCF accuracy-control recipes with the time left (or refuse
     them), time them beside the baseline and ``winner``, and check those faster than ``winner``.
     Returns ``(winner, timing)``; the timing of this step is stored under ``timing["accuracy_control"]``."""
     req = run.req
@@ -278,7 +280,7 @@ def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> t
     if not ok:
         return winner, timing
     sub = {n: run.built[n] for n in dict.fromkeys([BASELINE, winner, *ok])}
-    sp = _time(req, sub, [run.records[n] for n in ok], run.say)  # drops from ``sub`` what cannot be timed
+    sp = time_recipes(req, sub, [run.records[n] for n in ok], run.say)  # drops from ``sub`` what cannot be timed
     names = [n for n in dict.fromkeys([*ok, winner]) if n in sub]
     new = run.fastest_passing(names, sp, winner) if sp and winner in sub else winner
     return new, {**timing, "accuracy_control": sp}
@@ -287,19 +289,21 @@ def _accuracy_control(run: _Run, deferred: list, winner: str, timing: dict) -> t
 def gate_fail_fast(ref: Sequence, path, slates: Sequence[dict], thresholds, threads: int | None = None,
                    chunk: int = 10, on_progress=None):
     """Gate the export at ``path`` against the reference scores ``ref`` (one ``[n_i, K]`` float32 array per
-    slate), scoring ``chunk`` slates at a time and stopping as soon as the gate can no longer pass
-    (:func:`hllm.verify.sequential.hopeless`). Returns ``(GateReport over the slates scored, number scored)``; a
-    report over fewer slates than given is a failure whatever its figures.
+    slate) with the sequential gate (:func:`hllm.verify.sequential.sequential_gate`): ``chunk`` slates at a
+    time, passing early once every bound clears its margin, stopping as soon as it can no longer pass
+    (:func:`hllm.verify.sequential.hopeless`). Returns ``(GateReport over the slates scored, number scored)``;
+    its ``sequential`` record says how many slates it needed and why it stopped.
 
     Raises: EngineError / SlateError from loading or running the engine.
     """
-    rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress)
+    rep = run_gate(ref, path, slates, thresholds, threads=threads, fail_fast=True, chunk=chunk, on_progress=on_progress,
+                   sequential=True)
     return rep, len(rep.records)
 
 
 def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None = None,
                 count: int = FP32_PARITY_SLATES, atol: float = FP32_PARITY_ATOL):
-    """Tensor parity of the fp32 candidate at ``path`` with the FP32 reference scores ``ref`` on the first
+    """Tensor parity of the fp32 recipe at ``path`` with the FP32 reference scores ``ref`` on the first
     ``count`` slates: max|ΔM| ≤ ``atol`` and no non-finite score (rankings are reported, not required:
     an fp32 engine may order an exact near-tie otherwise).
 
@@ -313,20 +317,20 @@ def fp32_parity(ref: Sequence, path, slates: Sequence[dict], threads: int | None
                         reference="fp32 reference", backend=r.engine.name, precision="fp32")
 
 
-#: The keys of a gate report kept in each candidate's record of ``selection_report.json``.
+#: The keys of a gate report kept in each recipe's record of ``selection_report.json``.
 GATE_RECORD_KEYS = ("gate", "slates", "passed", "failures", "criteria", "quality", "fidelity", "strict_passed",
                     "top1_agreement", "perm_match_rate", "kendall_tau_mean", "recall@10_delta", "auc_delta",
-                    "ndcg@10_delta", "nonfinite", "max_abs_diff", "stopped_after", "stop_reason")
+                    "ndcg@10_delta", "nonfinite", "max_abs_diff", "stopped_after", "stop_reason", "sequential")
 
 
 def _gate_record(g: dict) -> dict:
     return {k: g[k] for k in GATE_RECORD_KEYS if k in g}
 
 
-def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
-    """Interleaved engine timing of the ``built`` candidates (``{name: export dir}``, the baseline among them)
-    on the first ``req.rounds`` gate slates; fills the ``records`` of those candidates with
-    ``engine_ms_median`` and ``speedup_vs_fp32``. Returns compare_speed's record (empty with one candidate)."""
+def time_recipes(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dict:
+    """Interleaved engine timing of the ``built`` recipes (``{name: export dir}``, the baseline among them)
+    on the first ``req.rounds`` gate slates; fills the ``records`` of those recipes with
+    ``engine_ms_median`` and ``speedup_vs_fp32``. Returns compare_speed's record (empty with one recipe)."""
     if len(built) < 2:
         return {}
     say(f"timing {', '.join(built)} interleaved ({req.rounds} rounds)")
@@ -334,7 +338,7 @@ def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dic
     try:
         sp = compare_speed(dict(built), evals, rounds=req.rounds, warmup=req.warmup, threads=req.threads,
                            baseline=BASELINE)
-    except Exception:  # noqa: BLE001 — find the candidates that cannot run, record them, time the rest
+    except Exception:  # noqa: BLE001 — find the recipes that cannot run, record them, time the rest
         bad = _unrunnable(built, evals[:1], req.threads)
         if not bad:
             raise
@@ -344,7 +348,7 @@ def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dic
                 if r["name"] == name:
                     r["error"] = f"timing: {why}"
             say(f"{name}: cannot be timed — {why}")
-        return _time(req, built, records, say) if BASELINE in built else {}
+        return time_recipes(req, built, records, say) if BASELINE in built else {}
     for r in records:
         if r["name"] in built:
             r["engine_ms_median"] = round(sp["engine_ms"][r["name"]]["median"], 3)
@@ -353,7 +357,7 @@ def _time(req: SelectRequest, built: dict, records: list[dict], say: Say) -> dic
 
 
 def _unrunnable(built: dict, probe: Sequence[dict], threads: int | None) -> dict[str, str]:
-    """``{name: error}`` of the candidates in ``built`` that fail to load or to score the ``probe`` slates.
+    """``{name: error}`` of the recipes in ``built`` that fail to load or to score the ``probe`` slates.
     Raises: EngineError when the baseline itself is one of them (it passed its parity check before)."""
     bad = {}
     for name, path in built.items():
@@ -361,7 +365,7 @@ def _unrunnable(built: dict, probe: Sequence[dict], threads: int | None) -> dict
             r = cpu_ranker(path, threads)
             with r:
                 ranker_scores(r, list(probe))
-        except Exception as e:  # noqa: BLE001 — reported per candidate
+        except Exception as e:  # noqa: BLE001 — reported per recipe
             bad[name] = f"{type(e).__name__}: {e}"
     if BASELINE in bad:
         raise EngineError(f"the FP32 export cannot be timed: {bad[BASELINE]}")

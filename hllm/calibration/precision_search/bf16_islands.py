@@ -20,7 +20,7 @@ Search (:func:`search_islands`, ``hllm debug precision --precision bf16``): op c
 Every evaluated set is a point of the speed-vs-fidelity frontier: its fp32 share of the matrix-product
 FLOPs (:func:`hllm.exporter.bf16.fp32_share`; the bf16 GEMM runs ~2-4× the fp32 one, so the share is the
 speed cost) and its fidelity against the fp32 scores (max/mean |ΔM|, top-1 agreement, mean Kendall tau:
-:func:`hllm.calibration.precision_debug.ranking_figures`). The chosen islands are the passing set with
+:func:`hllm.calibration.precision_search.precision_debug.ranking_figures`). The chosen islands are the passing set with
 the smallest fp32 share (or, when none passes, the best-fidelity set, flagged ``passed: false``); the
 points that no other point beats on both axes are flagged ``pareto``.
 
@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hllm.calibration.precision_debug import DebugSettings, _error, _fmt, batch_scores, ranking_figures
+from hllm.calibration.precision_search.precision_debug import DebugSettings, figure_error, format_figures, batch_scores, ranking_figures
 from hllm.engines.openvino import OpenVinoEngine
 from hllm.errors import EngineError, HllmError
 from hllm.exporter.bf16 import (DEFAULT_ISLANDS, OP_CLASSES, check_islands, convert_to_bf16, emulate_bf16,
@@ -46,10 +46,9 @@ from hllm.exporter.bf16 import (DEFAULT_ISLANDS, OP_CLASSES, check_islands, conv
 from hllm.exporter.onnx_io import load_onnx, save_onnx
 from hllm.extras import optional
 from hllm.files import copy_files
-from hllm.formats.export import read_export, write_export
+from hllm.formats.export import ExportChange, OpenVinoSettings, derive_export, read_export
 from hllm.formats.precision import Precision
 from hllm.measure import bf16_support
-from hllm.reading import sha256_file
 from hllm.runtime.slates import loads_json
 
 #: Sidecar key of a typed bf16 export (islands, conversion counts, the fp32 graph it came from).
@@ -102,9 +101,8 @@ def build_bf16_export(export_dir, dst, islands: Sequence[str] | None = None) -> 
     out = dst / meta.onnx_path.name
     save_onnx(typed, out)
     rec = {"islands": list(isl), "report": rep.to_dict(), "from_onnx_sha256": meta.raw.get("onnx_sha256")}
-    keep = {k: v for k, v in meta.raw.items() if k not in ("format", "engine", "openvino", SIDECAR_KEY)}
-    write_export(dst, {**keep, "precision": "bf16", "engine": "openvino", "openvino": {"inference_precision": "f32"},
-                       SIDECAR_KEY: rec, "onnx_sha256": sha256_file(out), "onnx_bytes": out.stat().st_size})
+    derive_export(meta, dst, ExportChange(precision="bf16", engine="openvino", openvino=OpenVinoSettings(None, "f32"),
+                                          graph=out.name, drop=("openvino", SIDECAR_KEY), extra={SIDECAR_KEY: rec}))
     return rec
 
 
@@ -246,7 +244,7 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
         run: islands → the variant's score matrices on ``slates`` (e.g. :class:`Bf16Variants`).
         ref: the fp32 score matrices (one ``[n_i, K]`` per slate). num_layers: decoder layers.
         share: islands → fp32 share of the matrix-product FLOPs (0 … 1).
-        settings: :class:`hllm.calibration.precision_debug.DebugSettings` (pass criteria, ``max_islands``
+        settings: :class:`hllm.calibration.precision_search.precision_debug.DebugSettings` (pass criteria, ``max_islands``
             = most greedy steps). groups: layer groups. refine: classes restricted to layer groups.
         base: islands every searched set keeps (:data:`SEARCH_BASE`); each island of ``base`` but the head is
             also tried in bf16 alone (a frontier point ``outside_base``, never chosen).
@@ -266,7 +264,7 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
         p = {"name": name, "islands": list(isl), "fp32_share": round(float(share(isl)), 5), "figures": fig,
              "passes": bool(st.passes(fig)), "outside_base": without is not None}
         points[key] = p
-        say(f"{name}: fp32 share {p['fp32_share']:.3f}; {_fmt(fig)}")
+        say(f"{name}: fp32 share {p['fp32_share']:.3f}; {format_figures(fig)}")
         return p
 
     b = evaluate(f"baseline ({', '.join(base) or 'nothing'} fp32)", ())
@@ -280,7 +278,7 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
         singles.append(evaluate(f"layers {g[0]}-{g[-1]} fp32", layer_islands(g)))
 
     def gain(p: dict) -> float:
-        red = _error(b["figures"]) - _error(p["figures"])
+        red = figure_error(b["figures"]) - figure_error(p["figures"])
         extra = max(p["fp32_share"] - b["fp32_share"], 1e-6)
         return red / extra if np.isfinite(red) else 0.0
 
@@ -296,13 +294,13 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
             break
         acc += [x for x in p["islands"] if x not in base and x not in acc]
         evaluate("greedy: " + " + ".join(sorted({q['name'] for q in order[: order.index(p) + 1]})), acc)
-    front = sorted(points.values(), key=lambda p: (p["fp32_share"], _error(p["figures"])))
+    front = sorted(points.values(), key=lambda p: (p["fp32_share"], figure_error(p["figures"])))
     for p in front:
-        p["pareto"] = not any(q["fp32_share"] <= p["fp32_share"] and _error(q["figures"]) < _error(p["figures"])
+        p["pareto"] = not any(q["fp32_share"] <= p["fp32_share"] and figure_error(q["figures"]) < figure_error(p["figures"])
                               for q in front if q is not p)
     eligible = [p for p in front if not p["outside_base"]]
     passing = [p for p in eligible if p["passes"]]
-    chosen = passing[0] if passing else min(eligible, key=lambda p: _error(p["figures"]))
+    chosen = passing[0] if passing else min(eligible, key=lambda p: figure_error(p["figures"]))
     return {"frontier": front, "islands": chosen["islands"], "islands_figures": chosen["figures"],
             "passed": chosen["passes"], "chosen": chosen["name"], "baseline": b["figures"], "base": list(base),
             "criteria": st.to_dict()}

@@ -1,5 +1,5 @@
 """NVIDIA TensorRT Model Optimizer ONNX PTQ: explicit INT8 / FP8 Q/DQ for TensorRT (backend ``modelopt``,
-:mod:`hllm.calibration.options`).
+:mod:`hllm.calibration.recipes.options`).
 
 ``modelopt.onnx.quantization.quantize`` (https://nvidia.github.io/TensorRT-Model-Optimizer/) is installed
 only with the ``hllm[modelopt]`` extra, best in its own environment (it pins onnx and onnxruntime-gpu).
@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from hllm.calibration.options import QuantOptions
-from hllm.calibration.ort_quantize import calibration_reader, external_data
+from hllm.calibration.recipes.options import QuantOptions
+from hllm.calibration.recipes.ort_quantize import calibration_reader, external_data
 from hllm.errors import EngineError, HllmError
 
 MODELOPT_HINT = (

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hllm.calibration.parts import weight_matmuls
+from hllm.calibration.recipes.parts import weight_matmuls
 from hllm.errors import EngineError
 from hllm.exporter.scopes import block_index, module_path
 from hllm.formats.precision import Precision

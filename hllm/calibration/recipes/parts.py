@@ -11,7 +11,7 @@ prefix such as ``backbone.layers.3.mlp.down_proj``, or an exact node name.
 In static mode only MatMuls with a constant (weight) input are quantized (:func:`activation_matmuls` are
 kept float): the attention score/value MatMuls, the additive masks and the norms stay float (a quantized
 −inf mask would get an infinite scale). A quantized graph is checked afterwards: no op of
-:data:`hllm.calibration.options.FLOAT_OPS` may read a tensor rounded to 8 bits
+:data:`hllm.calibration.recipes.options.FLOAT_OPS` may read a tensor rounded to 8 bits
 (:func:`float_ops_fed_by_quantized`).
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from hllm.calibration.options import DEFAULT_OP_TYPES, FLOAT_OPS, QuantOptions
+from hllm.calibration.recipes.options import DEFAULT_OP_TYPES, FLOAT_OPS, QuantOptions
 from hllm.errors import EngineError
 from hllm.exporter.scopes import block_index, module_path
 

@@ -18,15 +18,15 @@ Candidates are module paths of the export (``backbone.layers.N.mlp``, ``backbone
 
 Targets: ``fp16`` (:func:`hllm.exporter.fp16.convert_to_fp16` + :func:`hllm.exporter.fp16.emulate_fp16`,
 float16 storage emulated on the CPU; islands = the default op-class islands + kept modules), ``int8``
-(NNCF INT8 with SmoothQuant on OpenVINO, :func:`hllm.calibration.openvino_int8.quantize_openvino`; kept
+(NNCF INT8 with SmoothQuant on OpenVINO, :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino`; kept
 modules go to NNCF's ignored scope), ``bf16`` (the typed bf16-GEMM graph of :mod:`hllm.exporter.bf16`:
 real bf16 kernels on OpenVINO where the CPU has AVX512_BF16 / AMX-BF16, the exact emulation in ONNX
 Runtime elsewhere; searched over op classes × layer groups by
-:func:`hllm.calibration.bf16_islands.search_islands`, which writes the speed-vs-fidelity frontier).
+:func:`hllm.calibration.precision_search.bf16_islands.search_islands`, which writes the speed-vs-fidelity frontier).
 
 The islands file (``format: hllm-fp32-islands``) lists ``islands`` (for fp16: the default op-class islands
 plus the modules; for int8: the modules) and is read by ``hllm export --precision fp16 --fp32-islands
-FILE.json`` and by :func:`hllm.calibration.openvino_int8.quantize_openvino` (``keep_float``).
+FILE.json`` and by :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino` (``keep_float``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hllm.calibration.openvino_int8 import quantize_openvino
+from hllm.calibration.recipes.recipe import Recipe, RecipeInputs
 from hllm.engines.ort import OnnxRuntimeEngine
 from hllm.errors import EngineError
 from hllm.exporter.fp16 import DEFAULT_ISLANDS
@@ -49,6 +49,8 @@ from hllm.runtime.artefact import open_engine, resolve
 from hllm.verify.gate import gate_scores
 
 TARGETS = ("fp16", "int8", "bf16")
+#: The recipe every int8 variant is built with (its kept modules go to NNCF's ignored scope).
+NNCF_INT8 = Recipe("nncf-int8", "openvino", "int8", scheme="nncf-int8", flavour="standard", needs_calibration=True)
 FORMAT = "hllm-fp32-islands"
 
 
@@ -88,7 +90,7 @@ def ranking_figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray], slates
                      **{f"{m}_delta_lower_bound": q["lower_bound"] for m, q in d["quality"].items()}}}
 
 
-def _error(fig: dict) -> float:
+def figure_error(fig: dict) -> float:
     """A scalar error for ordering variants: mean|ΔM|, +inf when any score is non-finite."""
     return float("inf") if fig["nonfinite"] or fig["mean_abs_dM"] is None else fig["mean_abs_dM"]
 
@@ -132,14 +134,14 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
     """
     st = settings or DebugSettings()
     base = ranking_figures(ref, run_variant(()), slates, st.gate)
-    say(f"baseline: {_fmt(base)}")
+    say(f"baseline: {format_figures(base)}")
     rows = []
     for c in candidates:
         fig = ranking_figures(ref, run_variant((c,)), slates, st.gate)
-        red = _error(base) - _error(fig)
+        red = figure_error(base) - figure_error(fig)
         rows.append({"module": c, "figures": fig, "error_reduction": None if not np.isfinite(red) else red,
                      "fixes_nonfinite": bool(base["nonfinite"] and not fig["nonfinite"])})
-        say(f"keep {c} in fp32: {_fmt(fig)}")
+        say(f"keep {c} in fp32: {format_figures(fig)}")
     rows.sort(key=lambda r: (not r["fixes_nonfinite"], -(r["error_reduction"] or 0.0)))
     islands: list[str] = []
     fig = base
@@ -150,12 +152,13 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
             break
         islands.append(r["module"])
         fig = ranking_figures(ref, run_variant(tuple(islands)), slates, st.gate) if len(islands) > 1 else r["figures"]
-        say(f"islands {islands}: {_fmt(fig)}")
+        say(f"islands {islands}: {format_figures(fig)}")
     return {"baseline": base, "candidates": rows, "islands": islands, "islands_figures": fig,
             "passed": st.passes(fig), "criteria": st.to_dict()}
 
 
-def _fmt(f: dict) -> str:
+def format_figures(f: dict) -> str:
+    """One line of a variant's ranking figures (:func:`ranking_figures`): max / mean |ΔM|, top-1, tau and the gate verdict."""
     m = "non-finite" if f["nonfinite"] else f"max|ΔM| {f['max_abs_dM']:.3g} mean {f['mean_abs_dM']:.3g}"
     g = f.get("gate") or {}
     reg = g.get("regret_p95")
@@ -187,7 +190,7 @@ class VariantRunner:
         batches: encoded slates (one :class:`hllm.runtime.prompt.Batch` each). calibration: feed dicts (int8).
         threads: engine threads. smooth_quant_alpha: int8 only (None = NNCF default, < 0 = off).
         bf16_runner: bf16 only: ``openvino`` (real bf16 kernels), ``emulate`` (ONNX Runtime, any CPU) or
-            ``auto`` (:func:`hllm.calibration.bf16_islands.bf16_runner`).
+            ``auto`` (:func:`hllm.calibration.precision_search.bf16_islands.bf16_runner`).
     Raises: EngineError (real bf16 asked on a CPU without bf16 instructions; a flavour the target cannot use).
     """
 
@@ -198,7 +201,7 @@ class VariantRunner:
         self.meta = read_export(export_dir)
         self.bf16 = None
         if target == Precision.BF16:  # typed bf16 graph: OpenVINO on a bf16 CPU, the exact emulation elsewhere
-            from hllm.calibration.bf16_islands import Bf16Variants
+            from hllm.calibration.precision_search.bf16_islands import Bf16Variants
 
             self.bf16 = Bf16Variants(export_dir, batches, bf16_runner, threads)
         if target == Precision.INT8 and (self.meta.flavour != "standard" or calibration is None):
@@ -244,7 +247,8 @@ class VariantRunner:
                                                   intra_op_threads=self.threads or 0, context=ctx))
 
         d = self.tmp / f"int8-{self.built}"
-        quantize_openvino(self.meta.root, d, self.calibration, keep_float=keep, smooth_quant_alpha=self.alpha)
+        NNCF_INT8.build(self.meta.root, d, RecipeInputs(feeds=self.calibration, keep_float=tuple(keep),
+                                                        smooth_quant_alpha=self.alpha))
         try:
             return self._scores(open_engine(resolve(d), threads=self.threads))
         finally:

@@ -6,11 +6,11 @@ Steps (each a function below, the CLI only parses options and prints):
    (:mod:`hllm.calibration.data`); refused when it overlaps the gate's evaluation slates.
 2. :func:`fp32_reference` — the FP32 export's score matrices on the evaluation slates, computed once
    (optionally cached in an ``.npz`` keyed by the graph's sha256).
-3. :class:`Attempts` — one quantize (:func:`hllm.calibration.quantize.quantize_export`) + gate
+3. :class:`Attempts` — one quantize (:func:`hllm.calibration.recipes.quantize.quantize_export`) + gate
    (:func:`hllm.verify.sequential.run_gate`) per set of parts kept in float; with ``auto`` the
-   :func:`hllm.calibration.parts.sensitivity_ladder` adds parts one at a time
-   (:func:`hllm.calibration.quantize.auto_exclude`) until the gate passes.
-4. Optional interleaved speed run against FP32 (:func:`hllm.calibration.speed.compare_speed`).
+   :func:`hllm.calibration.recipes.parts.sensitivity_ladder` adds parts one at a time
+   (:func:`hllm.calibration.recipes.quantize.auto_exclude`) until the gate passes.
+4. Optional interleaved speed run against FP32 (:func:`hllm.calibration.selection.speed.compare_speed`).
 5. The candidate directory is promoted to ``out_dir`` if it passed, else to ``out_dir.FAILED``, with
    ``calibration_report.json`` and (when drawn here) the calibration set inside it.
 """
@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hllm.calibration.data import build_calibration_set
-from hllm.calibration.options import NothingToQuantize, QuantOptions
-from hllm.calibration.ort_quantize import calibration_ranges
-from hllm.calibration.parts import sensitivity_ladder
-from hllm.calibration.quantize import auto_exclude, quantize_export
-from hllm.calibration.speed import compare_speed
+from hllm.calibration.recipes.options import NothingToQuantize, QuantOptions
+from hllm.calibration.recipes.ort_quantize import calibration_ranges
+from hllm.calibration.recipes.parts import sensitivity_ladder
+from hllm.calibration.recipes.quantize import auto_exclude
+from hllm.calibration.recipes.recipe import RecipeInputs, recipe_for_options
+from hllm.calibration.selection.speed import compare_speed
 from hllm.errors import SlateError
 from hllm.extras import optional
-from hllm.files import _staging_prefix, atomic_write_json, promote_dir
+from hllm.files import staging_prefix, atomic_write_json, promote_dir
 from hllm.formats.calibration_report import REPORT_NAME, CalibrationResult
 from hllm.formats.calibration_set import load_calibration_set
 from hllm.formats.precision import Precision
@@ -243,7 +244,7 @@ def gate_line(d: dict) -> str:
 class Attempts:
     """Quantize + gate variants of one run into a staging directory; remembers each gate report.
 
-    ``attempt(parts)`` → ``(passed, record)`` is the callable :func:`hllm.calibration.quantize.auto_exclude`
+    ``attempt(parts)`` → ``(passed, record)`` is the callable :func:`hllm.calibration.recipes.quantize.auto_exclude`
     drives. ``reports[parts]`` holds the gate dict of every variant that produced a graph.
     """
 
@@ -259,22 +260,23 @@ class Attempts:
         req, o = self.req, self.req.options
         opts = QuantOptions(**{**o.__dict__, "exclude": tuple(parts)})
         self.say(f"quantizing ({o.backend} {o.precision}, kept in float: {', '.join(parts) or 'nothing'})")
-        try:
-            res = quantize_export(req.export_dir, self.staging, opts, req.calibration,
-                                  cache_path=self.cache if o.backend == "ort-static" else None)
+        try:  # the run's one recipe, built with this try's exclusions
+            meta = recipe_for_options(opts).build(req.export_dir, self.staging,
+                                                  RecipeInputs(req.calibration, opts, cache_path=self.cache))
         except NothingToQuantize as e:
             if not req.auto:
                 raise
             self.say(f"excluding {', '.join(parts) or 'nothing'} leaves nothing to quantize: stopping")
             return False, {"error": str(e), "stop": True}
-        self.say(f"quantized {res.summary['quantized_nodes']} nodes, {len(res.excluded_nodes)} kept in float "
-                 f"({res.seconds:.0f} s)")
+        q = meta.raw["quantization"]
+        self.say(f"quantized {q['summary']['quantized_nodes']} nodes, {len(q['excluded_nodes'])} kept in float "
+                 f"({q['seconds']:.0f} s)")
         advance = self.progress(f"gate ({o.precision}) on eval slates", len(req.eval_slates))
         rep = run_gate(self.ref_scores, self.staging, req.eval_slates, req.thresholds,
                        req.calibration.slate_ids if req.calibration is not None else (),
                        on_progress=advance, threads=req.threads, fail_fast=True)
-        d = {**rep.to_dict(), "quantized_nodes": res.summary["quantized_nodes"],
-             "kept_float_nodes": len(res.excluded_nodes)}
+        d = {**rep.to_dict(), "quantized_nodes": q["summary"]["quantized_nodes"],
+             "kept_float_nodes": len(q["excluded_nodes"])}
         self.reports[tuple(parts)] = d
         self.say(gate_line(d))
         return rep.passed, {k: d[k] for k in ("top1_agreement", "kendall_tau_mean", "recall@10_delta",
@@ -316,7 +318,7 @@ def calibrate(req: CalibrateRequest, say: Say = _quiet, progress: Progress = _no
     out = Path(req.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # this run's own names (pid, start time, random part): parallel runs of one OUT_DIR never collide
-    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".tmp", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent))
     cache = staging.with_name(staging.name[:-4] + "-calib-cache.json")
     try:
         attempts = Attempts(req, ref, staging, cache, say, progress)

@@ -1,4 +1,4 @@
-"""The ranking validation NNCF's accuracy control runs (:mod:`hllm.calibration.accuracy_control`): one slate is
+"""The ranking validation NNCF's accuracy control runs (:mod:`hllm.calibration.recipes.accuracy_control`): one slate is
 one item, its value a ranking quality of that slate.
 
 NNCF's ``quantize_with_accuracy_control`` quantizes the whole graph, then reverts groups of quantizers to

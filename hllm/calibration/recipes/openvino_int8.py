@@ -6,7 +6,7 @@ calibration inputs, and for transformer models first applies SmoothQuant (Xiao e
 Accurate and Efficient Post-Training Quantization for Large Language Models", §4): activation outlier
 channels are divided by ``s_j = max|X_j|^α / max|W_j|^(1-α)`` and the following weights multiplied by it,
 which is exact in real arithmetic and moves the quantization difficulty from activations to weights.
-Parts named in ``keep_float`` (module paths or parts as :func:`hllm.calibration.parts.nodes_in_part`
+Parts named in ``keep_float`` (module paths or parts as :func:`hllm.calibration.recipes.parts.nodes_in_part`
 resolves them, e.g. ``backbone.layers.11.mlp.down_proj``, ``block:11``, ``head``) go to NNCF's
 ``IgnoredScope`` and stay fp32.
 
@@ -16,7 +16,7 @@ kept uncompressed), and ``export.json`` with ``precision: int8``, ``engine: open
 ``openvino: {ir, inference_precision}`` and ``quantization`` (what was done, for ``hllm info``).
 
 INT8 with NNCF's accuracy control (quantizers reverted to float until the rankings are good enough):
-:mod:`hllm.calibration.accuracy_control`.
+:mod:`hllm.calibration.recipes.accuracy_control`.
 
 Sources: NNCF post-training quantization, https://docs.openvino.ai/2026/openvino-workflow/model-optimization-guide/quantizing-models-post-training/basic-quantization-flow.html ;
 ``nncf.IgnoredScope``, ``nncf.AdvancedSmoothQuantParameters`` (NNCF API reference).
@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from hllm.calibration.data import choose_slates
-from hllm.calibration.parts import nodes_in_part
+from hllm.calibration.recipes.parts import nodes_in_part
 from hllm.engines.openvino import no_signal_stack_after_compile
 from hllm.errors import EngineError
+from hllm.extras import quiet_telemetry
 from hllm.files import copy_files
-from hllm.formats.export import read_export, write_export
+from hllm.formats.export import ExportChange, OpenVinoSettings, derive_export, read_export
 from hllm.formats.graph import input_names, sidecar_reads_context
 from hllm.formats.precision import Precision
 
@@ -53,6 +54,7 @@ def nncf_output_to_stderr() -> Iterator[None]:
     ``nncf.common.logging.logger``). stdout stays free for the data a command prints (``--json``, ``-o -``).
     Restores both on exit; a file handler added to the ``nncf`` logger is left alone.
     """
+    quiet_telemetry()  # before NNCF and OpenVINO load (their telemetry)
     with contextlib.redirect_stdout(sys.stderr):
         import nncf  # noqa: F401 - what it prints while importing goes to stderr too; its logger exists from here on
 
@@ -83,7 +85,7 @@ def nncf_input(export_dir, out_dir):
 def ignored_node_names(onnx_path: Path, keep_float: Sequence[str]) -> list[str]:
     """ONNX node names of the parts to keep in fp32 (OpenVINO's ONNX frontend keeps them as op names).
 
-    Raises: EngineError for a part that matches no node (:func:`hllm.calibration.parts.nodes_in_part`).
+    Raises: EngineError for a part that matches no node (:func:`hllm.calibration.recipes.parts.nodes_in_part`).
     """
     if not keep_float:
         return []
@@ -174,7 +176,8 @@ def fake_quantize_count(model) -> int:
     return sum(op.get_type_name() == "FakeQuantize" for op in model.get_ops())
 
 
-def write_int8_export(meta, model, out: Path, record: dict, inference_precision: str = "f32") -> None:
+def write_int8_export(meta, model, out: Path, record: dict, inference_precision: str = "f32", ir_name: str = IR_NAME,
+                      dynamic_group_size: int | None = None) -> None:
     """Write the quantized OpenVINO ``model`` as the new export directory ``out``: the FP32 export's files,
     ``model_int8.xml`` / ``.bin`` (weights uncompressed) and a sidecar with ``precision: int8``,
     ``engine: openvino``, ``openvino: {ir, inference_precision}`` and ``quantization: record``. Written
@@ -185,6 +188,8 @@ def write_int8_export(meta, model, out: Path, record: dict, inference_precision:
         out: the new directory (must not exist). record: what was done (for ``hllm info``).
         inference_precision: the CPU plugin's hint for the ops left in float: ``f32`` or ``bf16``
             (:func:`hllm.engines.openvino.check_inference_precision`).
+        ir_name: the IR file name. dynamic_group_size: the CPU plugin's ``DYNAMIC_QUANTIZATION_GROUP_SIZE``
+            the engine compiles with (None = not set).
     Raises: EngineError if ``out`` exists; OSError from writing.
     """
     import openvino as ov
@@ -195,11 +200,11 @@ def write_int8_export(meta, model, out: Path, record: dict, inference_precision:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        ov.save_model(model, str(staging / IR_NAME), compress_to_fp16=False)
+        ov.save_model(model, str(staging / ir_name), compress_to_fp16=False)
         copy_files(meta.root, staging, skip=("export.json",))
-        raw = {**meta.raw, "precision": "int8", "engine": "openvino", "quantization": record,
-               "openvino": {"ir": IR_NAME, "inference_precision": inference_precision}}
-        write_export(staging, raw)
+        derive_export(meta, staging, ExportChange(precision="int8", engine="openvino", quantization=record,
+                                                  openvino=OpenVinoSettings(ir_name, inference_precision,
+                                                                            dynamic_group_size)))
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -3,8 +3,8 @@
 (:func:`build_candidate`) and ``hllm debug precision --precision int8`` (:func:`debug_int8`).
 
 ``nncf.quantize_with_accuracy_control`` (NNCF docs, "Quantization with accuracy control") quantizes every
-MatMul as :func:`hllm.calibration.openvino_int8.quantize_openvino` does, then reverts quantizer groups to float
-until the ranking quality of :class:`hllm.calibration.ranking_validation.RankingValidation` has dropped by at
+MatMul as :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino` does, then reverts quantizer groups to float
+until the ranking quality of :class:`hllm.calibration.recipes.ranking_validation.RankingValidation` has dropped by at
 most ``max_drop``.
 """
 
@@ -18,10 +18,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from hllm.calibration.openvino_int8 import (IR_NAME, checked_feeds, fake_quantize_count, ignored_node_names, nncf_input,
+from hllm.calibration.recipes.openvino_int8 import (IR_NAME, checked_feeds, fake_quantize_count, ignored_node_names, nncf_input,
                                             nncf_output_to_stderr, write_int8_export)
-from hllm.calibration.precision_debug import ranking_figures
-from hllm.calibration.ranking_validation import (VALIDATION_METRICS, RankingValidation, SearchBudgetExceeded,
+from hllm.calibration.precision_search.precision_debug import ranking_figures
+from hllm.calibration.recipes.ranking_validation import (VALIDATION_METRICS, RankingValidation, SearchBudgetExceeded,
                                                  encode_slates, max_drop_for)
 from hllm.engines.openvino import check_inference_precision, no_signal_stack_after_compile
 from hllm.errors import EngineError
@@ -105,25 +105,25 @@ def quantize_with_accuracy_control(
     """INT8 of the FP32 ``standard`` export with NNCF's accuracy control, judged by rankings; writes ``out_dir``.
 
     ``nncf.quantize_with_accuracy_control`` (transformer model type, SmoothQuant as in
-    :func:`~hllm.calibration.openvino_int8.quantize_openvino`) quantizes every MatMul, then reverts quantizer groups to float one at a
-    time, most harmful first, until the :class:`~hllm.calibration.ranking_validation.RankingValidation` aggregate of ``metric`` on the
+    :func:`~hllm.calibration.recipes.openvino_int8.quantize_openvino`) quantizes every MatMul, then reverts quantizer groups to float one at a
+    time, most harmful first, until the :class:`~hllm.calibration.recipes.ranking_validation.RankingValidation` aggregate of ``metric`` on the
     ``validation`` slates is within ``max_drop`` (absolute) of the float model's, or ``max_reverted``
     groups are reverted, or none is left. NNCF validates in f32 (its own compile); ``inference_precision``
     ``bf16`` only sets the hint the written export runs with (the ops left in float then run in bf16).
 
     Args:
         export_dir: an FP32 export of flavour ``standard``. out_dir: the new export (must not exist).
-        calibration: feed dicts (:func:`hllm.calibration.openvino_int8.calibration_feeds`) for the activation ranges.
+        calibration: feed dicts (:func:`hllm.calibration.recipes.openvino_int8.calibration_feeds`) for the activation ranges.
         validation: slates NNCF validates on (labelled for ``auc`` / ``ndcg@10``); keep them apart from the
             slates that judge the result and from the calibration slates.
-        metric: the per-slate quality (:data:`~hllm.calibration.ranking_validation.VALIDATION_METRICS`). max_drop: absolute drop allowed
-            (default :func:`~hllm.calibration.ranking_validation.max_drop_for` of ``thresholds``). reference: FP32 scores of the validation slates
+        metric: the per-slate quality (:data:`~hllm.calibration.recipes.ranking_validation.VALIDATION_METRICS`). max_drop: absolute drop allowed
+            (default :func:`~hllm.calibration.recipes.ranking_validation.max_drop_for` of ``thresholds``). reference: FP32 scores of the validation slates
             (default: the float model's scores in NNCF's first validation, OpenVINO f32). ranking_subset: slates NNCF ranks groups on.
         max_reverted: most groups reverted (None = no limit). inference_precision: ``f32`` or ``bf16``.
         budget_s: seconds the search may take from the start (None = no limit); past it NNCF is stopped with
-            the model as it stands (:class:`~hllm.calibration.ranking_validation.RankingValidation` ``deadline``; ``out_of_time`` in the record), or,
+            the model as it stands (:class:`~hllm.calibration.recipes.ranking_validation.RankingValidation` ``deadline``; ``out_of_time`` in the record), or,
             with ``on_budget="raise"``, raises EngineError at once (no INT8 export is written).
-        keep_float / smooth_quant_alpha: as :func:`~hllm.calibration.openvino_int8.quantize_openvino`. say: progress messages.
+        keep_float / smooth_quant_alpha: as :func:`~hllm.calibration.recipes.openvino_int8.quantize_openvino`. say: progress messages.
     Returns: the ``quantization`` record written into the sidecar, with ``accuracy_control``: metric,
         max_drop, validation slates, the float / fully quantized / final aggregates (``trace``: every full
         validation in order), quantizer groups found and reverted, the reverted operations and quantizers
@@ -218,7 +218,7 @@ def build_candidate(export_dir, dst, calibration, validation: Sequence[dict], th
                     inference_precision: str = "f32", settings: dict | None = None, say=lambda m: None) -> dict:
     """The ``openvino-int8`` / ``openvino-int8-bf16`` candidate of ``calibrate --backend auto``:
     :func:`quantize_with_accuracy_control` with :data:`CANDIDATE_SETTINGS` (overridden by ``settings``),
-    ``max_drop`` from the gate ``thresholds`` (:func:`~hllm.calibration.ranking_validation.max_drop_for`), NNCF's validation on the first gate
+    ``max_drop`` from the gate ``thresholds`` (:func:`~hllm.calibration.recipes.ranking_validation.max_drop_for`), NNCF's validation on the first gate
     slates cut short (:func:`cut_slate`; their FP32 reference is NNCF's own float pass). When ``dst``'s
     sibling ``openvino-int8`` already holds the f32 candidate, the bf16 one reuses its IR with the bf16
     hint instead of searching again (the search runs in f32 either way).
@@ -249,17 +249,17 @@ def debug_int8(export_dir, slates: Sequence[dict], reference: Sequence[np.ndarra
                run_export, tmp: Path, say=lambda m: None) -> dict:
     """``hllm debug precision --precision int8``: the same route as the ``openvino-int8`` candidate —
     :func:`quantize_with_accuracy_control` on ``slates`` (whole, with their FP32 ``reference``), metric
-    regret, ``max_drop`` from ``settings.gate`` (:func:`~hllm.calibration.ranking_validation.max_drop_for`), no limit on the groups reverted.
+    regret, ``max_drop`` from ``settings.gate`` (:func:`~hllm.calibration.recipes.ranking_validation.max_drop_for`), no limit on the groups reverted.
 
     Args:
         slates / reference: the debugged slates and the FP32 export's scores on them (one ``[n_i, K]`` each).
-        calibration: feed dicts. settings: :class:`hllm.calibration.precision_debug.DebugSettings`.
+        calibration: feed dicts. settings: :class:`hllm.calibration.precision_search.precision_debug.DebugSettings`.
         run_export: export dir → its score matrices on ``slates`` (the final INT8 graph is run once).
         tmp: a scratch directory (the INT8 export is written inside it).
     Returns: ``{baseline, islands, islands_figures, passed, accuracy_control, criteria}`` — ``islands``: the
-        ONNX node names NNCF reverted to float (``keep_float`` of :func:`~hllm.calibration.openvino_int8.quantize_openvino` accepts them);
+        ONNX node names NNCF reverted to float (``keep_float`` of :func:`~hllm.calibration.recipes.openvino_int8.quantize_openvino` accepts them);
         ``baseline``: the fully quantized graph's aggregate; ``islands_figures``: the final graph's
-        :func:`hllm.calibration.precision_debug.ranking_figures`, ``passed`` by ``settings.passes``.
+        :func:`hllm.calibration.precision_search.precision_debug.ranking_figures`, ``passed`` by ``settings.passes``.
     Raises: EngineError / SlateError as :func:`quantize_with_accuracy_control`.
     """
     d = Path(tmp) / "int8-accuracy-control"

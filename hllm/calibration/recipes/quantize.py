@@ -1,9 +1,9 @@
 """One quantized export: quantize an exported hLLM ONNX graph into a new export directory, and the search
 that keeps parts in float until the ranking gate passes.
 
-The pieces: :mod:`hllm.calibration.options` (what to quantize and how, the backends), :mod:`hllm.calibration.parts`
-(graph parts kept in float, the quantized graph's summary), :mod:`hllm.calibration.ort_quantize` (ONNX Runtime
-INT8: static, dynamic, weight-only) and :mod:`hllm.calibration.modelopt_ptq` (ModelOpt INT8 / FP8 Q/DQ for
+The pieces: :mod:`hllm.calibration.recipes.options` (what to quantize and how, the backends), :mod:`hllm.calibration.recipes.parts`
+(graph parts kept in float, the quantized graph's summary), :mod:`hllm.calibration.recipes.ort_quantize` (ONNX Runtime
+INT8: static, dynamic, weight-only) and :mod:`hllm.calibration.recipes.modelopt_ptq` (ModelOpt INT8 / FP8 Q/DQ for
 TensorRT).
 """
 
@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from hllm.calibration.modelopt_ptq import quantize_modelopt
-from hllm.calibration.options import NothingToQuantize, QuantOptions
-from hllm.calibration.ort_quantize import quantize_ort, source_view
-from hllm.calibration.parts import activation_matmuls, excluded_nodes, float_ops_fed_by_quantized, qdq_summary
+from hllm.calibration.recipes.modelopt_ptq import quantize_modelopt
+from hllm.calibration.recipes.options import NothingToQuantize, QuantOptions
+from hllm.calibration.recipes.ort_quantize import quantize_ort, source_view
+from hllm.calibration.recipes.parts import activation_matmuls, excluded_nodes, float_ops_fed_by_quantized, qdq_summary
 from hllm.errors import EngineError, ExportError
 from hllm.files import atomic_dir
-from hllm.formats.export import graph_bytes, read_export, write_export
+from hllm.formats.export import ExportChange, derive_export, read_export
 from hllm.formats.precision import Precision
-from hllm.reading import sha256_file
 
 
 @dataclass
@@ -35,7 +34,7 @@ class QuantResult:
         out_dir: the export directory (loadable by ``Ranker.from_path``).
         excluded_nodes: node names kept in float.
         excluded_parts: the part names that produced them.
-        summary: :func:`hllm.calibration.parts.qdq_summary` of the written graph.
+        summary: :func:`hllm.calibration.recipes.parts.qdq_summary` of the written graph.
         seconds: wall time of the quantization step.
     """
 
@@ -118,9 +117,8 @@ def quantize_export(
         if calib is not None:
             q["calibration"] = {k: calib.meta.get(k) for k in
                                 ("source", "source_sha256", "seed", "count", "batch_size", "data_sha256")}
-        new_meta = {**meta, "onnx": "model.onnx", "tokenizer": "tokenizer.json", "precision": str(options.precision),
-                    "onnx_sha256": sha256_file(dst), "onnx_bytes": graph_bytes(dst), "quantization": q}
-        write_export(tmp, new_meta)
+        derive_export(exp, tmp, ExportChange(precision=options.precision, quantization=q, graph=dst.name,
+                                             extra={"tokenizer": "tokenizer.json"}))
     return QuantResult(Path(out_dir), exclude, list(options.exclude), summary, seconds, options.to_dict())
 
 
@@ -135,7 +133,7 @@ def auto_exclude(
     Args:
         attempt: callable(excluded parts) → (passed, record); quantizes and gates one variant. A record
             with ``"stop": True`` ends the search (e.g. nothing left to quantize).
-        ladder: parts in the order to exclude (see :func:`hllm.calibration.parts.sensitivity_ladder`).
+        ladder: parts in the order to exclude (see :func:`hllm.calibration.recipes.parts.sensitivity_ladder`).
         start: parts excluded in every try.
         max_tries: at most this many attempts (the first has only ``start``).
     Returns: (passed, the excluded parts of the passing try, else of the last try that was evaluated

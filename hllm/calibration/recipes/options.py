@@ -1,7 +1,7 @@
 """What to quantize and how: the options of ``hllm calibrate`` and the checks that refuse bad ones.
 
-Backends (sources; the quantizers are :mod:`hllm.calibration.ort_quantize` and
-:mod:`hllm.calibration.modelopt_ptq`):
+Backends (sources; the quantizers are :mod:`hllm.calibration.recipes.ort_quantize` and
+:mod:`hllm.calibration.recipes.modelopt_ptq`):
 
 * ``ort-static`` — :func:`onnxruntime.quantization.quantize_static`, QDQ format, activation ranges
   from a :class:`hllm.formats.calibration_set.CalibrationSet` (MinMax), per-channel weights, optional
@@ -70,7 +70,7 @@ class QuantOptions:
         reduce_range: 7-bit weights (ORT; AVX2 without VNNI).
         activation_type: ``uint8`` (default, ORT x86 U8S8) or ``int8`` (ORT static only).
         op_types: op types to quantize.
-        exclude: part names kept in float (:mod:`hllm.calibration.parts`).
+        exclude: part names kept in float (:mod:`hllm.calibration.recipes.parts`).
         exclude_nodes: extra node names kept in float.
         calibrate_method: ``minmax`` (ORT) / ``max`` (ModelOpt), or ``entropy``, ``percentile``.
         block_size: ``ort-weight-only``: weights sharing one scale along the reduction axis: 16, 32,

@@ -1,13 +1,13 @@
 """ONNX Runtime INT8 quantizers: static QDQ, dynamic and weight-only ``MatMulNBits`` (backends in
-:mod:`hllm.calibration.options`).
+:mod:`hllm.calibration.recipes.options`).
 
 The fused ``ort-cpu`` graph (:mod:`hllm.exporter.fusion`) is quantized the same way as the standard one: its
-contrib ops (:data:`hllm.calibration.options.FLOAT_OPS`: ``GroupQueryAttention``, ``MultiHeadAttention``,
+contrib ops (:data:`hllm.calibration.recipes.options.FLOAT_OPS`: ``GroupQueryAttention``, ``MultiHeadAttention``,
 ``RotaryEmbedding``, the ``(Skip)SimplifiedLayerNormalization`` norms) have no INT8 kernel, and ONNX Runtime's
 quantizer only touches the op types it is given (``op_types_to_quantize``; an op type outside its QDQ registry
 would get Q/DQ pairs around a float kernel, ``onnxruntime/python/tools/quantization/registry.py``), so they
 are refused as op types and checked afterwards
-(:func:`hllm.calibration.parts.float_ops_fed_by_quantized`). In static QDQ mode ORT also quantizes each
+(:func:`hllm.calibration.recipes.parts.float_ops_fed_by_quantized`). In static QDQ mode ORT also quantizes each
 MatMul's *output* unless told otherwise, which would round the q/k/v inputs of GroupQueryAttention and the
 residual branches to 8 bits; ``OpTypesToExcludeOutputQuantization`` keeps them float, and ONNX Runtime runs
 ``DQ → MatMul`` as ``MatMulIntegerToFloat`` (u8×s8 integer GEMM, float output) instead of ``QLinearMatMul``
@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from hllm.calibration.options import QuantOptions
+from hllm.calibration.recipes.options import QuantOptions
 from hllm.errors import EngineError, HllmError
 from hllm.formats.graph import feed_dict
 
