@@ -53,12 +53,10 @@ def serve_cmd(
     import logging
 
     from hllm.runtime import Ranker
-    from hllm.serve.admin import ADMIN_ENV_VAR, AdminOptions, check_admin_keys
     from hllm.serve.app import ServeOptions, create_app
     from hllm.serve.batching import BatchOptions
-    from hllm.serve.auth import AuthOptions, load_api_keys
     from hllm.serve.models import ServedModel, model_version
-    from hllm.serve.server import bind_socket, is_loopback, run_server
+    from hllm.serve.server import bind_socket, run_server
     from hllm.serve.tls import tls_options
     from hllm.serve.tracing import JsonFormatter
 
@@ -77,21 +75,8 @@ def serve_cmd(
         max_body_bytes=max_body_bytes,
         max_slates_per_request=max_slates_per_request,
     )
-    keys = load_api_keys(api_key, api_key_file)  # a bad key or key file: `error:` and exit 2 (never the key)
-    if keys and no_auth:
-        raise typer.BadParameter("--no-auth with API keys (--api-key, --api-key-file or $HLLM_API_KEYS): choose one")
-    if not keys and not is_loopback(host):
-        if not no_auth:
-            raise typer.BadParameter(f"--host {host} is reachable from other machines and no API key is set: give "
-                                     "--api-key-file / --api-key / $HLLM_API_KEYS, or --no-auth to serve it open")
-        console.print(f"[yellow]warning:[/] binding {host} with --no-auth: anyone who reaches it can call the API")
-    auth = AuthOptions(keys, public_metrics=public_metrics, public_docs=public_docs) if keys else None
-    admin_keys = load_api_keys(admin_api_key, admin_api_key_file, env_var=ADMIN_ENV_VAR, option="--admin-api-key")
-    check_admin_keys(admin_keys, keys)
-    if allow_admin_without_key and not is_loopback(host):
-        raise typer.BadParameter(f"--allow-admin-without-key with --host {host}: allowed on a loopback --host only; "
-                                 "give --admin-api-key-file / --admin-api-key / $HLLM_ADMIN_API_KEYS")
-    admin = AdminOptions(admin_keys, allow_admin_without_key)
+    keys, auth, admin = _access(host, api_key, api_key_file, no_auth, public_metrics, public_docs, admin_api_key,
+                                admin_api_key_file, allow_admin_without_key)
     tls = tls_options(ssl_certfile, ssl_keyfile)
     from hllm.runtime.artefact import resolve
     from hllm.serve.repository import VersionManager, is_repository
@@ -124,16 +109,49 @@ def serve_cmd(
         run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock,
                    tls=tls)
     except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out
-        shed = application.state.hllm.shed
-        if not application.state.hllm.served:  # stopped before the engine was ever ready: start-up interrupted
-            console.print("terminated (SIGTERM) while starting: the engine was still loading")
-            raise typer.Exit(EXIT_SIGTERM) from None
-        if not shed:  # every accepted request was answered: a clean stop, exit 0
-            console.print("stopped (SIGTERM): in-flight requests were drained")
-            return
-        console.print(f"stopped (SIGTERM): the graceful timeout of {graceful_timeout:g} s expired; {shed} in-flight "
-                      "requests were answered 503 (Retry-After) instead of their rankings")
+        _stopped(application.state.hllm, graceful_timeout)
+
+
+def _access(host, api_key, api_key_file, no_auth, public_metrics, public_docs, admin_api_key, admin_api_key_file,
+            allow_admin_without_key):
+    """``(keys, auth, admin)`` of ``hllm serve``'s key options (:mod:`hllm.serve.auth`, :mod:`hllm.serve.admin`).
+
+    Raises: typer.BadParameter for keys with --no-auth, a non-loopback --host without a key (unless --no-auth),
+        --allow-admin-without-key off loopback; HllmError (exit 2) for a bad key or key file, never echoing a key.
+    """
+    from hllm.serve.admin import ADMIN_ENV_VAR, AdminOptions, check_admin_keys
+    from hllm.serve.auth import AuthOptions, load_api_keys
+    from hllm.serve.server import is_loopback
+
+    keys = load_api_keys(api_key, api_key_file)  # a bad key or key file: `error:` and exit 2 (never the key)
+    if keys and no_auth:
+        raise typer.BadParameter("--no-auth with API keys (--api-key, --api-key-file or $HLLM_API_KEYS): choose one")
+    if not keys and not is_loopback(host):
+        if not no_auth:
+            raise typer.BadParameter(f"--host {host} is reachable from other machines and no API key is set: give "
+                                     "--api-key-file / --api-key / $HLLM_API_KEYS, or --no-auth to serve it open")
+        console.print(f"[yellow]warning:[/] binding {host} with --no-auth: anyone who reaches it can call the API")
+    auth = AuthOptions(keys, public_metrics=public_metrics, public_docs=public_docs) if keys else None
+    admin_keys = load_api_keys(admin_api_key, admin_api_key_file, env_var=ADMIN_ENV_VAR, option="--admin-api-key")
+    check_admin_keys(admin_keys, keys)
+    if allow_admin_without_key and not is_loopback(host):
+        raise typer.BadParameter(f"--allow-admin-without-key with --host {host}: allowed on a loopback --host only; "
+                                 "give --admin-api-key-file / --admin-api-key / $HLLM_ADMIN_API_KEYS")
+    return keys, auth, AdminOptions(admin_keys, allow_admin_without_key)
+
+
+def _stopped(state, graceful_timeout: float) -> None:
+    """After SIGTERM: exit 0 when every accepted request was answered; 143 when the engine never got ready
+    (start-up interrupted) or when the graceful timeout answered some 503 (saying how many)."""
+    if not state.served:  # stopped before the engine was ever ready: start-up interrupted
+        console.print("terminated (SIGTERM) while starting: the engine was still loading")
         raise typer.Exit(EXIT_SIGTERM) from None
+    if not state.shed:  # every accepted request was answered: a clean stop, exit 0
+        console.print("stopped (SIGTERM): in-flight requests were drained")
+        return
+    console.print(f"stopped (SIGTERM): the graceful timeout of {graceful_timeout:g} s expired; {state.shed} in-flight "
+                  "requests were answered 503 (Retry-After) instead of their rankings")
+    raise typer.Exit(EXIT_SIGTERM) from None
 
 
 @app.command("loadtest")
