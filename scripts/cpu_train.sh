@@ -19,8 +19,10 @@
 #   whole backbone forward and backward; still resumable).
 # Variables: BACKBONE TRAIN TEACHER LIMIT VAL RANK LORA_LAYERS BATCH EPOCHS STEPS LR SAVE_EVERY PRECISION THREADS
 # OBJECTIVE WORK PYTHON. Only one job per WORK runs at a time (flock on $WORK/cpu_train.lock). LIMIT VAL RANK
-# BATCH STEPS SAVE_EVERY THREADS are whole numbers (LORA_LAYERS too, or 'all'), EPOCHS and LR positive numbers:
-# checked before any use, exit 2 naming the variable.
+# BATCH STEPS SAVE_EVERY THREADS are whole numbers (LORA_LAYERS too, or 'all') within `hllm train`'s bounds, EPOCHS
+# a positive number (≤ 1000, ≤ 10^7 steps), LR in (0, 1], PRECISION and OBJECTIVE one of hllm train's choices; WORK
+# neither is, holds nor lies inside BACKBONE, TRAIN or a given TEACHER, nor is or holds the checkout, the working
+# directory or HOME. All checked before any use or work, exit 2 naming the variable (scripts/args.sh).
 # Costs on this project's 2 shared cores: docs/training.md ("Where training is fast"), from
 # results/quality/train-precision-speed-cpu.json.
 set -euo pipefail
@@ -32,6 +34,7 @@ PY=${PYTHON:-.venv/bin/python}
 BACKBONE=${BACKBONE:-work/smollm2}
 TRAIN=${TRAIN:-../shared/data/amazon-beauty/train.jsonl.gz}
 WORK=${WORK:-work/cpu_train}
+GIVEN_TEACHER=${TEACHER:-}   # an input where given; by default the script makes it inside WORK
 TEACHER=${TEACHER:-$WORK/teacher.jsonl}
 OBJECTIVE=${OBJECTIVE:-clicks+teacher}
 LIMIT=${LIMIT:-12000}
@@ -47,13 +50,24 @@ THREADS=${THREADS:-2}
 HLLM=("$PY" -m hllm)
 
 PROG=cpu_train
-. "$(dirname "${BASH_SOURCE[0]}")/args.sh"   # die, count, real
-for v in LIMIT RANK BATCH SAVE_EVERY THREADS; do count "$v"; done
-count VAL 0
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/args.sh"   # die, count, real, one_of, steps_of, apart and the bounds
+count LIMIT; count RANK 1 "$MAX_RANK"; count BATCH 1 "$MAX_BATCH"; count SAVE_EVERY 1 "$MAX_SAVE_EVERY"
+count THREADS 1 "$(max_threads)"
+count VAL 0 "$MAX_VAL"
 (( VAL < LIMIT )) || die "VAL ($VAL validation slates) must be below LIMIT ($LIMIT)"
-[[ -z ${STEPS:-} ]] || count STEPS
+[[ -z ${STEPS:-} ]] || count STEPS 1 "$MAX_STEPS"
 [[ $LORA_LAYERS == all ]] || count LORA_LAYERS
-real EPOCHS; real LR
+real EPOCHS "$MAX_EPOCHS"; real LR "$MAX_LR"
+one_of PRECISION auto fp32 bf16
+one_of OBJECTIVE clicks teacher clicks+teacher
+if [[ -z ${STEPS:-} ]]; then   # EPOCHS passes over the LIMIT-VAL training slates
+  STEPS=$(steps_of "$LIMIT" "$VAL" "$EPOCHS" "$BATCH")
+  [[ $STEPS =~ ^[0-9]{1,9}$ ]] && (( STEPS <= MAX_STEPS )) \
+    || die "EPOCHS=$EPOCHS over $(( LIMIT - VAL )) slates in batches of $BATCH makes $STEPS steps, over $MAX_STEPS"
+fi
+TEACHER_IN=; [[ -n $GIVEN_TEACHER ]] && TEACHER_IN=TEACHER
+apart WORK "BACKBONE TRAIN $TEACHER_IN" "REPO PWD HOME"
 
 [[ -f $BACKBONE/config.json ]] || { echo "cpu_train: backbone not found: $BACKBONE (hllm convert-gguf $BACKBONE)" >&2; exit 2; }
 N_LAYERS=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$BACKBONE/config.json") \
@@ -82,10 +96,6 @@ mkdir -p "$WORK"
 exec 9> "$WORK/cpu_train.lock"
 flock -n 9 || { echo "cpu_train: another run holds $WORK/cpu_train.lock" >&2; exit 2; }
 echo "cpu_train: $(date -u +%FT%TZ) run: $LIMIT slates, LoRA r=$RANK on ${LORA_LAYERS} layer(s), precision $PRECISION"
-if [[ -z ${STEPS:-} ]]; then   # values as argv, never pasted into the code
-  STEPS=$("$PY" -c "import math,sys; l, v, e, b = sys.argv[1:]; print(max(1, math.ceil((int(l) - int(v)) * float(e) / int(b))))" \
-    "$LIMIT" "$VAL" "$EPOCHS" "$BATCH") || die "cannot compute STEPS with $PY"
-fi
 TEACH=()
 if [[ $OBJECTIVE != clicks ]]; then
   [[ -f $TEACHER ]] || "${HLLM[@]}" teacher minilm -s "$TRAIN" -o "$TEACHER" --kind embedding --agg max --limit "$LIMIT"

@@ -34,7 +34,9 @@
 # hllm.json's backbone path is relative to $WORK/ckpt: point it at your backbone where you use the checkpoint.
 # WORK (PLAN_WORK for --plan, which replaces it) must be new, empty, or made by this script (it writes a
 # .gpu_train-work marker there), and hold none of TRAIN, BACKBONE, TEACHER, the checkout or $HOME: else exit 2.
-# LIMIT VAL RANK BATCH are whole numbers, EPOCHS and LR positive numbers, checked before any use (exit 2).
+# OUT neither is, holds nor lies inside TRAIN, BACKBONE or TEACHER, nor is or holds the checkout or $HOME.
+# LIMIT VAL RANK BATCH are whole numbers within `hllm train`'s bounds, EPOCHS a positive number (≤ 1000, ≤ 10^7
+# steps), LR in (0, 1]: checked before any use or work (exit 2 naming the variable; scripts/args.sh).
 set -euo pipefail
 
 MODE=gpu
@@ -65,17 +67,10 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 MARKER=.gpu_train-work   # written into every work folder this script makes; only such a folder is ever deleted
 
 PROG=gpu_train
-. "$(dirname "${BASH_SOURCE[0]}")/args.sh"   # die, count, real
+. "$(dirname "${BASH_SOURCE[0]}")/args.sh"   # die, count, real, steps_of, apart and the bounds
 work_dir() {   # VAR: refuse a work folder that holds an input, the checkout or HOME, or that this script did not make
   local d; d=$(realpath -m -- "${!1}")
-  local p name
-  for name in TRAIN BACKBONE TEACHER REPO PWD HOME; do
-    [[ -n ${!name:-} ]] || continue
-    p=$(realpath -m -- "${!name}")
-    [[ $p == "$d" || $p == "$d"/* ]] && die "$1=${!1} holds $name (${!name}); choose a folder of its own"
-  done
-  p=$(realpath -m -- "$BACKBONE")
-  [[ $d == "$p"/* ]] && die "$1=${!1} is inside BACKBONE ($BACKBONE); choose a folder of its own"
+  apart "$1" "TRAIN BACKBONE TEACHER" "REPO PWD HOME"
   if [[ -e $d && ! -f $d/$MARKER ]]; then
     [[ -d $d && -z $(ls -A -- "$d") ]] \
       || die "$1=${!1} exists and was not made by this script (no $MARKER in it); choose a new folder"
@@ -84,10 +79,14 @@ work_dir() {   # VAR: refuse a work folder that holds an input, the checkout or 
 }
 make_work() { mkdir -p -- "$1" && : > "$1/$MARKER"; }
 
-for v in LIMIT RANK BATCH; do count "$v"; done
-count VAL 0
+count LIMIT; count RANK 1 "$MAX_RANK"; count BATCH 1 "$MAX_BATCH"
+count VAL 0 "$MAX_VAL"
 (( VAL < LIMIT )) || die "VAL ($VAL validation slates) must be below LIMIT ($LIMIT)"
-real EPOCHS; real LR
+real EPOCHS "$MAX_EPOCHS"; real LR "$MAX_LR"
+STEPS=$(steps_of "$LIMIT" "$VAL" "$EPOCHS" "$BATCH")   # EPOCHS passes over the LIMIT-VAL training slates
+[[ $STEPS =~ ^[0-9]{1,9}$ ]] && (( STEPS <= MAX_STEPS )) \
+  || die "EPOCHS=$EPOCHS over $(( LIMIT - VAL )) slates in batches of $BATCH makes $STEPS steps, over $MAX_STEPS"
+[[ $MODE != gpu ]] || apart OUT "TRAIN BACKBONE TEACHER" "REPO PWD HOME"
 
 if [[ $MODE == fetch ]]; then   # CPU machine with network; pins from constraints.txt
   mkdir -p "$WHEELS"
@@ -134,8 +133,7 @@ else
   [[ -f $BACKBONE/config.json ]] || $PY -m hllm convert-gguf "$BACKBONE"
 fi
 mkdir -p "$OUT"
-STEPS=$($PY -c "import math,sys; l, v, e, b = sys.argv[1:]; print(max(1, math.ceil((int(l) - int(v)) * float(e) / int(b))))" \
-  "$LIMIT" "$VAL" "$EPOCHS" "$BATCH") || die "cannot compute STEPS with $PY"   # values as argv, not pasted into code
+STEPS=$(steps_of "$LIMIT" "$VAL" "$EPOCHS" "$BATCH")   # --plan replaced the four values above
 $PY scripts/gpu_train.py arithmetic --backbone "$BACKBONE" --slates "$((LIMIT - VAL))" --rank "$RANK" --epochs "$EPOCHS" \
   > "$OUT/arithmetic.json"
 

@@ -4,6 +4,7 @@ and ``scripts/lora_readout_shift.py`` (what a checkpoint's adapter changes)."""
 import ast
 import importlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -181,3 +182,100 @@ def test_docs_cli_md_is_generated_from_the_app():
     assert r.returncode == 0, r.stderr
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     assert "## `hllm rank`" in text and "## `hllm serve`" in text
+
+
+def _checkout(tmp_path, script):
+    """A copy of ``scripts/<script>`` and the argument checks it sources in a checkout of its own under tmp_path,
+    with a stand-in backbone (4 layers), a slates file and a HOME beside it: {name: path}."""
+    co = tmp_path / "checkout"
+    (co / "scripts").mkdir(parents=True)
+    for name in (script, "args.sh"):
+        shutil.copy(ROOT / "scripts" / name, co / "scripts" / name)
+    bb = tmp_path / "bb"
+    bb.mkdir()
+    (bb / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("{}\n")
+    (tmp_path / "home").mkdir()
+    return {"co": co, "bb": bb, "train": data / "train.jsonl", "data": data, "home": tmp_path / "home"}
+
+
+#: (variable settings, the one line it must print after "<script>: "); {bb} {data} {co} {home} name the
+#: stand-ins of _checkout, {tmp} the test's folder.
+RANGES = [
+    ({"LR": "11"}, "LR must be at most 1 (got 11)"),
+    ({"LR": "1.5e0"}, "LR must be at most 1 (got 1.5e0)"),
+    ({"BATCH": "1025"}, "BATCH must be at most 1024 (got 1025)"),
+    ({"RANK": "4097"}, "RANK must be at most 4096 (got 4097)"),
+    ({"VAL": "1000001", "LIMIT": "2000000"}, "VAL must be at most 1000000 (got 1000001)"),
+    ({"EPOCHS": "1001"}, "EPOCHS must be at most 1000 (got 1001)"),
+    ({"EPOCHS": "1000", "LIMIT": "999999", "VAL": "0", "BATCH": "1"},
+     "EPOCHS=1000 over 999999 slates in batches of 1 makes 999999000 steps, over 10000000"),
+]
+CPU_ONLY = [
+    ({"STEPS": "10000001"}, "STEPS must be at most 10000000 (got 10000001)"),
+    ({"SAVE_EVERY": "1000001"}, "SAVE_EVERY must be at most 1000000 (got 1000001)"),
+    ({"THREADS": "999999999"}, "THREADS must be at most"),
+    ({"PRECISION": "fp16"}, "PRECISION must be one of auto fp32 bf16 (got 'fp16')"),
+    ({"OBJECTIVE": "pairs"}, "OBJECTIVE must be one of clicks teacher clicks+teacher (got 'pairs')"),
+    ({"WORK": "{bb}/w"}, "WORK={bb}/w is inside BACKBONE ({bb}); choose a folder of its own"),
+    ({"WORK": "{bb}"}, "WORK={bb} holds BACKBONE ({bb}); choose a folder of its own"),
+    ({"WORK": "{tmp}"}, "WORK={tmp} holds BACKBONE ({bb}); choose a folder of its own"),
+    ({"WORK": "{data}"}, "WORK={data} holds TRAIN ({data}/train.jsonl); choose a folder of its own"),
+    ({"WORK": "{co}"}, "WORK={co} holds REPO ({co}); choose a folder of its own"),
+    ({"WORK": "{home}"}, "WORK={home} holds HOME ({home}); choose a folder of its own"),
+    ({"WORK": "{home}/t", "TEACHER": "{home}/t/teacher.jsonl"},
+     "WORK={home}/t holds TEACHER ({home}/t/teacher.jsonl); choose a folder of its own"),
+]
+
+
+@pytest.mark.parametrize("env,says", RANGES + CPU_ONLY, ids=lambda x: ",".join(x) if isinstance(x, dict) else None)
+def test_cpu_train_refuses_values_out_of_range_and_work_folders_before_any_work(tmp_path, env, says):
+    """scripts/cpu_train.sh run: a value `hllm train` would refuse, or a WORK that is, holds or lies in an input,
+    the checkout or HOME, stops the script with one line naming it and exit 2 before anything is made (no WORK,
+    no features step), where it used to start the features step first."""
+    at = _checkout(tmp_path, "cpu_train.sh")
+    fill = {k: str(v) for k, v in at.items()} | {"tmp": str(tmp_path)}
+    env = {k: v.format(**fill) for k, v in env.items()}
+    base = {**os.environ, "PYTHON": sys.executable, "BACKBONE": str(at["bb"]), "TRAIN": str(at["train"]),
+            "WORK": str(tmp_path / "w"), "OBJECTIVE": "clicks", "HOME": str(at["home"]), "LIMIT": "6", "VAL": "2"}
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    r = subprocess.run(["bash", str(at["co"] / "scripts" / "cpu_train.sh"), "run"], cwd=at["co"], env={**base, **env},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("cpu_train: " + says.format(**fill)), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing made, nothing moved
+
+
+@pytest.mark.parametrize("env,says", RANGES, ids=lambda x: ",".join(x) if isinstance(x, dict) else None)
+def test_gpu_train_plan_refuses_values_out_of_range_before_any_work(tmp_path, env, says):
+    """scripts/gpu_train.sh --plan: the same bounds, checked before the work folder or the tiny model is made."""
+    at = _checkout(tmp_path, "gpu_train.sh")
+    base = {**os.environ, "PYTHON": "/bin/false", "TRAIN": str(at["train"]), "PLAN_WORK": str(tmp_path / "plan"),
+            "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "HOME": str(at["home"])}
+    r = subprocess.run(["bash", str(at["co"] / "scripts" / "gpu_train.sh"), "--plan"], cwd=at["co"],
+                       env={**base, **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("gpu_train: " + says), r.stderr
+    assert not (tmp_path / "plan").exists() and not (tmp_path / "work").exists()
+
+
+def test_gpu_train_out_never_lies_in_an_input(tmp_path):
+    """scripts/gpu_train.sh (a stand-in nvidia-smi and /bin/true for Python): OUT inside the backbone, or OUT
+    holding the slates, is refused naming OUT before the work folder is made, where arithmetic.json and the
+    run's records used to be written into the backbone."""
+    at = _checkout(tmp_path, "gpu_train.sh")
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "nvidia-smi").write_text("#!/bin/sh\necho stub GPU\n")
+    (stub / "nvidia-smi").chmod(0o755)
+    base = {**os.environ, "PYTHON": "/bin/true", "TRAIN": str(at["train"]), "BACKBONE": str(at["bb"]),
+            "TEACHER": str(tmp_path / "teacher.jsonl"), "WORK": str(tmp_path / "work"), "HOME": str(at["home"]),
+            "WHEELS": str(tmp_path / "none"), "PATH": f"{stub}:{os.environ['PATH']}"}
+    for out, says in ((at["bb"] / "out", f"OUT={at['bb']}/out is inside BACKBONE ({at['bb']})"),
+                      (at["data"], f"OUT={at['data']} holds TRAIN ({at['train']})")):
+        r = subprocess.run(["bash", str(at["co"] / "scripts" / "gpu_train.sh")], cwd=at["co"],
+                           env={**base, "OUT": str(out)}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.startswith(f"gpu_train: {says}"), r.stderr
+    assert sorted(p.name for p in at["bb"].iterdir()) == ["config.json"] and not (tmp_path / "work").exists()
+    assert sorted(p.name for p in at["data"].iterdir()) == ["train.jsonl"]

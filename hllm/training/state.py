@@ -217,6 +217,15 @@ def _load_optimizer(tensors: dict, groups, optimizer: torch.optim.Optimizer, d: 
 #: when a state is loaded) and those that are lists of numbers in [0, 1).
 _NON_NEGATIVE = ("lr", "eps", "weight_decay")
 _UNIT = ("betas",)
+#: ``param_groups`` fields checked above (``params``) or set before every step (the learning rate); every other field
+#: (``betas``, ``eps``, ``weight_decay``, ``amsgrad``, ``maximize``, ``capturable``...) must equal the value of the
+#: optimizer built for the resumed run, whose options equal the saved run's.
+_PER_STEP = ("params", "lr")
+
+
+def _plain(v):
+    """``v`` with tuples as lists (torch keeps ``betas`` as a tuple, JSON gives a list)."""
+    return list(v) if isinstance(v, tuple) else v
 
 
 def check_optimizer_state(tensors: dict, groups, optimizer: torch.optim.Optimizer) -> dict[int, dict]:
@@ -228,7 +237,10 @@ def check_optimizer_state(tensors: dict, groups, optimizer: torch.optim.Optimize
     step. Checked here: as many groups as the optimizer; each group's ``params`` exactly the optimizer's
     indices; no field the optimizer does not have (a missing one keeps torch's default); each field of the
     type of the optimizer's value (booleans, finite numbers — ``lr``, ``eps``, ``weight_decay`` ≥ 0 —,
-    lists of as many numbers — ``betas`` in [0, 1) —, null or a boolean where the optimizer has null);
+    lists of as many numbers — ``betas`` in [0, 1) —, null or a boolean where the optimizer has null) and,
+    but ``lr`` (set before every step), equal to it: ``load_state_dict`` replaces the group's settings with the
+    saved ones, so a saved ``amsgrad: true`` failed in the first step (its moment is missing), ``capturable``
+    on the CPU too, and ``maximize``, ``eps``, ``weight_decay`` or ``betas`` silently changed the run;
     tensor keys ``opt/<index>/<name>`` with an index of a parameter, ``step`` one finite number ≥ 0 and the
     other tensors (moments) floating point of the parameter's shape.
     Raises: ValueError naming the field.
@@ -252,6 +264,9 @@ def check_optimizer_state(tensors: dict, groups, optimizer: torch.optim.Optimize
         for k, v in saved.items():
             if k != "params":
                 _check_field(v, now[k], f"{where}.{k}", k)
+            if k not in _PER_STEP and _plain(v) != _plain(now[k]):  # load_state_dict would replace the run's
+                raise ValueError(f"{where}.{k} is {_plain(v)!r}, but this run's optimizer has {_plain(now[k])!r} "
+                                 "(a resumed run keeps its options)")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict] = {}
     for key, t in tensors.items():

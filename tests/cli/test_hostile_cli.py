@@ -5,6 +5,7 @@ hostile benchmark labels and frontiers where every contender was refused."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 

@@ -173,10 +173,20 @@ def test_features_with_every_layer_trained_is_refused(backbones, train_file, tmp
     ("params", "dup", "param_groups[0].params"),
     ("bogus", 1, "param_groups[0] has fields"),
     ("groups", "extra", "param_groups must list 1 group"),
+    # well-typed but not this run's optimizer: amsgrad/capturable failed in the first step (exit 70), the
+    # others silently changed the run (maximize: gradient ascent; eps, weight decay, betas other than its options)
+    ("amsgrad", True, "param_groups[0].amsgrad is True, but this run's optimizer has False"),
+    ("capturable", True, "param_groups[0].capturable is True, but this run's optimizer has False"),
+    ("maximize", True, "param_groups[0].maximize is True, but this run's optimizer has False"),
+    ("decoupled_weight_decay", False, "param_groups[0].decoupled_weight_decay is False, but this run's optimizer has True"),
+    ("eps", 0.0, "param_groups[0].eps is 0.0, but this run's optimizer has 1e-08"),
+    ("weight_decay", 5.0, "param_groups[0].weight_decay is 5.0, but this run's optimizer has 0.0"),
+    ("betas", [0.5, 0.999], "param_groups[0].betas is [0.5, 0.999], but this run's optimizer has [0.9, 0.999]"),
 ])
 def test_resume_refuses_a_corrupt_optimizer_state_naming_the_field(backbones, train_file, tmp_path, field, value,
                                                                     named):
-    """Optimizer.load_state_dict accepted these; the first optimizer step then failed (exit 70)."""
+    """Optimizer.load_state_dict accepted these; the first optimizer step then failed (exit 70), or ran with
+    the saved flags instead of the run's options."""
     from hllm.training.trainer import train
 
     out = tmp_path / "ck"
