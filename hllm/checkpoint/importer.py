@@ -44,6 +44,8 @@ SUBMODULE_ALIASES = ((".self_attn.", ".attn."), (".attn.out_proj.", ".attn.o."),
                      (".linear2.", ".ff2."))
 #: Most tensors a head file may hold (a head has tens; a whole model's state dict is refused by name).
 MAX_HEAD_TENSORS = 100_000
+#: Largest prompt file (bytes): a prompt's fields are a few templates and numbers.
+MAX_PROMPT_BYTES = 1 << 20
 #: Most bytes the kept head tensors may take (a head is tens of MB; a whole model's state dict is cut by prefix).
 MAX_HEAD_BYTES = 1 << 30
 
@@ -249,12 +251,15 @@ def load_prompt(path: str | os.PathLike | None) -> PromptSpec:
         import yaml
 
         try:
-            with open(path, encoding="utf-8") as f:
-                d = yaml.safe_load(f.read(1 << 20))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_PROMPT_BYTES + 1)
+            if len(raw) > MAX_PROMPT_BYTES:  # was cut silently, then failed as a YAML syntax error
+                raise CheckpointError(f"the prompt file {path} is over {MAX_PROMPT_BYTES >> 20} MiB")
+            d = yaml.safe_load(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as e:
             raise CheckpointError(f"cannot read the prompt file {path}: {e}") from None
     else:
-        d = read_json(path, CheckpointError, "cannot read the prompt file {path}: {reason}")
+        d = read_json(path, CheckpointError, "cannot read the prompt file {path}: {reason}", max_bytes=MAX_PROMPT_BYTES)
     try:
         return PromptSpec.from_dict(d)
     except CheckpointError as e:

@@ -220,3 +220,27 @@ def test_bos_token_checked_at_import(team, tmp_path, capsys):
     (tmp_path / "p.json").write_text(json.dumps({"bos_token": "<no-such-token>"}))
     code, _, err = run(_probe_args(bb, tmp_path, hfile, "--prompt", str(tmp_path / "p.json")), capsys)
     assert code == 2 and "<no-such-token>" in err and not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("case", ["yaml_over_limit", "json_huge_template", "budget_over_max_seq"])
+def test_prompt_files_bounded(case, tmp_path):
+    """A YAML prompt over 1 MiB was cut silently and failed as 'unexpected end of stream'; a 3 MB template
+    in JSON was accepted (rendered and tokenised for every candidate); a budget of 10**20 was accepted, and
+    no longer bounded how much of a candidate's text is tokenised."""
+    from hllm.checkpoint.importer import load_prompt
+    from hllm.errors import CheckpointError
+
+    big = "{title}" + "x" * (3 << 20)
+    path, text, want = {
+        "yaml_over_limit": ("p.yaml", f"candidate_template: '{big}'\n", "over 1 MiB"),
+        "json_huge_template": ("p.json", json.dumps({"candidate_template": big}), "limit"),
+        "budget_over_max_seq": ("p.yaml", "candidate_token_budget: 100000000000000000000\n", "over the longest sequence"),
+    }[case]
+    (tmp_path / path).write_text(text)
+    with pytest.raises(CheckpointError, match=want):
+        load_prompt(tmp_path / path)
+    if case == "json_huge_template":
+        from hllm.formats.prompt import PromptSpec
+
+        with pytest.raises(CheckpointError, match="over the limit of 65536"):
+            PromptSpec(candidate_template="{title}" + "x" * 70000)
