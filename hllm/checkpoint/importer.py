@@ -22,6 +22,7 @@ loads strictly and the adapter lands whole (:func:`hllm.model.adapter.attach_ada
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -43,6 +44,10 @@ SUBMODULE_ALIASES = ((".self_attn.", ".attn."), (".attn.out_proj.", ".attn.o."),
                      (".linear2.", ".ff2."))
 #: Most tensors a head file may hold (a head has tens; a whole model's state dict is refused by name).
 MAX_HEAD_TENSORS = 100_000
+#: Largest prompt file (bytes): a prompt's fields are a few templates and numbers.
+MAX_PROMPT_BYTES = 1 << 20
+#: Most bytes the kept head tensors may take (a head is tens of MB; a whole model's state dict is cut by prefix).
+MAX_HEAD_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -60,24 +65,37 @@ class ImportReport:
 
 
 def read_state(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Tensor]:
-    """The tensors of a head file, keys kept as saved. ``.safetensors`` is read with safetensors; other
-    files with ``torch.load(weights_only=True)`` (no pickled code runs); a dict holding its state under
+    """The tensors of a head file, keys kept as saved. ``.safetensors`` is read with safetensors' ``safe_open``
+    (only the tensors kept are read); other files with ``torch.load(weights_only=True)`` (no pickled code
+    runs), memory-mapped when the file is in torch's zip format; a dict holding its state under
     ``state_dict`` or ``model`` is unwrapped. With ``prefix`` only the keys starting with it are kept,
-    the prefix cut (a whole model's state dict, ``--head-prefix head.``).
+    the prefix cut (a whole model's state dict, ``--head-prefix head.``). Memory is bounded by
+    :data:`MAX_HEAD_BYTES` of kept tensors, whatever the file holds besides.
 
-    Raises: CheckpointError: unreadable file, not a dict of tensors, no key with the prefix.
+    Raises: CheckpointError: unreadable file, pickled objects (a whole ``nn.Module``), not a dict of tensors,
+        no key with the prefix, more than :data:`MAX_HEAD_TENSORS` tensors or :data:`MAX_HEAD_BYTES` kept.
     """
+    import pickle
+    import zipfile
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"head weights not found: {path}")
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
+            state = _read_safetensors(path, prefix)
         else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as e:  # safetensors' SafetensorError, pickle's UnpicklingError, zipfile errors, ...
+            zipped = zipfile.is_zipfile(path)
+            if not zipped and path.stat().st_size > MAX_HEAD_BYTES:
+                raise CheckpointError(f"{path} is {path.stat().st_size} bytes in torch's legacy (non-zip) format, over "
+                                      f"the {MAX_HEAD_BYTES >> 20} MiB a head may have (save the head's state dict alone)")
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=zipped)
+    except CheckpointError:
+        raise
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds pickled Python objects, not only tensors (a whole nn.Module, or a class of "
+                              "your code); hllm never unpickles code: save module.state_dict() instead") from None
+    except Exception as e:  # safetensors' SafetensorError, zipfile errors, EOFError of an empty file, ...
         raise CheckpointError(f"cannot read head weights {path} (a safetensors file or a torch.save'd state "
                               f"dict of tensors): {type(e).__name__}: {str(e)[:300]}") from None
     for key in ("state_dict", "model"):
@@ -91,21 +109,58 @@ def read_state(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Ten
         state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if not state:
             raise CheckpointError(f"{path}: no tensor name starts with the head prefix {prefix!r}")
+    _check_bytes(path, {k: v.numel() * v.element_size() for k, v in state.items()})
     return state
+
+
+def _check_bytes(path: Path, sizes: dict[str, int]) -> None:
+    """Refuse head tensors over :data:`MAX_HEAD_BYTES` in all (``sizes``: bytes per key), naming the largest."""
+    total = sum(sizes.values())
+    if total > MAX_HEAD_BYTES:
+        big = max(sizes, key=sizes.get)
+        raise CheckpointError(f"{path}: the head's tensors take {total} bytes (largest {big!r}: {sizes[big]}), over the "
+                              f"{MAX_HEAD_BYTES >> 20} MiB a head may have (a whole model? give --head-prefix)")
+
+
+def _read_safetensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file whose names start with ``prefix`` (all with ``""``), sizes checked
+    from the header before any is read."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        if len(keys) > MAX_HEAD_TENSORS:
+            raise CheckpointError(f"{path} holds {len(keys)} tensors; a head has far fewer")
+        keep = [k for k in keys if k.startswith(prefix)]
+        sizes = {}
+        for k in keep:
+            sl = f.get_slice(k)
+            sizes[k] = math.prod(sl.get_shape()) * _SAFETENSORS_BYTES.get(sl.get_dtype(), 8)
+        _check_bytes(path, sizes)
+        return {k: f.get_tensor(k) for k in keep}
+
+
+#: Bytes per element of safetensors dtypes (unknown ones counted as 8).
+_SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "C64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+                      "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def parse_rules(rules: list[str]) -> list[tuple[str, str]]:
     """``["theirs=ours", ...]`` → ``[(theirs, ours)]``; prefixes of key names, ``ours`` may be empty.
 
-    Raises: CheckpointError for a rule without ``=`` or with an empty left side.
+    Raises: CheckpointError for a rule without ``=``, with an empty left side, or two rules that map the
+        same ``theirs`` to different names (which one was meant is unknowable).
     """
-    out = []
+    out: dict[str, str] = {}
     for r in rules:
         theirs, sep, ours = r.partition("=")
         if not sep or not theirs:
             raise CheckpointError(f"--head-map {r!r}: write THEIRS=OURS (key prefixes, e.g. encoder.layers.=blocks.)")
-        out.append((theirs, ours))
-    return out
+        if out.get(theirs, ours) != ours:
+            raise CheckpointError(f"--head-map rules collide: {theirs}={out[theirs]} and {theirs}={ours} rename the "
+                                  "same keys; give one")
+        out[theirs] = ours
+    return list(out.items())
 
 
 def map_head_state(state: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
@@ -196,12 +251,15 @@ def load_prompt(path: str | os.PathLike | None) -> PromptSpec:
         import yaml
 
         try:
-            with open(path, encoding="utf-8") as f:
-                d = yaml.safe_load(f.read(1 << 20))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_PROMPT_BYTES + 1)
+            if len(raw) > MAX_PROMPT_BYTES:  # was cut silently, then failed as a YAML syntax error
+                raise CheckpointError(f"the prompt file {path} is over {MAX_PROMPT_BYTES >> 20} MiB")
+            d = yaml.safe_load(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as e:
             raise CheckpointError(f"cannot read the prompt file {path}: {e}") from None
     else:
-        d = read_json(path, CheckpointError, "cannot read the prompt file {path}: {reason}")
+        d = read_json(path, CheckpointError, "cannot read the prompt file {path}: {reason}", max_bytes=MAX_PROMPT_BYTES)
     try:
         return PromptSpec.from_dict(d)
     except CheckpointError as e:
@@ -229,6 +287,14 @@ def import_checkpoint(backbone: str | os.PathLike, head_file: str | os.PathLike,
     spec = infer_head_spec(kind, state, dims.hidden_size, num_heads, activation=activation,
                            norm_first=None if kind not in ATTENTION_KINDS else norm_first, num_positions=num_positions)
     _check_head_keys(spec, state)
+    prompt = prompt or PromptSpec()
+    _check_prompt(prompt, backbone)
+    if adapter is not None:  # checked where it is, so an error names the user's files, not the copy's
+        from hllm.formats.adapter import read_adapter
+
+        if not Path(adapter).is_dir():
+            raise CheckpointError(f"adapter directory not found: {adapter}")
+        read_adapter(Path(adapter), dims)
     with atomic_dir(Path(out_dir).resolve(), overwrite=overwrite) as tmp:
         from safetensors.torch import save_file
 
@@ -237,14 +303,27 @@ def import_checkpoint(backbone: str | os.PathLike, head_file: str | os.PathLike,
             _copy_adapter(Path(adapter), tmp / "adapter")
         extra = {"provenance": {"created_by": "hllm import", "head_file": str(Path(head_file).resolve()),
                                 "adapter": str(Path(adapter).resolve()) if adapter else None, "trained": True}}
-        write_manifest(tmp, manifest_dict(str(backbone), spec, prompt or PromptSpec(),
-                                          "adapter" if adapter is not None else None, extra))
+        write_manifest(tmp, manifest_dict(str(backbone), spec, prompt, "adapter" if adapter is not None else None, extra))
         m = load_manifest(tmp)  # the static checks every command makes (adapter keys, head file, tokenizer)
-        load_model(m)  # the head loads strictly and the adapter lands whole, or nothing is written
+        try:
+            load_model(m)  # the head loads strictly and the adapter lands whole, or nothing is written
+        except CheckpointError as e:  # name the user's adapter, not the copy about to be removed
+            raise CheckpointError(str(e).replace(str(tmp / "adapter"), str(adapter))) from None
         layout = m.adapter_layout
     return ImportReport(str(out_dir), spec.__dict__ | {"act": spec.act},
                         None if layout is None else ("causal_lm" if layout.causal_lm else "base"),
                         0 if layout is None else len(layout.modules))
+
+
+def _check_prompt(prompt: PromptSpec, backbone: Path) -> None:
+    """The prompt builds with the backbone's tokenizer (a ``bos_token`` it lacks is refused now, not at
+    the first ``rank``)."""
+    from hllm.runtime.prompt import PromptBuilder, load_tokenizer
+
+    try:
+        PromptBuilder(load_tokenizer(backbone / "tokenizer.json"), prompt)
+    except CheckpointError as e:
+        raise CheckpointError(f"the prompt does not fit the backbone {backbone}: {e}") from None
 
 
 def _check_head_keys(spec: HeadSpec, state: dict[str, torch.Tensor]) -> None:
@@ -262,6 +341,13 @@ def _check_head_keys(spec: HeadSpec, state: dict[str, torch.Tensor]) -> None:
     bad = [f"{k} {list(state[k].shape)} (expected {list(v.shape)})" for k, v in want.items() if state[k].shape != v.shape]
     if bad:
         raise CheckpointError(f"head tensors of the wrong shape: {'; '.join(bad[:5])}")
+    bad = [f"{k} ({str(v.dtype).removeprefix('torch.')})" for k, v in state.items() if not v.is_floating_point()]
+    if bad:
+        raise CheckpointError(f"head tensors that are not real floating point: {', '.join(bad[:5])} (a head's "
+                              "parameters are float; a complex or integer tensor would be cast, losing values)")
+    bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"head tensors holding NaN or infinity: {', '.join(bad[:5])} (a diverged training run?)")
 
 
 def _copy_adapter(src: Path, dst: Path) -> None:

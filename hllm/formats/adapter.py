@@ -79,7 +79,7 @@ def read_adapter(adapter_dir: Path, dims: BackboneDims) -> AdapterLayout:
     """
     cfg_path = adapter_dir / "adapter_config.json"
     weights = adapter_dir / "adapter_model.safetensors"
-    if not cfg_path.is_file() and (adapter_dir / "adapter_model.bin").is_file():
+    if not weights.is_file() and (adapter_dir / "adapter_model.bin").is_file():
         raise CheckpointError(f"{adapter_dir}: adapter_model.bin is a pickle and is never loaded; save the adapter "
                               "with safetensors (peft save_pretrained writes adapter_model.safetensors)")
     for p in (cfg_path, weights):

@@ -7,6 +7,7 @@ import string
 from dataclasses import asdict, dataclass, fields
 
 from hllm.errors import CheckpointError
+from hllm.formats.graph import MAX_SEQ
 
 #: The ``{placeholders}`` each template may use (``str.format`` fields; ``{{`` / ``}}`` are literal braces).
 #: ``candidate_template`` may also name any string field of a candidate (``{brand}``; :data:`ANY_FIELD`).
@@ -23,6 +24,12 @@ def candidate_fields(template: str) -> tuple[str, ...]:
     """The candidate fields ``template`` names besides ``{index}`` (``title`` first when used), in order."""
     names = [f for _, f, _, _ in string.Formatter().parse(template) if f and f != "index"]
     return tuple(dict.fromkeys(names))
+#: Longest template / separator (characters): each is rendered and tokenised for every candidate, so its
+#: length multiplies into every slate's memory; hllm's own are under 100.
+MAX_TEMPLATE_CHARS = 65536
+#: Integer fields bounded by the longest sequence a graph takes (:data:`hllm.formats.graph.MAX_SEQ`): a
+#: larger budget no longer bounds how much of a candidate's text is tokenised.
+BOUNDED_BY_MAX_SEQ = ("candidate_token_budget", "history_token_budget", "max_seq_len")
 #: Integer fields and their smallest allowed value.
 MINIMUMS = {"candidate_token_budget": 1, "history_token_budget": 1, "max_history": 0, "max_seq_len": 1}
 
@@ -65,11 +72,15 @@ class PromptSpec:
         """Raise CheckpointError naming the field: a template that is not a string, uses an unknown
         ``{placeholder}`` (or attribute / index access), is not a valid format string, or a
         candidate_template without ``{title}``; a budget that is not an integer ≥ its minimum
-        (:data:`MINIMUMS`; booleans are not integers); a placeholder with a format spec, width or
+        (:data:`MINIMUMS`; booleans are not integers) or over :data:`hllm.formats.graph.MAX_SEQ` (:data:`BOUNDED_BY_MAX_SEQ`);
+        a template over :data:`MAX_TEMPLATE_CHARS` characters; a placeholder with a format spec, width or
         conversion (``{title:>5000000}``, ``{index:02d}``, ``{title!r}``); a ``bos_token`` that is neither a string nor null."""
         for name in ("user_template", "history_item_template", "candidate_template", "separator"):
             if not isinstance(getattr(self, name), str):
                 raise CheckpointError(f"prompt spec {name} must be a string, got {_type(getattr(self, name))}")
+            if len(getattr(self, name)) > MAX_TEMPLATE_CHARS:
+                raise CheckpointError(f"prompt spec {name} is {len(getattr(self, name))} characters, over the limit of "
+                                      f"{MAX_TEMPLATE_CHARS}")
         used = {name: _check_template(name, getattr(self, name), allowed) for name, allowed in PLACEHOLDERS.items()}
         if "title" not in used["candidate_template"]:
             raise CheckpointError("prompt spec candidate_template must contain {title}")
@@ -78,6 +89,8 @@ class PromptSpec:
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 what = "a non-negative integer" if low == 0 else "a positive integer"
                 raise CheckpointError(f"prompt spec {name} must be {what}, got {v!r}")
+            if name in BOUNDED_BY_MAX_SEQ and v > MAX_SEQ:
+                raise CheckpointError(f"prompt spec {name} is {v}, over the longest sequence {MAX_SEQ}")
         if self.bos_token is not None and (not isinstance(self.bos_token, str) or not self.bos_token):
             raise CheckpointError(f"prompt spec bos_token must be a token string or null, got {self.bos_token!r}")
 

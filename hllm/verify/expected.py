@@ -64,27 +64,42 @@ def read_expected(path: str | Path) -> Expected:
     if path.stat().st_size > MAX_EXPECTED_BYTES:
         raise ExpectedError(f"--expected {path}: over {MAX_EXPECTED_BYTES >> 20} MiB")
     if path.suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                ids, scores = z["slate_ids"], z["scores"]
-        except (OSError, ValueError, KeyError) as e:
-            raise ExpectedError(f"--expected {path}: an npz with slate_ids and scores is needed ({e})") from None
-        if scores.ndim != 3 or ids.ndim != 1 or len(ids) != len(scores) or not np.issubdtype(scores.dtype, np.number):
-            raise ExpectedError(f"--expected {path}: scores must be [S, N, K] numbers and slate_ids [S] "
-                                f"(got {scores.shape} and {ids.shape})")
-        return Expected("scores", scores={str(s): scores[i].astype(np.float64) for i, s in enumerate(ids)})
+        from hllm.formats.npz import CheckedNpz
+
+        # each member's header is checked before it is decompressed (a small compressed file can declare gigabytes)
+        with CheckedNpz(path, ExpectedError, MAX_EXPECTED_BYTES) as z:
+            ids, scores = z.get("slate_ids", ndim=1), z.get("scores", ndim=3)
+        if len(ids) != len(scores) or scores.dtype.kind not in "fiu":
+            raise ExpectedError(f"--expected {path}: scores must be [S, N, K] real numbers and slate_ids [S] "
+                                f"(got {scores.shape} {scores.dtype} and {ids.shape})")
+        keys = [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in ids.tolist()]
+        _no_duplicate(keys, path)
+        return Expected("scores", scores={k: scores[i].astype(np.float64) for i, k in enumerate(keys)})
     out = Expected("rankings")
+    seen: list[str] = []
     try:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
                     row = json.loads(line)
-                    if not isinstance(row, dict) or not isinstance(row.get("ranking"), list):
-                        raise ExpectedError(f"--expected {path} line {n}: an object with slate_id and ranking is needed")
-                    out.rankings[str(row.get("slate_id"))] = row["ranking"]
+                    if not isinstance(row, dict) or not isinstance(row.get("ranking"), list) \
+                            or isinstance(row.get("slate_id"), bool) or not isinstance(row.get("slate_id"), (str, int)):
+                        raise ExpectedError(f"--expected {path} line {n}: an object with slate_id (a string) and "
+                                            "ranking (a list) is needed")
+                    seen.append(str(row["slate_id"]))
+                    out.rankings[seen[-1]] = row["ranking"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ExpectedError(f"--expected {path}: not JSON Lines of rankings ({e})") from None
+    _no_duplicate(seen, path)
     return out
+
+
+def _no_duplicate(ids: list[str], path: Path) -> None:
+    """Refuse a slate id given twice (which of the two is the trainer's is unknowable)."""
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))
+        raise ExpectedError(f"--expected {path}: slate_id {dup!r} appears more than once")
 
 
 @dataclass
@@ -129,9 +144,13 @@ def _ranking_of(expected: Expected, sid: str, slate: dict) -> list[int]:
     """The team's ranking of ``slate`` as item indices (item ids mapped through its candidates)."""
     r = expected.rankings[sid]
     ids = [c.get("item_id") for c in slate["candidates"]]
+    if not all(isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in r):
+        bad = next(x for x in r if not isinstance(x, (str, int)) or isinstance(x, bool))
+        raise ExpectedError(f"slate {sid}: the expected ranking holds {bad!r}; give item indices (integers, "
+                            "0-based) or the candidates' item_id strings")
     try:
-        out = [ids.index(x) if isinstance(x, str) else int(x) for x in r]
-    except (ValueError, TypeError):
+        out = [ids.index(x) if isinstance(x, str) else x for x in r]
+    except ValueError:
         raise ExpectedError(f"slate {sid}: the expected ranking names items the slate does not have") from None
     if sorted(out) != list(range(len(ids))):
         raise ExpectedError(f"slate {sid}: the expected ranking is not a permutation of its {len(ids)} candidates")
@@ -146,6 +165,12 @@ def _compare(expected: Expected, sid: str, slate: dict, ours: np.ndarray, atol: 
         theirs = np.asarray(_ranking_of(expected, sid, slate))
         return ExpectedSlate(sid, bool(np.array_equal(mine, theirs)), kendall_tau(mine, theirs), None)
     m = expected.scores[sid]
+    if min(m.shape) < n:
+        raise ExpectedError(f"slate {sid}: the expected scores are {list(m.shape)}, but the slate has {n} candidates "
+                            f"(a score matrix holds at least {n} × {n})")
+    if not np.isfinite(m[:n, :n]).all():
+        raise ExpectedError(f"slate {sid}: the expected scores hold NaN or infinity among its {n} × {n} scores "
+                            "(NaN may only pad past them)")
     m = m[:, :n].T if transposed else m[:n]
     k = min(m.shape[1], ours.shape[1])
     if m.shape[0] != n or not np.isfinite(m[:, :k]).all():

@@ -141,3 +141,106 @@ def test_default_sample_over_k_says_pass_slates(lora_checkpoint, capsys):
     code, _, err = run(["parity", str(lora_checkpoint), str(lora_checkpoint), "--allow-non-torch-reference",
                         "--limit", "1"], capsys)
     assert code == 2 and "--slates" in err and "packaged sample" in err
+
+
+def _probe_args(bb, tmp_path, hfile, *extra):
+    return ["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "probe",
+            "--head-map", "classifier.=out.", *extra]
+
+
+def test_adapter_errors_name_the_users_files(team, tmp_path, capsys):
+    """A refused adapter was named by its temporary copy (OUT/.ck.….tmp/adapter/…), a path gone by the time
+    the user reads it; it is now checked where it is, before anything is written."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    bb, _ = team["qwen3"]
+    lm = AutoModelForCausalLM.from_pretrained(str(bb))
+    get_peft_model(lm, LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["norm"])).save_pretrained(
+        str(tmp_path / "ad"))
+    hfile = save_head(PlainHead(32, K), tmp_path / "head.safetensors")
+    code, _, err = run(_probe_args(bb, tmp_path, hfile, "--adapter", str(tmp_path / "ad")), capsys)
+    assert code == 2 and str(tmp_path / "ad" / "adapter_model.safetensors") in err and ".tmp" not in err
+    assert "layernorm" in err and not (tmp_path / "ck").exists()
+
+
+def test_colliding_head_map_rules_refused(team, tmp_path, capsys):
+    """Two rules for one prefix: the first silently won."""
+    bb, _ = team["qwen3"]
+    hfile = save_head(PlainHead(32, K), tmp_path / "head.safetensors")
+    code, _, err = run(_probe_args(bb, tmp_path, hfile, "--head-map", "classifier.=proj."), capsys)
+    assert code == 2 and "collide" in err and "classifier.=proj." in err
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("bad", ["complex", "int", "nan"])
+def test_head_tensors_must_be_finite_real_floats(team, bad, tmp_path, capsys):
+    """A complex head lost its imaginary part in the cast to float (a warning only), an integer head was cast,
+    a NaN head imported and scored NaN."""
+    bb, _ = team["qwen3"]
+    state = PlainHead(32, K).state_dict()
+    w = state["classifier.weight"]
+    state["classifier.weight"] = {"complex": w.to(torch.complex64), "int": (w * 100).long(),
+                                  "nan": w.masked_fill(torch.rand_like(w) < 0.1, float("nan"))}[bad]
+    torch.save(state, tmp_path / "head.pt")
+    code, _, err = run(_probe_args(bb, tmp_path, tmp_path / "head.pt"), capsys)
+    assert code == 2 and "out.weight" in err
+    assert ("NaN" if bad == "nan" else "not real floating point") in err
+    assert not (tmp_path / "ck").exists()
+
+
+def test_pickled_module_refused_saying_what_to_save(team, tmp_path, capsys):
+    """torch.save(model): refused by weights_only, but the message was torch's, advising weights_only=False."""
+    bb, _ = team["qwen3"]
+    torch.save(PlainHead(32, K), tmp_path / "head.pt")
+    code, _, err = run(_probe_args(bb, tmp_path, tmp_path / "head.pt"), capsys)
+    assert code == 2 and "state_dict()" in err and "weights_only` set to `False" not in err
+
+
+def test_head_bytes_bounded_and_prefix_reads_only_the_head(team, tmp_path, capsys, monkeypatch):
+    """A whole model's state dict was read in full (safetensors load_file, torch.load) before any check; the
+    tensors kept are now bounded from the header (the bound lowered here), and --head-prefix reads the head."""
+    import hllm.checkpoint.importer as importer
+    from safetensors.torch import save_file
+
+    bb, _ = team["qwen3"]
+    state = {f"head.{k}": v for k, v in PlainHead(32, K).state_dict().items()}
+    save_file({**state, "backbone.huge": torch.zeros(1 << 16)}, str(tmp_path / "model.safetensors"))
+    monkeypatch.setattr(importer, "MAX_HEAD_BYTES", 1 << 16, raising=False)
+    code, _, err = run(_probe_args(bb, tmp_path, tmp_path / "model.safetensors"), capsys)
+    assert code == 2 and "'backbone.huge'" in err and "over the" in err
+    code, _, err = run(_probe_args(bb, tmp_path, tmp_path / "model.safetensors", "--head-prefix", "head."), capsys)
+    assert code == 0, err
+
+
+def test_bos_token_checked_at_import(team, tmp_path, capsys):
+    """A bos_token the tokenizer lacks was written; every later command failed on the checkpoint."""
+    bb, _ = team["qwen3"]
+    hfile = save_head(PlainHead(32, K), tmp_path / "head.safetensors")
+    (tmp_path / "p.json").write_text(json.dumps({"bos_token": "<no-such-token>"}))
+    code, _, err = run(_probe_args(bb, tmp_path, hfile, "--prompt", str(tmp_path / "p.json")), capsys)
+    assert code == 2 and "<no-such-token>" in err and not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("case", ["yaml_over_limit", "json_huge_template", "budget_over_max_seq"])
+def test_prompt_files_bounded(case, tmp_path):
+    """A YAML prompt over 1 MiB was cut silently and failed as 'unexpected end of stream'; a 3 MB template
+    in JSON was accepted (rendered and tokenised for every candidate); a budget of 10**20 was accepted, and
+    no longer bounded how much of a candidate's text is tokenised."""
+    from hllm.checkpoint.importer import load_prompt
+    from hllm.errors import CheckpointError
+
+    big = "{title}" + "x" * (3 << 20)
+    path, text, want = {
+        "yaml_over_limit": ("p.yaml", f"candidate_template: '{big}'\n", "over 1 MiB"),
+        "json_huge_template": ("p.json", json.dumps({"candidate_template": big}), "limit"),
+        "budget_over_max_seq": ("p.yaml", "candidate_token_budget: 100000000000000000000\n", "over the longest sequence"),
+    }[case]
+    (tmp_path / path).write_text(text)
+    with pytest.raises(CheckpointError, match=want):
+        load_prompt(tmp_path / path)
+    if case == "json_huge_template":
+        from hllm.formats.prompt import PromptSpec
+
+        with pytest.raises(CheckpointError, match="over the limit of 65536"):
+            PromptSpec(candidate_template="{title}" + "x" * 70000)

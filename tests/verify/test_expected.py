@@ -98,3 +98,81 @@ def test_bad_expected_files_exit_2(team, tmp_path, capsys):
     other[0]["slate_id"] = "nobody"
     code, _, err = _parity(team, _jsonl(tmp_path / "o.jsonl", other, [[0, 1, 2]]), capsys)
     assert code == 2 and "not in the expected file" in err
+
+
+def _ids(team):
+    return np.array([s["slate_id"] for s in team["slates"]])
+
+
+def _mats(team):
+    return team_scores(team["bb"], team["adapter"], team["head"], team["slates"], PROMPT)
+
+
+def test_empty_npz_is_exit_2_not_130(team, tmp_path, capsys):
+    """An empty .npz raised EOFError from np.load, which the CLI read as Ctrl-D: exit 130 'aborted'."""
+    (tmp_path / "e.npz").write_bytes(b"")
+    code, _, err = _parity(team, tmp_path / "e.npz", capsys)
+    assert code == 2 and "e.npz" in err
+
+
+def test_compressed_npz_declaring_gigabytes_refused_from_its_header(team, tmp_path, capsys, monkeypatch):
+    """The size bound was on the compressed file: a few kB can decompress to gigabytes. The member's header
+    is now checked first (the bound lowered here so the test allocates nothing large)."""
+    import hllm.verify.expected as ex
+
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, slate_ids=_ids(team), scores=np.zeros((len(team["slates"]), 256, 256)))
+    assert path.stat().st_size < 8192
+    monkeypatch.setattr(ex, "MAX_EXPECTED_BYTES", 1 << 16)
+    code, _, err = _parity(team, path, capsys)
+    assert code == 2 and "'scores'" in err and "over the limit" in err
+
+
+@pytest.mark.parametrize("bad", ["complex", "duplicate", "nan", "narrow"])
+def test_bad_expected_scores_exit_2_naming_the_problem(team, bad, tmp_path, capsys):
+    """Complex scores lost their imaginary part, a duplicate slate id kept the last, NaN among a slate's
+    n × n scores read as a disagreement (exit 1, 'no convention'), a matrix narrower than n failed as
+    '4 items but only K=2 rank positions' naming neither slate nor file."""
+    mats = _mats(team)
+    path = _npz(tmp_path / "e.npz", team["slates"], mats)
+    with np.load(path) as z:
+        ids, scores = z["slate_ids"], z["scores"]
+    if bad == "complex":
+        scores = scores.astype(np.complex64)
+    elif bad == "duplicate":
+        ids = ids.copy()
+        ids[1] = ids[0]
+    elif bad == "nan":
+        scores[0, 0, 0] = np.nan
+    else:
+        scores = scores[:, :, :2]
+    np.savez(path, slate_ids=ids, scores=scores)
+    code, _, err = _parity(team, path, capsys)
+    want = {"complex": "real numbers", "duplicate": "more than once", "nan": "NaN or infinity",
+            "narrow": "holds at least"}[bad]
+    assert code == 2 and want in err, err
+
+
+def test_bytes_slate_ids_are_read_as_text(team, tmp_path, capsys):
+    path = _npz(tmp_path / "e.npz", team["slates"], _mats(team))
+    with np.load(path) as z:
+        np.savez(path, slate_ids=z["slate_ids"].astype("S"), scores=z["scores"])
+    code, rep, err = _parity(team, path, capsys)
+    assert code == 0 and rep["agreement"] == 1.0, err
+
+
+@pytest.mark.parametrize("bad", ["floats", "no_id", "duplicate"])
+def test_bad_expected_rankings_exit_2(team, bad, tmp_path, capsys):
+    """Float positions were cut by int() (0.5 → 0) and passed as a permutation; a row without slate_id was
+    filed under 'None'; a slate given twice kept the last."""
+    rows = [{"slate_id": s["slate_id"], "ranking": team_ranking(m)} for s, m in zip(team["slates"], _mats(team))]
+    if bad == "floats":
+        rows = [{**r, "ranking": [i + 0.5 for i in r["ranking"]]} for r in rows]
+    elif bad == "no_id":
+        del rows[0]["slate_id"]
+    else:
+        rows.append(rows[0])
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, _, err = _parity(team, tmp_path / "e.jsonl", capsys)
+    want = {"floats": ".5; give item indices", "no_id": "line 1:", "duplicate": "more than once"}[bad]
+    assert code == 2 and want in err, err
