@@ -8,6 +8,8 @@ peft saves an adapter's tensors under the module names of the model it was *trai
     base_model.model.<module>.lora_embedding_A   [r, vocab]            (an embedding target)
     base_model.model.<module>.lora_embedding_B   [hidden, r]
     base_model.model.<module>.lora_magnitude_vector[.weight]  [out_features]   (DoRA)
+    base_model.model.<embed_tokens>.base_layer.weight  [vocab, hidden]  (an embedding target: peft's
+                                                   ``save_embedding_layers="auto"`` saves the whole embedding)
 
 ``<module>`` depends on the class the team wrapped: ``layers.3.self_attn.q_proj`` for a bare decoder
 (``AutoModel``, peft ``FEATURE_EXTRACTION`` or no task type; what hllm's own ``init`` and ``train`` write)
@@ -33,7 +35,7 @@ PEFT_PREFIX = "base_model.model."
 #: The module-name level a ``*ForCausalLM`` puts above the decoder (``model.layers…``).
 CAUSAL_LM_LEVEL = "model."
 #: The kinds of LoRA tensor peft saves, with the parameter names that may follow them.
-LORA_KINDS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
+LORA_KINDS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector", "base_layer")
 _KEY = re.compile(r"^(?P<module>.+?)\.(?P<kind>" + "|".join(LORA_KINDS) + r")(?:\.(?P<param>weight|bias))?$")
 
 
@@ -134,6 +136,11 @@ def _tensor_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
 
 def _check_shape(key: str, kind: str, param: str, shape: tuple[int, ...], io: tuple[int, int], module: str) -> None:
     fin, fout = io
+    if kind == "base_layer":  # only an embedding's own weights travel with an adapter (save_embedding_layers)
+        if not module.endswith("embed_tokens") or param != "weight" or tuple(shape) != (fin, fout):
+            raise CheckpointError(f"adapter tensor {key}: peft saves a base layer's weights only for an embedding "
+                                  f"target ([vocab {fin}, hidden {fout}]), got {list(shape)} for {module}")
+        return
     want = {("lora_A", "weight"): (1, fin, "in_features"), ("lora_B", "weight"): (0, fout, "out_features"),
             ("lora_B", "bias"): (0, fout, "out_features"), ("lora_embedding_A", "weight"): (1, fin, "vocabulary"),
             ("lora_embedding_B", "weight"): (0, fout, "hidden size"),

@@ -41,6 +41,14 @@ class CausalLMNames(nn.Module):
     def config(self):
         return self.model.config
 
+    def get_input_embeddings(self):
+        """The decoder's ``embed_tokens`` (peft reads it to save or load an embedding target)."""
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self):
+        """None: the decoder has no LM head (hLLM reads hidden states)."""
+        return None
+
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
 
@@ -78,7 +86,7 @@ def attach_adapter(decoder: nn.Module, adapter_dir: str | Path, layout: AdapterL
         set_peft_model_state_dict(model, state)
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
         raise CheckpointError(f"cannot attach the adapter {adapter_dir}: {type(e).__name__}: {e}") from None
-    landed = get_peft_model_state_dict(model)
+    landed = get_peft_model_state_dict(model, save_embedding_layers=any(".base_layer." in k for k in state))
     missing = sorted(set(state) - set(landed))
     unfed = sorted(set(landed) - set(state))
     changed = sorted(k for k in set(state) & set(landed)

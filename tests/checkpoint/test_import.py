@@ -244,3 +244,30 @@ def test_prompt_files_bounded(case, tmp_path):
 
         with pytest.raises(CheckpointError, match="over the limit of 65536"):
             PromptSpec(candidate_template="{title}" + "x" * 70000)
+
+
+def test_embedding_lora_as_peft_saves_it(team, tmp_path, capsys):
+    """A LoRA on embed_tokens: peft also saves the whole embedding (``embed_tokens.base_layer.weight``,
+    save_embedding_layers="auto"); it lands, and hllm scores as peft on the *ForCausalLM does."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    bb, _ = team["llama"]
+    torch.manual_seed(4)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(bb)), LoraConfig(r=2, target_modules=["embed_tokens",
+                                                                                                          "q_proj"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n or "lora_embedding_B" in n:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(str(tmp_path / "ad"))
+    head = PlainHead(32, K)
+    hfile = save_head(head, tmp_path / "head.safetensors")
+    code, _, err = run(["import", str(bb), str(tmp_path / "ck"), "--head", str(hfile), "--head-kind", "probe",
+                        "--head-map", "classifier.=out.", "--adapter", str(tmp_path / "ad"),
+                        "--prompt", str(write_prompt(tmp_path / "p.json"))], capsys)
+    assert code == 0, err
+    slates = tiny_slates(3, (2, K), seed=6)
+    theirs, bare = team_scores(bb, tmp_path / "ad", head, slates), team_scores(bb, None, head, slates)
+    for a, b, c in zip(_hllm_scores(tmp_path / "ck", slates), theirs, bare):
+        assert np.abs(a - b).max() <= 1e-5 and np.abs(b - c).max() > 1e-3

@@ -100,7 +100,8 @@ def test_ray_serve_config_serves_the_hllm_serve_app_and_scales_1_to_2(local_ray,
     assert nowhere.status_code == 404 and nowhere.json()["error"]["kind"] == "not_found"
     assert 'hllm_requests_total{code="200",path="/v1/rank"}' in metrics.text and "hllm_request_duration_seconds_bucket" in metrics.text
     assert docs.status_code == 200 and "swagger" in docs.text.lower() and "/v2/models/{model_name}/infer" in openapi["paths"]
-    assert ready.status_code == 200 and ready.json()["runtime"] == "ray_serve" and ready.json()["num_positions"] == 8
+    assert ready.status_code == 200 and ready.json()["status"] == "ready" and ready.json()["served_model_names"] == ["hllm_ranker"]
+    assert set(ready.json()) == {"status", "served_model_names", "model_version"}  # never a path or engine detail
     _rerank_clients_on_the_sample(url, export_dir)
 
     _deploy_config(export_dir, port, num_replicas=2, batch_wait_timeout_s=0.2)  # scale 1 → 2 in place
