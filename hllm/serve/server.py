@@ -90,8 +90,10 @@ class _DrainingServer(uvicorn.Server):
             state.draining = True
             if timeout is not None:  # fires before uvicorn's own timer, which starts after this
                 asyncio.get_running_loop().call_later(timeout, self._shed, timeout)
-        await self._take_backlog()
-        await super().shutdown(sockets)
+        await self._serve_accepted(self._close_listeners())
+        await super().shutdown(sockets)  # its connection.shutdown() closes nothing (TimedH11Protocol.shutdown)
+        for connection in list(self.server_state.connections):  # the graceful time is over: close what is left
+            getattr(connection, "close_now", connection.shutdown)()
 
     def _shed(self, timeout: float) -> None:
         abandon = getattr(self._hllm_state.batcher, "abandon", None)
@@ -101,28 +103,45 @@ class _DrainingServer(uvicorn.Server):
             if n:
                 log.warning("graceful timeout of %g s expired: %d in-flight requests answered 503", timeout, n)
 
-    async def _take_backlog(self) -> None:
-        """Accept the connections the kernel holds for the listening sockets (closing those would reset
-        them) and let them read their requests, which the draining app answers 503."""
+    def _close_listeners(self) -> list[socket.socket]:
+        """Stop accepting, then take every connection the kernel completed for the listening sockets and
+        close them: the event loop stops watching them first while a duplicate descriptor keeps each one
+        listening, so the accept loop (no await: nothing else runs meanwhile) empties the listen backlog
+        right up to the close. A connection left there would be reset by the close. Returns the accepted
+        sockets (non-blocking)."""
+        listeners = [socket.socket(fileno=os.dup(sock.fileno())) for server in self.servers for sock in server.sockets]
+        for server in self.servers:
+            server.close()
+        taken = []
+        for lsock in listeners:
+            with lsock:
+                lsock.setblocking(False)
+                while True:
+                    try:
+                        conn, _ = lsock.accept()
+                    except OSError:  # BlockingIOError: the backlog is empty (or out of descriptors)
+                        break
+                    conn.setblocking(False)
+                    taken.append(conn)
+        return taken
+
+    async def _serve_accepted(self, taken: list[socket.socket]) -> None:
+        """Serve the connections :meth:`_close_listeners` took like any other (503 while draining); TLS
+        handshakes get the request-header time."""
+        if not taken:
+            return
         loop = asyncio.get_running_loop()
         factory = functools.partial(self.config.http_protocol_class, config=self.config,
                                     server_state=self.server_state, app_state=self.lifespan.state)
-        taken = 0
-        for server in self.servers:
-            for listener in server.sockets:
-                with socket.socket(fileno=os.dup(listener.fileno())) as lsock:
-                    lsock.setblocking(False)
-                    while True:
-                        try:
-                            conn, _ = lsock.accept()
-                        except OSError:  # BlockingIOError: the backlog is empty
-                            break
-                        conn.setblocking(False)
-                        await loop.connect_accepted_socket(factory, conn)
-                        taken += 1
-        if taken:
-            log.info("shutting down: %d connections taken from the listen backlog", taken)
-        await asyncio.sleep(0.05)  # one more read of every connection: a request that came is answered, not closed
+        tls = {"ssl": self.config.ssl, "ssl_handshake_timeout": getattr(self.config, "hllm_header_timeout_s", None) or 10.0} \
+            if self.config.ssl else {}
+        results = await asyncio.gather(*(loop.connect_accepted_socket(factory, conn, **tls) for conn in taken),
+                                       return_exceptions=True)
+        for conn, result in zip(taken, results):
+            if isinstance(result, BaseException):
+                log.debug("a connection from the listen backlog failed: %s", result)
+                conn.close()
+        log.info("shutting down: %d connections taken from the listen backlog", len(taken))
 
 
 class AnswerCancelled:
@@ -130,7 +149,9 @@ class AnswerCancelled:
     before the response started is answered 503 with the JSON envelope (KServe paths: the protocol's
     ``{"error": message}``) and counted in ``state.shed``, instead of uvicorn's plain-text 500 and a
     traceback in the log (uvicorn ``timeout_graceful_shutdown``: "the server will start terminating
-    requests"). Anything else passes through."""
+    requests"). Every response started while draining says ``Connection: close`` (RFC 9112 section 9.6), so
+    no client sends another request on a connection the server is about to close. Anything else passes
+    through."""
 
     def __init__(self, app, state):
         self.app, self.state = app, state
@@ -142,7 +163,11 @@ class AnswerCancelled:
 
         async def send_started(message):
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                headers = list(message.get("headers", []))
+                if self.state.draining and not any(k.lower() == b"connection" for k, _ in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}  # next request: a new connection
             await send(message)
 
         try:
@@ -204,6 +229,18 @@ class TimedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._watch_headers()
+
+    def shutdown(self) -> None:
+        """Graceful shutdown (uvicorn calls it on every connection when it stops accepting) closes nothing
+        here: uvicorn would close an idle connection at once — one accepted whose request is still on its
+        way, or a keep-alive one whose client is sending its next request — and that client would see a
+        reset. Each connection rather closes after a response that says ``Connection: close`` (every
+        response started while draining, :class:`AnswerCancelled`), on its keep-alive or request-header
+        timeout, or when the graceful timeout ends (:meth:`close_now`)."""
+
+    def close_now(self) -> None:
+        """uvicorn's graceful shutdown of this connection: close it if idle, else after its response."""
+        super().shutdown()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
