@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import http.client
 import json
 import os
 import signal
@@ -535,6 +536,46 @@ def test_sigterm_past_the_graceful_timeout_cuts_nothing(export_dir):
         assert json.loads(payload)["error"] == {"kind": "not_ready", "message": "server is shutting down", "id": None}
 
 
+class _HoldClose:
+    """A listening server whose ``close()`` first waits (the event loop blocked) until ``go`` is set, so the
+    connections made meanwhile are still in the kernel's listen backlog when the listening socket closes."""
+
+    def __init__(self, inner):
+        self.inner, self.closing, self.go = inner, threading.Event(), threading.Event()
+
+    def close(self):
+        self.closing.set()
+        assert self.go.wait(timeout=30)
+        self.inner.close()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_sigterm_resets_no_connection_left_in_the_backlog_at_the_close(export_dir):
+    """Connections that reach the listen backlog while the event loop is busy, just before the listening socket
+    closes (uvicorn's shutdown), are taken and answered 503 with the envelope, not reset by the close."""
+    app = create_app(Ranker.from_path(export_dir), ServeOptions())
+    srv = BackgroundServer(app, graceful_timeout_s=10.0)
+    body = json.dumps({"slates": tiny_slates(1, 3, seed=5)}).encode()
+    with srv:
+        wait_ready(srv.url, timeout_s=120)
+        held = srv.server.servers[0] = _HoldClose(srv.server.servers[0])
+        srv.server.should_exit = True
+        assert held.closing.wait(timeout=30)  # the event loop now waits in close(): nothing is accepted
+        try:
+            backlog = [_raw_request(srv.url, body) for _ in range(4)]
+        finally:
+            held.go.set()
+        raw = [_answer(sock) for sock in backlog]
+    for sock in backlog:
+        sock.close()
+    for a in raw:
+        head, _, payload = a.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"connection: close" in head.lower(), a[:200]
+        assert json.loads(payload)["error"] == {"kind": "not_ready", "message": "server is shutting down", "id": None}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -574,6 +615,54 @@ def _serve_sigterm_while_queued(export_dir, tmp_path, *args) -> tuple[int, httpx
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/healthz", timeout=2)
     return rc, r, (tmp_path / "serve.log").read_text()
+
+
+def test_cli_serve_sigterm_answers_idle_connections_instead_of_closing_them(export_dir, tmp_path):
+    """`hllm serve`, SIGTERM: a keep-alive connection that got its answer before, and a connection accepted before
+    that had not sent its request yet, both send a request after the listening socket closed (new connects are
+    refused): each is answered 503 with the envelope, Retry-After and ``Connection: close`` — uvicorn closed
+    them at once, and their clients saw a reset or an empty answer. Then the server stops cleanly."""
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--log-level", "warning",
+         "--graceful-timeout", "30"], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    body, headers = json.dumps({"slates": tiny_slates(1, 3, seed=71)}), {"content-type": "application/json"}
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", timeout_s=120)
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        kept.request("POST", "/v1/rank", body, headers)
+        first = kept.getresponse()
+        assert first.status == 200 and first.getheader("connection") != "close", first.read()[:300]
+        first.read()
+        fresh = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        fresh.connect()
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the listening socket is closed
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the listening socket stayed open 30 s after SIGTERM")
+        answers = []
+        for conn in (kept, fresh):
+            conn.request("POST", "/v1/rank", body, headers)
+            r = conn.getresponse()
+            answers.append((r.status, r.getheader("retry-after"), r.getheader("connection"), json.loads(r.read())))
+            conn.close()
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    for status, retry_after, connection, payload in answers:
+        assert (status, retry_after, connection) == (503, "1", "close"), (status, retry_after, connection, payload)
+        assert payload["error"] == {"kind": "not_ready", "message": "server is shutting down", "id": None}
+    text = (tmp_path / "serve.log").read_text()
+    assert rc == 0 and "stopped (SIGTERM): in-flight requests were drained" in text, (rc, text[-2000:])
 
 
 def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
