@@ -5,8 +5,14 @@ Graceful shutdown: on SIGTERM/SIGINT the app stops admitting at once (``/readyz`
 ``graceful_timeout_s``) for in-flight requests; the app's lifespan then drains the batcher queue
 (https://www.uvicorn.org/settings/#timeouts). Nothing accepted is cut (:class:`_DrainingServer`):
 
-* connections still in the listen backlog when uvicorn closes the listening socket (the kernel would reset
-  them) are accepted first and answered like any other request (503 while draining);
+* the event loop stops accepting while a duplicate descriptor keeps the listening socket open; the
+  connections the kernel completed meanwhile (the listen backlog: its close would reset them) are accepted
+  right up to the close, with no await in between, and answered like any other request (503 while
+  draining); after it, new connects are refused;
+* no connection is closed while idle (uvicorn would close one accepted whose request is still on its way,
+  or a keep-alive one whose client is sending its next request: a reset): a request that comes on it is
+  answered, and every response started while draining says ``Connection: close``; idle connections close on
+  their keep-alive / header timeout or when the graceful timeout ends;
 * when ``graceful_timeout_s`` ends, what the batcher still holds (queued or in the running batch) is
   answered 503 (:meth:`hllm.serve.batching.MicroBatcher.abandon`) just before uvicorn cancels the tasks
   that are left; a request uvicorn cancels before its response started (e.g. while its body arrives) is
