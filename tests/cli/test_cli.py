@@ -110,7 +110,7 @@ def test_init_merge_export_via_cli(qwen3_backbone, tmp_path, capsys):
 
 def test_init_unknown_head(qwen3_backbone, tmp_path, capsys):
     code, _, err = run(["init", str(qwen3_backbone), str(tmp_path / "ck"), "--head", "mlp"], capsys)
-    assert code == 2 and "head must be one of linear, self_attention, slot_query" in err
+    assert code == 2 and "head must be one of probe, linear, self_attention, slot_query" in err
     assert not (tmp_path / "ck").exists()
 
 

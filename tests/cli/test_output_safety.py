@@ -26,6 +26,8 @@ OUTPUT_NAME = re.compile(r"(^|_)(out|output|report|summary|plan|log|timing_cache
 CASES: dict[tuple[str, str], tuple[str, str, str]] = {
     ("convert-gguf", "out_dir"): ("convert-gguf {OUT} --gguf {GGUF}", "{GDIR}", "dir"),
     ("init", "out_dir"): ("init {BB} {OUT}", "{BB}/ckpt", "dir"),
+    ("import", "out_dir"): ("import {BB} {OUT} --head {CKPT}/head.safetensors --head-kind self_attention --num-heads 4",
+                            "{BB}/ckpt", "dir"),
     ("merge", "out_dir"): ("merge {CKPT} {OUT}", "{CKPT}/merged", "dir"),
     ("export", "out_dir"): ("export {CKPT} {OUT}", "{CKPT}", "dir"),
     ("rank", "out_path"): ("rank {EXP} -s {S} -o {OUT}", "{EXP}/x.jsonl", "file"),

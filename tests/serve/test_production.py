@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -233,8 +234,13 @@ def test_one_span_per_request_with_stage_children(served, spans):
     r = httpx.post(f"{url}/v1/rank", json={"slates": slates}, headers={**_auth(), "X-Request-ID": "trace-me-1"}, timeout=60)
     assert r.status_code == 200
     httpx.post(f"{url}/v1/rank", json={"slates": slates}, headers={"X-Request-ID": "no-key-1"}, timeout=60)
-    finished = exporter.get_finished_spans()
-    roots = [s for s in finished if s.parent is None]
+    deadline = time.monotonic() + 10  # a server span ends after its last byte is sent: it can trail the client
+    while True:
+        finished = exporter.get_finished_spans()
+        roots = [s for s in finished if s.parent is None]
+        if {"trace-me-1", "no-key-1"} <= {s.attributes.get("hllm.request_id") for s in roots} or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     root = next(s for s in roots if s.attributes["hllm.request_id"] == "trace-me-1")
     assert root.name == "POST /v1/rank" and root.kind.name == "SERVER"
     assert root.attributes["hllm.slates"] == 2 and root.attributes["hllm.documents"] == 10
