@@ -52,6 +52,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from hllm.errors import SlateError
+from hllm.runtime.decode import SINKHORN_ITERS, SINKHORN_TAU, relevance_scores  # noqa: F401 (re-exported)
 from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING, PromptBuilder
 from hllm.runtime.slates import _text, loads_json
 from hllm.serve.protocol import ERROR_RESPONSES, JSON_TYPES, ApiError, read_body
@@ -60,9 +61,6 @@ from hllm.serve.protocol import ERROR_RESPONSES, JSON_TYPES, ApiError, read_body
 SERVED_MODEL = "hllm_ranker"
 #: The routes and whether each returns documents by default (Jina: yes; Cohere v2: no).
 ROUTES = {"/v1/rerank": True, "/v2/rerank": False, "/rerank": True}
-#: Sinkhorn temperature and iterations of :func:`relevance_scores` (those ``hllm train`` defaults to, paper §3.3).
-SINKHORN_TAU = 1.0
-SINKHORN_ITERS = 20
 #: Fields a client may send that are accepted and ignored.
 IGNORED_FIELDS = ("priority", "max_chunks_per_doc", "rank_fields")
 #: The longest ``deadline_ms`` a request may ask for (one day, the bound of ``hllm serve --deadline-ms``).
@@ -235,63 +233,6 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
     return RerankQuery(slate, min(top_n or len(texts), len(texts)), ROUTES[route] if ret is None else ret,
                        min(budget or spec.candidate_token_budget, spec.candidate_token_budget), deadline,
                        doc.get("history") is None)
-
-
-def _isotonic_decreasing(y: np.ndarray) -> np.ndarray:
-    """The non-increasing sequence closest to ``y`` in least squares (pool-adjacent-violators), float64."""
-    vals, counts = [], []
-    for v in y.tolist():
-        vals.append(v)
-        counts.append(1)
-        while len(vals) > 1 and vals[-2] < vals[-1]:  # a violation: pool the two blocks
-            c = counts[-2] + counts[-1]
-            vals[-2] = (vals[-2] * counts[-2] + vals[-1] * counts[-1]) / c
-            counts[-2] = c
-            vals.pop()
-            counts.pop()
-    return np.repeat(np.asarray(vals, dtype=np.float64), counts)
-
-
-def relevance_scores(scores: np.ndarray, order, tau: float = SINKHORN_TAU, iters: int = SINKHORN_ITERS) -> np.ndarray:
-    """Relevance score in [0, 1] of each rank position of the LAPJV ``order``, non-increasing by construction.
-
-    1. Sinkhorn relaxation of the real block (paper §3.3, the operator ``hllm train`` fits; log domain as in
-       :mod:`hllm.training.sinkhorn`): ``S = Sinkhorn(exp(M[:n, :n] / τ))``, ``iters`` row+column
-       normalisations; ``S[i, p]`` is item i's mass at rank position p, rows and columns sum to 1.
-    2. Soft rank: ``r_i = Σ_p S[i, p] · (n − 1 − p) / (n − 1)`` = ``1 − E_S[position of i] / (n − 1)``: 1 when
-       all of i's mass is at the top position, 0 at the bottom one; the mean over a slate is exactly 0.5
-       (the columns of S sum to 1), so 0.5 is "the middle of this list". ``n = 1`` → 1.0.
-    3. Along ``order`` the values are replaced by their isotonic (non-increasing, least-squares) fit
-       (pool-adjacent-violators), so the score never rises down the returned list; ties are averaged.
-
-    Args:
-        scores: the score matrix M ``[n, K]`` (real rows of the slate; float). order: the LAPJV ranking,
-            ``order[p]`` = item at position p (a permutation of ``range(n)``).
-        tau: Sinkhorn temperature (> 0). iters: normalisation rounds (≥ 1).
-    Returns: ``[n]`` float64 scores, ``out[p]`` for item ``order[p]``.
-    Raises: ValueError if ``order`` is not a permutation of the ``n`` rows or ``scores`` is not finite.
-    """
-    m = np.asarray(scores, dtype=np.float64)
-    n = m.shape[0]
-    order = np.asarray(order, dtype=np.int64)
-    if m.ndim != 2 or m.shape[1] < n or sorted(order.tolist()) != list(range(n)):
-        raise ValueError(f"order must be a permutation of the {n} rows of a [n, K ≥ n] matrix, got shape {m.shape}")
-    if not np.isfinite(m).all():
-        raise ValueError("scores must be finite")
-    if n == 1:
-        return np.ones(1)
-    x = m[:, :n] / tau
-    for _ in range(iters):
-        x = x - _logsumexp(x, axis=1)
-        x = x - _logsumexp(x, axis=0)
-    s = np.exp(x)
-    soft = s @ (np.arange(n - 1, -1, -1, dtype=np.float64) / (n - 1))
-    return np.clip(_isotonic_decreasing(soft[order]), 0.0, 1.0)
-
-
-def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
-    top = x.max(axis=axis, keepdims=True)
-    return top + np.log(np.exp(x - top).sum(axis=axis, keepdims=True))
 
 
 class BuilderCache:
