@@ -140,17 +140,18 @@ class Ranker:
         self.blocks = blocks or blk.BlockOptions()
 
     @classmethod
-    def from_path(cls, path, batch_size: int = 1, verify_hash: bool = False, **engine_options) -> "Ranker":
+    def from_path(cls, path, batch_size: int = 1, verify_hash: bool = False, blocks: blk.BlockOptions | None = None,
+                  **engine_options) -> "Ranker":
         """Ranker for a checkpoint dir, export dir / ``.onnx`` file, or ``.plan`` (see :mod:`.artefact`), or
         for an :class:`~hllm.runtime.artefact.Artefact` a command resolved already (not resolved again:
         each artefact is read, and its tokenizer hashed, once per command).
 
         ``verify_hash``: also check the graph's sha256 against its sidecar (:func:`.artefact.resolve`; ignored
-        for an Artefact). ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
+        for an Artefact). ``blocks``: see :class:`Ranker`. ``engine_options``: see :func:`hllm.runtime.artefact.open_engine`.
         """
         art = path if isinstance(path, Artefact) else resolve(path, verify_hash=verify_hash)
         builder = PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
-        return cls(open_engine(art, **engine_options), builder, batch_size)
+        return cls(open_engine(art, **engine_options), builder, batch_size, blocks)
 
     def __enter__(self) -> "Ranker":
         self.engine.activate()

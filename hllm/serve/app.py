@@ -282,11 +282,11 @@ class RankService(kserve.KServeEndpoints):
         """Encode validated slates at admission (unless ``encoded`` holds their rows already) and rank them in
         the batcher → (JobResult, timing in ms).
 
-        Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
+        Raises: ApiError 400 (over max_documents), 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
         504 (deadline), 500 (the engine batch failed).
         """
         if encoded is None:
-            encoded = await run_in_threadpool(encode_slates, self.ranker.builder, slates)
+            encoded = await run_in_threadpool(encode_slates, self.ranker, slates)
         t1 = time.perf_counter()
         self.metrics.stage.labels("validate").observe(t1 - t0)
         try:

@@ -16,7 +16,8 @@ https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/use
   :class:`BatchFailed` carrying an error id that is also logged; the collector keeps serving.
 * :meth:`MicroBatcher.close` stops admission and drains what is queued (graceful shutdown).
 
-A request with more slates than ``max_batch_slates`` runs alone, in chunks of ``max_batch_slates``.
+A request with more slates than ``max_batch_slates`` runs alone, in chunks of ``max_batch_slates``. A slate
+ranked in B blocks (:mod:`hllm.runtime.blocks`) counts as B + 1 slates of work (:func:`hllm.runtime.blocks.work`).
 ``max_batch_slates=1, max_wait_ms=0`` turns micro-batching off (one engine call per slate).
 """
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hllm.errors import DecodeError, EngineError, HllmError, ShapeError, SlateError
+from hllm.runtime.blocks import work
 
 log = logging.getLogger("hllm.serve")
 
@@ -125,6 +127,11 @@ class _Job:
     enqueued: float  # time.perf_counter()
     deadline: float  # time.perf_counter() at which the caller gives up
     started: float = 0.0
+
+    @property
+    def work(self) -> int:
+        """Engine rows of this job: one per slate, B + 1 per slate ranked in B blocks."""
+        return len(self.slates) if self.encoded is None else sum(work(e) for e in self.encoded)
 
 
 def _error_kind(e: BaseException) -> str:
@@ -242,7 +249,7 @@ class MicroBatcher(EngineThread):
             self.metrics.queue_depth(len(self._pending))
 
     def _pending_slates(self) -> int:
-        return sum(len(j.slates) for j in self._pending)
+        return sum(j.work for j in self._pending)
 
     async def _wait(self, seconds: float) -> None:
         self._wakeup.clear()
@@ -267,9 +274,9 @@ class MicroBatcher(EngineThread):
                     break
                 await self._wait(remaining)
             jobs = [self._pending.popleft()]
-            n = len(jobs[0].slates)
-            while self._pending and n + len(self._pending[0].slates) <= opt.max_batch_slates:
-                n += len(self._pending[0].slates)
+            n = jobs[0].work
+            while self._pending and n + self._pending[0].work <= opt.max_batch_slates:
+                n += self._pending[0].work
                 jobs.append(self._pending.popleft())
             self._observe_depth()
             now = time.perf_counter()

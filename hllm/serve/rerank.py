@@ -10,7 +10,8 @@ https://docs.cohere.com/reference/rerank; Jina's, https://jina.ai/reranker/; vLL
     → {"id", "model", "results": [{"index", "relevance_score", "document"?: {"text"}}, ...],
        "usage": {"prompt_tokens", "total_tokens"}, "meta": {...}, "timing": {...}}
 
-One request is ONE slate: the whole list is scored in one prefill pass and decoded by LAPJV (paper §3.4),
+One request is ONE slate: the whole list is scored in one prefill pass (a list longer than K: in blocks) and
+decoded by LAPJV (paper §3.4),
 riding the micro-batcher, deadlines, metrics (``path`` label ``/v1/rerank`` / ``/v2/rerank``) and error
 envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
 
@@ -22,7 +23,9 @@ envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
   first, the oldest items dropped to fit the budget); ``query`` is then still required and checked
   but not put in the prompt (precedence: ``history`` over ``query``).
 * ``documents`` → the candidates in request order (``index`` in the results refers to it); strings or
-  objects with a string ``text`` (other keys ignored). More than K (the head's rank positions) → 400.
+  objects with a string ``text`` (other keys ignored). More than K (the head's rank positions), or a prompt
+  over ``max_seq_len``: ranked in B blocks + a final pass (:mod:`hllm.runtime.blocks`), said in
+  ``meta.warnings``; more than ``max_documents`` (default 1000) → 400 naming the limit.
 * ``top_n`` → the first ``top_n`` of the FULL permutation (absent or null: all; over the count: all).
 * ``return_documents``: default true on ``/v1/rerank`` and ``/rerank`` (Jina), false on ``/v2/rerank``
   (Cohere v2, whose clients send no such field).
@@ -33,7 +36,9 @@ envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
   ``max_chunks_per_doc`` (Cohere v1), ``rank_fields`` when it is ``["text"]``. Any other field → 400.
 
 ``relevance_score``: :func:`relevance_scores` — the Sinkhorn relaxation of the score matrix (paper §3.3)
-read as a soft rank, made non-increasing along the returned LAPJV order by isotonic regression.
+read as a soft rank, made non-increasing along the returned LAPJV order by isotonic regression (a list ranked
+in blocks: :attr:`hllm.runtime.blocks.BlockRanking.relevance`, the same quantity over the whole list).
+``meta.billed_units.search_units`` = ⌈N / 100⌉ (Cohere bills a search unit per 100 documents).
 
 Every bad request → 400 (413 body too large, 415 content type, 404 model) with the ``{"error": {"kind",
 "message", "id"}}`` envelope of :mod:`hllm.serve.app`; the Cohere SDKs raise ``BadRequestError`` etc. on them.
@@ -42,6 +47,7 @@ Every bad request → 400 (413 body too large, 415 content type, 404 model) with
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Optional, Union
 
@@ -52,6 +58,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from hllm.errors import SlateError
+from hllm.runtime import blocks
 from hllm.runtime.decode import SINKHORN_ITERS, SINKHORN_TAU, relevance_scores  # noqa: F401 (re-exported)
 from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING, PromptBuilder
 from hllm.runtime.slates import _text, loads_json
@@ -79,7 +86,7 @@ class RerankRequest(BaseModel):
 
     model: Optional[str] = Field(None, description=f"Absent or {SERVED_MODEL!r}; another name → 404.")
     query: str = Field(..., description="The user context: rendered as a one-element history by the artefact's prompt spec.")
-    documents: list[Union[str, dict]] = Field(..., min_length=1, description="1..K strings or {\"text\": str} objects.")
+    documents: list[Union[str, dict]] = Field(..., min_length=1, description="1..max_documents (1000) strings or {\"text\": str} objects; more than K are ranked in blocks.")
     top_n: Optional[int] = Field(None, ge=1, description="Return the first top_n of the full ranking (default: all).")
     return_documents: Optional[bool] = Field(None, description="Each result carries document.text (default: true on "
                                              "/v1/rerank and /rerank, false on /v2/rerank).")
@@ -165,14 +172,16 @@ def _document(d: Any, i: int) -> str:
     return _string(d, f"documents[{i}]")
 
 
-def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) -> RerankQuery:
+def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec,
+                      max_documents: int = blocks.MAX_DOCUMENTS) -> RerankQuery:
     """Parse and check a rerank body → :class:`RerankQuery` (the rules are this module's docstring).
 
     Args:
         body: the raw request body. content_type: its Content-Type header. route: a key of :data:`ROUTES`.
         k: the head's rank positions K. spec: the artefact's :class:`hllm.formats.prompt.PromptSpec`.
+        max_documents: the most documents of one request.
     Raises: ApiError 415 (content type), 404 (another model), 400 (not UTF-8, malformed JSON, unknown or
-        mistyped field, no documents, more documents than K, top_n or max_tokens_per_doc < 1, a query over
+        mistyped field, no documents, more documents than ``max_documents``, top_n or max_tokens_per_doc < 1, a query over
         the character limit) — every message names the field.
     """
     ctype = content_type.split(";")[0].strip().lower()
@@ -205,9 +214,10 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec) 
         _fail(f"'documents' must be a list of strings or {{\"text\": str}} objects, got "
               f"{'nothing' if docs is None else type(docs).__name__}")
     if not docs:
-        _fail("'documents' is empty: give 1..K documents")
-    if len(docs) > k:
-        _fail(f"{len(docs)} documents, over K={k}: this model ranks at most {k} documents in one request")
+        _fail("'documents' is empty: give 1..max_documents documents")
+    if len(docs) > max_documents:
+        _fail(f"{len(docs)} documents, over the limit of {max_documents} documents per request (max_documents; "
+              f"lists longer than K={k} are ranked in blocks)", "too_many_documents")
     texts = [_document(d, i) for i, d in enumerate(docs)]
     top_n = _int(doc.get("top_n"), "top_n")
     budget = _int(doc.get("max_tokens_per_doc"), "max_tokens_per_doc")
@@ -253,14 +263,16 @@ class BuilderCache:
         return b
 
 
-def encode(builder: PromptBuilder, q: RerankQuery):
-    """Encode the request's slate once (the row goes to the batcher) → (row, warnings).
+def encode(builder: PromptBuilder, q: RerankQuery, options: blocks.BlockOptions | None = None):
+    """Encode the request's slate once (the row goes to the batcher) → (row, warnings): an
+    :class:`~hllm.runtime.prompt.EncodedSlate`, or a :class:`~hllm.runtime.blocks.BlockedSlate` for a list
+    longer than K or ``max_seq_len`` (``options``: how, :class:`~hllm.runtime.blocks.BlockOptions`).
 
-    Raises: ApiError 400 when the prompt builder refuses the slate (prompt over ``max_seq_len``) or the
+    Raises: ApiError 400 when the slate is refused (one document over ``max_seq_len``) or the
     query does not fit the user-context budget.
     """
     try:
-        row = builder.encode_one(q.slate)
+        row = blocks.encode(builder, q.slate, options)
     except SlateError as e:
         _fail(str(e).replace("slate 0: ", "", 1))
     if q.from_query and row.history_dropped:
@@ -272,13 +284,18 @@ def encode(builder: PromptBuilder, q: RerankQuery):
                         f"{builder.spec.history_token_budget} tokens")
     if row.truncated:
         warnings.append(f"documents {row.truncated} were cut to {builder.spec.candidate_token_budget} tokens")
+    if isinstance(row, blocks.BlockedSlate):
+        warnings.append(f"the {row.n} documents are more than one pass of this model holds (K={row.k}, "
+                        f"max_seq_len={row.max_seq_len}): ranked in {len(row.blocks)} blocks, then the best ones "
+                        "in one final pass")
     return row, warnings
 
 
 def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, request_id: str, route: str,
              timing: dict) -> dict:
     """The JSON response (module docstring): the first ``top_n`` of the LAPJV order with their scores."""
-    scores = relevance_scores(matrix, ranking.order)
+    rel = getattr(ranking, "relevance", None)
+    scores = rel if rel is not None else relevance_scores(matrix, ranking.order)
     texts = [c["title"] for c in q.slate["candidates"]]
     results = []
     for p in range(q.top_n):
@@ -287,12 +304,12 @@ def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, r
         if q.return_documents:
             r["document"] = {"text": texts[i]}
         results.append(r)
-    n_tokens = len(row.ids)
+    n_tokens = row.n_tokens if isinstance(row, blocks.BlockedSlate) else len(row.ids)
     version = "2" if route.startswith("/v2") else "1"
     return {
         "id": request_id, "model": SERVED_MODEL, "results": results,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1},
+        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": math.ceil(len(texts) / 100)},
                  "tokens": {"input_tokens": n_tokens, "output_tokens": 0}, "warnings": warnings},
         "timing": timing,
     }
@@ -315,16 +332,17 @@ def add_rerank_routes(app, service) -> None:
             service._check_ready()
             body = await read_body(request, service.options.max_body_bytes, service.options.body_timeout_s)
             builders = builder_cache()
+            options = getattr(service.ranker, "blocks", None) or blocks.BlockOptions()
             q = parse_rerank_body(body, request.headers.get("content-type", ""), route,
-                                  service.ranker.engine.num_positions, builders.base.spec)
-            row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q)
+                                  service.ranker.engine.num_positions, builders.base.spec, options.max_documents)
+            row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q, options)
             res, timing = await service.submit([q.slate], q.deadline_ms, t0, encoded=[row])
             return JSONResponse(response(q, res.rankings[0], res.scores[0], row, warnings, request.state.request_id,
                                          route, timing))
         return rerank
 
     errors = {**{c: v for c, v in ERROR_RESPONSES.items() if c != 422}, 400: {**ERROR_RESPONSES[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "
-                                                             "missing or of the wrong type, no documents, more than K."},
+                                                             "missing or of the wrong type, no documents, more than max_documents."},
               404: {**ERROR_RESPONSES[400], "description": "Another model than the one served."}}
     for route, default in ROUTES.items():
         app.post(route, summary=f"Rerank documents for a query (Cohere / Jina; return_documents defaults to "
