@@ -437,3 +437,32 @@ def test_cli_serve_binds_loopback_and_drains_on_sigterm(export_dir, tmp_path):
     assert "stopped (SIGTERM): in-flight requests were drained" in (tmp_path / "serve.log").read_text()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/healthz", timeout=2)
+
+
+def test_batcher_counts_a_blocked_slate_as_b_plus_1():
+    """A slate ranked in 2 blocks (work 3) queued with three one-slate requests, max_batch_slates = 4: the first
+    engine batch is the long slate + ONE short request (3 + 1 rows), the other two ride the next batch."""
+    import asyncio
+    import types
+
+    from hllm.runtime.ranker import RankResult, StageTimes
+    from hllm.serve.batching import MicroBatcher
+
+    calls = []
+
+    class Recorder:
+        def rank(self, slates, encoded=None, batch_size=None):
+            calls.append([s["slate_id"] for s in slates])
+            return RankResult(rankings=[None] * len(slates), scores=[None] * len(slates), times=StageTimes())
+
+    async def main():
+        b = MicroBatcher(Recorder(), BatchOptions(max_batch_slates=4, max_wait_ms=500.0))
+        await b.start()
+        long_row, short_row = types.SimpleNamespace(work=3), types.SimpleNamespace()
+        jobs = [b.submit([{"slate_id": "long"}], encoded=[long_row])]
+        jobs += [b.submit([{"slate_id": f"s{i}"}], encoded=[short_row]) for i in range(3)]
+        await asyncio.gather(*jobs)
+        await b.close()
+
+    asyncio.run(main())
+    assert calls == [["long", "s0"], ["s1", "s2"]]
