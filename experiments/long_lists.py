@@ -15,7 +15,7 @@ Phases (each checkpoints one JSON line per slate to OUTDIR/<phase>.jsonl and res
 * c — latency, engine rows and calls by N (50, 100, 200, 500, 1000) through ``Ranker.rank_batch``, and
   peak RSS (``resource.getrusage``).
 
-``summarise OUTDIR`` writes OUTDIR/summary.json from the checkpoints.
+``summarise OUTDIR`` writes OUTDIR/summary.json from the checkpoints; ``tables OUTDIR`` prints its markdown tables.
 """
 
 from __future__ import annotations
@@ -165,6 +165,10 @@ def summarise(outdir: Path) -> dict:
                                             for k in ("anchors", "jointrank")}}
             for m in ("anchors", "anchors_round_a", "jointrank", "jointrank_refined", "random"):
                 out[str(n)][m] = evaluate([r[m] for r in rows], [r["labels"] for r in rows]).to_dict()
+            # the expectation over uniformly random orders (one clicked item): AUC 1/2, R@10 = 10/N,
+            # NDCG@10 = (1/N) Σ_{p<10} 1/log2(p + 2)
+            out[str(n)]["random_expected"] = {"auc": 0.5, "recall@10": 10 / n,
+                                              "ndcg@10": sum(1 / np.log2(p + 2) for p in range(10)) / n}
         summary["b_long_lists"] = out
     c = [json.loads(x) for x in (outdir / "c.jsonl").read_text().splitlines()] if (outdir / "c.jsonl").exists() else []
     if c:
@@ -173,11 +177,56 @@ def summarise(outdir: Path) -> dict:
     return summary
 
 
+def tables(summary: dict) -> str:
+    """The markdown tables of docs/long-lists.md from a summary."""
+    out = []
+    a = summary.get("a_two_blocks_vs_single")
+    if a:
+        out += [f"(a) {a['slates']} eval slates of N = 50, forced into 2 blocks + {a['anchors']} anchors (head limited to "
+                f"K' = {a['k_emulated']}), against the one pass over all 50:", "",
+                "| ranking | Kendall tau vs one pass | top-1 agreement | AUC | R@10 | NDCG@10 | ΔAUC [95% CI] | ΔR@10 [95% CI] | ΔNDCG@10 [95% CI] |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        m = a["single"]["metrics"]
+        out.append(f"| one pass (N = 50) | 1 | 1 | {m['auc']:.3f} | {m['recall@10']:.3f} | {m['ndcg@10']:.3f} | | | |")
+        for name, label in (("final", "blocks + round B (shipped)"), ("round_a", "round A alone")):
+            r = a[name]
+            m, d = r["metrics"], r["delta"]
+            ci = {k: f"{d[k]['mean']:+.3f} [{d[k]['ci95'][0]:+.3f}, {d[k]['ci95'][1]:+.3f}]" for k in ("auc", "recall@10", "ndcg@10")}
+            out.append(f"| {label} | {r['tau_vs_single']:.3f} | {r['top1_agreement']:.3f} | {m['auc']:.3f} | "
+                       f"{m['recall@10']:.3f} | {m['ndcg@10']:.3f} | {ci['auc']} | {ci['recall@10']} | {ci['ndcg@10']} |")
+        out.append("")
+    b = summary.get("b_long_lists")
+    if b:
+        out += ["(b) lists built from eval slates (the user's 50 + negatives from other slates, clicked item kept):", "",
+                "| N | slates | method | engine prompts | s / list | AUC | R@10 | NDCG@10 |", "|---|---|---|---|---|---|---|---|"]
+        names = (("anchors", "anchors + round B (shipped)", "anchors"), ("anchors_round_a", "anchors, round A alone", "anchors"),
+                 ("jointrank", "JointRank (win rate)", "jointrank"), ("jointrank_refined", "JointRank + round B", "jointrank"),
+                 ("random", "one seeded random order", None), ("random_expected", "random order, expectation", None))
+        for n, v in b.items():
+            for key, label, cost in names:
+                m = v[key]
+                final = key.endswith("refined") or key == "anchors"
+                rows = f"{v['engine_rows'][cost] - (0 if final else 1):.1f}" if cost else "0"
+                sec = f"{v['seconds_mean'][cost]:.1f}" if key in ("anchors", "jointrank_refined") else ""
+                out.append(f"| {n} | {v['slates']} | {label} | {rows} | {sec} | {m['auc']:.3f} | {m['recall@10']:.3f} | {m['ndcg@10']:.3f} |")
+        out.append("")
+    c = summary.get("c_latency_by_n")
+    if c:
+        out += ["(c) one list through `Ranker.rank_batch` (ONNX Runtime, 2 threads, shared cores):", "",
+                "| N | blocks | engine prompts | engine calls | wall s | peak RSS MiB (process max so far) |", "|---|---|---|---|---|---|"]
+        for r in c:
+            out.append(f"| {r['n']} | {r['blocks']} | {r['engine_rows']} | {r['engine_calls']} | {r['seconds']:.1f} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> None:
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "summarise":
         print(json.dumps(summarise(Path(argv[1])), indent=2))
+        return
+    if argv and argv[0] == "tables":
+        print(tables(json.loads((Path(argv[1]) / "summary.json").read_text())))
         return
     p = argparse.ArgumentParser()
     p.add_argument("export")
