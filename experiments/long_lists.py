@@ -131,12 +131,25 @@ def phase_c(ranker, slates, out: Path) -> None:
                       "times_ms": {k: round(v, 1) for k, v in vars(res.times).items()}, "peak_rss_mib": round(rss, 1)})
 
 
+def _records(outdir: Path, phase: str) -> list[dict]:
+    """The checkpointed records of a phase: OUTDIR/<phase>.jsonl, or its committed .jsonl.gz."""
+    import gzip
+
+    plain, packed = outdir / f"{phase}.jsonl", outdir / f"{phase}.jsonl.gz"
+    text = plain.read_text() if plain.exists() else gzip.open(packed, "rt").read() if packed.exists() else ""
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
 def summarise(outdir: Path) -> dict:
     from hllm.verify.metrics import METRIC_KEYS, bootstrap_ci, evaluate, paired_rows
     from hllm.verify.parity import kendall_tau
 
-    summary: dict = {"cores": "shared (2 CPU cores shared with other engineers)"}
-    a = [json.loads(x) for x in (outdir / "a.jsonl").read_text().splitlines()] if (outdir / "a.jsonl").exists() else []
+    summary: dict = {"cores": "shared (2 CPU cores shared with other engineers)",
+                     "model": "checkpoints/smollm2-beauty-lora merged and exported as `make demo` does (ort-cpu, fp32), "
+                              "ONNX Runtime, 2 threads",
+                     "slates": "../shared/data/amazon-beauty/eval.jsonl.gz (sha256 fb9db798…, 1,118 slates of 50)",
+                     "script": "experiments/long_lists.py"}
+    a = _records(outdir, "a")
     if a:
         labels = [r["labels"] for r in a]
         rep = {}
@@ -152,7 +165,7 @@ def summarise(outdir: Path) -> dict:
             }
         rep["single"] = {"metrics": evaluate([r["single"] for r in a], labels).to_dict()}
         summary["a_two_blocks_vs_single"] = {"slates": len(a), "k_emulated": 28, "anchors": 5, **rep}
-    b = [json.loads(x) for x in (outdir / "b.jsonl").read_text().splitlines()] if (outdir / "b.jsonl").exists() else []
+    b = _records(outdir, "b")
     if b:
         out = {}
         for n in (100, 200):
@@ -170,7 +183,7 @@ def summarise(outdir: Path) -> dict:
             out[str(n)]["random_expected"] = {"auc": 0.5, "recall@10": 10 / n,
                                               "ndcg@10": sum(1 / np.log2(p + 2) for p in range(10)) / n}
         summary["b_long_lists"] = out
-    c = [json.loads(x) for x in (outdir / "c.jsonl").read_text().splitlines()] if (outdir / "c.jsonl").exists() else []
+    c = _records(outdir, "c")
     if c:
         summary["c_latency_by_n"] = c
     (outdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
