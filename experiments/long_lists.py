@@ -1,4 +1,5 @@
-"""Long lists (docs/long-lists.md): block ranking vs one pass on the real Beauty export.
+"""[experiment] last run at commit 676ff59; output: results/longlists/summary.json. Kept for provenance, not maintained (experiments/README.md).
+Long lists (docs/long-lists.md): block ranking vs one pass on the real Beauty export.
 
     PYTHONPATH=$PWD nice python experiments/long_lists.py EXPORT EVAL.jsonl.gz OUTDIR [--phase a|b|c]
         [--minutes M] [--limit N]
