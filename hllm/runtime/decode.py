@@ -43,6 +43,10 @@ import numpy as np
 
 from hllm.errors import DecodeError
 
+#: Sinkhorn temperature and iterations of :func:`relevance_scores` (those ``hllm train`` defaults to, paper §3.3).
+SINKHORN_TAU = 1.0
+SINKHORN_ITERS = 20
+
 #: The solver the runtime uses, for reports (``hllm bench`` records it with ``lap.__version__``).
 SOLVER = "lap.lapjv (float64 costs scaled by a power of two, return_cost=False)"
 
@@ -178,3 +182,76 @@ def assignment_scores(scores: np.ndarray, ranking: np.ndarray) -> np.ndarray:
     """Score of each item at its assigned position: ``[n]`` float64, in ranking order
     (``out[p] = scores[ranking[p], p]``)."""
     return np.asarray(scores[ranking, np.arange(len(ranking))], dtype=np.float64)
+
+
+def _isotonic_decreasing(y: np.ndarray) -> np.ndarray:
+    """The non-increasing sequence closest to ``y`` in least squares (pool-adjacent-violators), float64."""
+    vals, counts = [], []
+    for v in y.tolist():
+        vals.append(v)
+        counts.append(1)
+        while len(vals) > 1 and vals[-2] < vals[-1]:  # a violation: pool the two blocks
+            c = counts[-2] + counts[-1]
+            vals[-2] = (vals[-2] * counts[-2] + vals[-1] * counts[-1]) / c
+            counts[-2] = c
+            vals.pop()
+            counts.pop()
+    return np.repeat(np.asarray(vals, dtype=np.float64), counts)
+
+
+def relevance_scores(scores: np.ndarray, order, tau: float = SINKHORN_TAU, iters: int = SINKHORN_ITERS) -> np.ndarray:
+    """Relevance score in [0, 1] of each rank position of the LAPJV ``order``, non-increasing by construction.
+
+    1. Sinkhorn relaxation of the real block (paper §3.3, the operator ``hllm train`` fits; log domain as in
+       :mod:`hllm.training.sinkhorn`): ``S = Sinkhorn(exp(M[:n, :n] / τ))``, ``iters`` row+column
+       normalisations; ``S[i, p]`` is item i's mass at rank position p, rows and columns sum to 1.
+    2. Soft rank: ``r_i = Σ_p S[i, p] · (n − 1 − p) / (n − 1)`` = ``1 − E_S[position of i] / (n − 1)``: 1 when
+       all of i's mass is at the top position, 0 at the bottom one; the mean over a slate is exactly 0.5
+       (the columns of S sum to 1), so 0.5 is "the middle of this list". ``n = 1`` → 1.0.
+    3. Along ``order`` the values are replaced by their isotonic (non-increasing, least-squares) fit
+       (pool-adjacent-violators), so the score never rises down the returned list; ties are averaged.
+
+    Args:
+        scores: the score matrix M ``[n, K]`` (real rows of the slate; float). order: the LAPJV ranking,
+            ``order[p]`` = item at position p (a permutation of ``range(n)``).
+        tau: Sinkhorn temperature (> 0). iters: normalisation rounds (≥ 1).
+    Returns: ``[n]`` float64 scores, ``out[p]`` for item ``order[p]``.
+    Raises: ValueError if ``order`` is not a permutation of the ``n`` rows or the ``[n, n]`` block it reads
+        is not finite (the columns past n are not read).
+    """
+    m = np.asarray(scores, dtype=np.float64)
+    n = m.shape[0]
+    order = np.asarray(order, dtype=np.int64)
+    if m.ndim != 2 or m.shape[1] < n or sorted(order.tolist()) != list(range(n)):
+        raise ValueError(f"order must be a permutation of the {n} rows of a [n, K ≥ n] matrix, got shape {m.shape}")
+    m = m[:, :n]
+    if not np.isfinite(m).all():
+        raise ValueError("scores must be finite")
+    return monotone_scores(soft_rank(m, tau, iters)[order])
+
+
+def monotone_scores(values) -> np.ndarray:
+    """``values`` (one per rank position, best first) made non-increasing by isotonic regression and clipped to
+    [0, 1]: ``[n]`` float64 (step 3 of :func:`relevance_scores`)."""
+    return np.clip(_isotonic_decreasing(np.asarray(values, dtype=np.float64)), 0.0, 1.0)
+
+
+def soft_rank(scores: np.ndarray, tau: float = SINKHORN_TAU, iters: int = SINKHORN_ITERS) -> np.ndarray:
+    """Sinkhorn soft rank of each item of a finite score matrix ``[n, K ≥ n]``: ``[n]`` float64 in [0, 1],
+    ``1 − E_S[position of i] / (n − 1)`` with ``S = Sinkhorn(exp(M[:n, :n] / τ))`` (steps 1-2 of
+    :func:`relevance_scores`; paper §3.3). Item order is the rows' (not a ranking); ``n = 1`` → ``[1.0]``.
+    """
+    m = np.asarray(scores, dtype=np.float64)
+    n = m.shape[0]
+    if n == 1:
+        return np.ones(1)
+    x = m[:, :n] / tau
+    for _ in range(iters):
+        x = x - _logsumexp(x, axis=1)
+        x = x - _logsumexp(x, axis=0)
+    return np.exp(x) @ (np.arange(n - 1, -1, -1, dtype=np.float64) / (n - 1))
+
+
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    top = x.max(axis=axis, keepdims=True)
+    return top + np.log(np.exp(x - top).sum(axis=axis, keepdims=True))

@@ -35,6 +35,11 @@ from hllm.formats.prompt import PromptSpec, candidate_fields
 CHARS_PER_TOKEN_CEILING = 32
 
 
+class PromptTooLong(SlateError):
+    """A slate's prompt is longer than the spec's ``max_seq_len`` (:meth:`PromptBuilder.encode_one`); a
+    :class:`~hllm.runtime.ranker.Ranker` then ranks the slate in blocks (:mod:`hllm.runtime.blocks`)."""
+
+
 def cut_text(text: str, token_budget: int) -> tuple[str, bool]:
     """``text`` cut to ``token_budget × CHARS_PER_TOKEN_CEILING`` characters, and whether it was cut.
 
@@ -226,7 +231,7 @@ class PromptBuilder:
             readout.append(len(ids) - 1)
             ids.extend(self._sep_ids)
         if len(ids) > self.spec.max_seq_len:
-            raise SlateError(
+            raise PromptTooLong(
                 f"slate {sid}: prompt is {len(ids)} tokens, over max_seq_len={self.spec.max_seq_len} "
                 "(lower candidate_token_budget or history_token_budget)"
             )

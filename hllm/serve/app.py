@@ -370,15 +370,15 @@ class RankService(kserve.KServeEndpoints):
 
         The JobResult's score matrices follow the one rule of every route (:func:`assignment_blocks`).
 
-        Raises: ApiError 422 (a slate the prompt builder refuses), 503 (queue full, shutting down),
-        504 (deadline), 500 (the engine batch failed, a non-finite score in a slate's assignment block).
+        Raises: ApiError 400 (over max_documents), 422 (a slate the prompt builder refuses), 503 (queue full,
+        shutting down), 504 (deadline), 500 (the engine batch failed, a non-finite score in a slate's assignment block).
         """
         if pinned is None:
             with self.pin() as own:
                 return await self.submit(slates, deadline, t0, encoded, own)
         ranker, model = pinned
         if encoded is None:
-            encoded = await run_in_threadpool(encode_slates, ranker.builder, slates)
+            encoded = await run_in_threadpool(encode_slates, ranker, slates)
         t1 = time.perf_counter()
         self.metrics.stage.labels("validate").observe(t1 - t0)
         try:

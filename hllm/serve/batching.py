@@ -22,7 +22,8 @@ Each request runs on the ranker it was submitted with (``submit(..., ranker=)``,
 ``ranker``): a batch holds requests of one ranker only, so a model version swapped in while requests wait
 (:mod:`hllm.serve.repository`) never shares a batch with the one it replaces.
 
-A request with more slates than ``max_batch_slates`` runs alone, in chunks of ``max_batch_slates``.
+A request with more slates than ``max_batch_slates`` runs alone, in chunks of ``max_batch_slates``. A slate
+ranked in B blocks (:mod:`hllm.runtime.blocks`) counts as B + 1 slates of work (:func:`hllm.runtime.blocks.work`).
 ``max_batch_slates=1, max_wait_ms=0`` turns micro-batching off (one engine call per slate).
 """
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hllm.errors import DecodeError, EngineError, HllmError, ShapeError, SlateError
+from hllm.runtime.blocks import work
 
 log = logging.getLogger("hllm.serve")
 
@@ -136,6 +138,11 @@ class _Job:
     deadline: float  # time.perf_counter() at which the caller gives up
     ranker: Any = None  # the ranker (model version) this request runs on
     started: float = 0.0
+
+    @property
+    def work(self) -> int:
+        """Engine rows of this job: one per slate, B + 1 per slate ranked in B blocks."""
+        return len(self.slates) if self.encoded is None else sum(work(e) for e in self.encoded)
 
 
 def error_kind(e: BaseException) -> str:
@@ -273,7 +280,7 @@ class MicroBatcher(EngineThread):
             self.metrics.queue_depth(len(self._pending))
 
     def _pending_slates(self) -> int:
-        return sum(len(j.slates) for j in self._pending)
+        return sum(j.work for j in self._pending)
 
     async def _wait(self, seconds: float) -> None:
         self._wakeup.clear()
@@ -300,10 +307,10 @@ class MicroBatcher(EngineThread):
             if not self._pending:  # abandoned while the batch filled
                 continue
             jobs = [self._pending.popleft()]
-            n = len(jobs[0].slates)
-            while (self._pending and n + len(self._pending[0].slates) <= opt.max_batch_slates
+            n = jobs[0].work
+            while (self._pending and n + self._pending[0].work <= opt.max_batch_slates
                    and self._pending[0].ranker is jobs[0].ranker):
-                n += len(self._pending[0].slates)
+                n += self._pending[0].work
                 jobs.append(self._pending.popleft())
             self._observe_depth()
             now = time.perf_counter()

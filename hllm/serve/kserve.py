@@ -296,14 +296,16 @@ def request_slates(doc: dict, blob: bytes, max_slates: int) -> list[dict]:
 def output_arrays(rankings: Sequence, scores: Sequence[np.ndarray], k: int) -> dict[str, np.ndarray]:
     """The model's outputs for ranked slates: ``ranking [B, K]`` int64 (-1 padded), ``scores [B, K, K]``
     float32 (real rows of each score matrix, zeros below; the server passes the matrices of
-    :func:`hllm.serve.protocol.assignment_blocks`, zero past the slate's columns too), ``truncated [B, K]`` bool.
+    :func:`hllm.serve.protocol.assignment_blocks`, zero past the slate's columns too), ``truncated [B, K]`` bool; K
+    becomes the longest slate's N when a slate was ranked in blocks (:mod:`hllm.runtime.blocks`).
 
     ``rankings``: :class:`hllm.runtime.ranker.Ranking` per slate; ``scores``: ``[n_b, K]`` per slate.
     """
     b = len(rankings)
-    ranking = np.full((b, k), -1, dtype=np.int64)
-    matrix = np.zeros((b, k, k), dtype=np.float32)
-    truncated = np.zeros((b, k), dtype=np.bool_)
+    width = max([k] + [len(r.order) for r in rankings])  # a slate ranked in blocks is longer than K
+    ranking = np.full((b, width), -1, dtype=np.int64)
+    matrix = np.zeros((b, width, k), dtype=np.float32)
+    truncated = np.zeros((b, width), dtype=np.bool_)
     for i, (r, m) in enumerate(zip(rankings, scores)):
         ranking[i, : len(r.order)] = r.order
         matrix[i, : m.shape[0]] = m

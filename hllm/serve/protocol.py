@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from hllm.errors import SlateError
+from hllm.runtime.blocks import TooManyDocuments
 from hllm.runtime.slates import loads_json, validate_slate
 from hllm.serve.schemas import ErrorResponse
 
@@ -129,13 +130,17 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
                        {"Connection": "close"}) from None
 
 
-def encode_slates(builder, slates: list[dict]) -> list:
-    """Encode each slate once with the runtime's PromptBuilder (empty, > K, over max_seq_len → 422);
-    the rows go to the batcher, so no slate is tokenized twice."""
+def encode_slates(ranker, slates: list[dict]) -> list:
+    """Encode each slate once with :meth:`hllm.runtime.Ranker.encode` (a slate longer than K or ``max_seq_len``
+    is planned in blocks, :mod:`hllm.runtime.blocks`); the rows go to the batcher, so no slate is tokenized
+    twice. Raises: ApiError 400 (over ``max_documents``, naming the limit), 422 (empty, a candidate that
+    tokenizes to nothing, one candidate over ``max_seq_len``)."""
     rows = []
     for i, s in enumerate(slates):
         try:
-            rows.append(builder.encode_one(s))
+            rows.append(ranker.encode(s))
+        except TooManyDocuments as e:
+            raise ApiError(400, "too_many_documents", f"slates[{i}]: {e}") from None
         except SlateError as e:
             raise ApiError(422, "bad_slate", f"slates[{i}]: {e}") from None
     return rows

@@ -10,7 +10,8 @@ https://docs.cohere.com/reference/rerank; Jina's, https://jina.ai/reranker/; vLL
     → {"id", "model", "results": [{"index", "relevance_score", "document"?: {"text"}}, ...],
        "usage": {"prompt_tokens", "total_tokens"}, "meta": {...}, "timing": {...}}
 
-One request is ONE slate: the whole list is scored in one prefill pass and decoded by LAPJV (paper §3.4),
+One request is ONE slate: the whole list is scored in one prefill pass (a list longer than K: in blocks) and
+decoded by LAPJV (paper §3.4),
 riding the micro-batcher, deadlines, metrics (``path`` label ``/v1/rerank`` / ``/v2/rerank``) and error
 envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
 
@@ -22,7 +23,9 @@ envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
   first, the oldest items dropped to fit the budget); ``query`` is then still required and checked
   but not put in the prompt (precedence: ``history`` over ``query``).
 * ``documents`` → the candidates in request order (``index`` in the results refers to it); strings or
-  objects with a string ``text`` (other keys ignored). More than K (the head's rank positions) → 400.
+  objects with a string ``text`` (other keys ignored). More than K (the head's rank positions), or a prompt
+  over ``max_seq_len``: ranked in B blocks + a final pass (:mod:`hllm.runtime.blocks`), said in
+  ``meta.warnings``; more than ``max_documents`` (default 1000) → 400 naming the limit.
 * ``top_n`` → the first ``top_n`` of the FULL permutation (absent or null: all; over the count: all).
 * ``return_documents``: default true on ``/v1/rerank`` and ``/rerank`` (Jina), false on ``/v2/rerank``
   (Cohere v2, whose clients send no such field).
@@ -35,7 +38,9 @@ envelope of ``/v1/rank``. The mapping (also in ``docs/serving.md``):
   ``max_chunks_per_doc`` (Cohere v1), ``rank_fields`` when it is ``["text"]``. Any other field → 400.
 
 ``relevance_score``: :func:`relevance_scores` — the Sinkhorn relaxation of the score matrix (paper §3.3)
-read as a soft rank, made non-increasing along the returned LAPJV order by isotonic regression.
+read as a soft rank, made non-increasing along the returned LAPJV order by isotonic regression (a list ranked
+in blocks: :attr:`hllm.runtime.blocks.BlockRanking.relevance`, the same quantity over the whole list).
+``meta.billed_units.search_units`` = ⌈N / 100⌉ (Cohere bills a search unit per 100 documents).
 
 Every bad request → 400 (413 body too large, 415 content type, 404 model) with the ``{"error": {"kind",
 "message", "id"}}`` envelope of :mod:`hllm.serve.app`; the Cohere SDKs raise ``BadRequestError`` etc. on them.
@@ -44,6 +49,7 @@ Every bad request → 400 (413 body too large, 415 content type, 404 model) with
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Optional, Union
 
@@ -54,6 +60,8 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from hllm.errors import SlateError
+from hllm.runtime import blocks
+from hllm.runtime.decode import SINKHORN_ITERS, SINKHORN_TAU, relevance_scores  # noqa: F401 (re-exported)
 from hllm.runtime.prompt import CHARS_PER_TOKEN_CEILING, PromptBuilder
 from hllm.runtime.slates import text_field, loads_json
 from hllm.serve.protocol import ERROR_RESPONSES, JSON_TYPES, ApiError, read_body
@@ -62,9 +70,6 @@ from hllm.serve.protocol import ERROR_RESPONSES, JSON_TYPES, ApiError, read_body
 SERVED_MODEL = "hllm_ranker"
 #: The routes and whether each returns documents by default (Jina: yes; Cohere v2: no).
 ROUTES = {"/v1/rerank": True, "/v2/rerank": False, "/rerank": True}
-#: Sinkhorn temperature and iterations of :func:`relevance_scores` (those ``hllm train`` defaults to, paper §3.3).
-SINKHORN_TAU = 1.0
-SINKHORN_ITERS = 20
 #: Fields a client may send that are accepted and ignored.
 IGNORED_FIELDS = ("priority", "max_chunks_per_doc", "rank_fields")
 #: The longest ``deadline_ms`` a request may ask for (one day, the bound of ``hllm serve --deadline-ms``).
@@ -83,7 +88,7 @@ class RerankRequest(BaseModel):
 
     model: Optional[str] = Field(None, description=f"Absent or a served name (default {SERVED_MODEL!r}); another name → 404.")
     query: str = Field(..., description="The user context: rendered as a one-element history by the artefact's prompt spec.")
-    documents: list[Union[str, dict]] = Field(..., min_length=1, description="1..K strings or {\"text\": str} objects.")
+    documents: list[Union[str, dict]] = Field(..., min_length=1, description="1..max_documents (1000) strings or {\"text\": str} objects; more than K are ranked in blocks.")
     top_n: Optional[int] = Field(None, ge=1, description="Return the first top_n of the full ranking (default: all).")
     return_documents: Optional[bool] = Field(None, description="Each result carries document.text (default: true on "
                                              "/v1/rerank and /rerank, false on /v2/rerank).")
@@ -172,15 +177,16 @@ def _document(d: Any, i: int) -> str:
 
 
 def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec,
-                      names: tuple[str, ...] = (SERVED_MODEL,)) -> RerankQuery:
+                      names: tuple[str, ...] = (SERVED_MODEL,), max_documents: int = blocks.MAX_DOCUMENTS) -> RerankQuery:
     """Parse and check a rerank body → :class:`RerankQuery` (the rules are this module's docstring).
 
     Args:
         body: the raw request body. content_type: its Content-Type header. route: a key of :data:`ROUTES`.
         k: the head's rank positions K. spec: the artefact's :class:`hllm.formats.prompt.PromptSpec`.
         names: the served model names a ``model`` field may give.
+        max_documents: the most documents of one request.
     Raises: ApiError 415 (content type), 404 (another model), 400 (not UTF-8, malformed JSON, unknown or
-        mistyped field, no documents, more documents than K, top_n or max_tokens_per_doc < 1, a query over
+        mistyped field, no documents, more documents than ``max_documents``, top_n or max_tokens_per_doc < 1, a query over
         the character limit) — every message names the field.
     """
     ctype = content_type.split(";")[0].strip().lower()
@@ -214,9 +220,10 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec,
         _fail(f"'documents' must be a list of strings or {{\"text\": str}} objects, got "
               f"{'nothing' if docs is None else type(docs).__name__}")
     if not docs:
-        _fail("'documents' is empty: give 1..K documents")
-    if len(docs) > k:
-        _fail(f"{len(docs)} documents, over K={k}: this model ranks at most {k} documents in one request")
+        _fail("'documents' is empty: give 1..max_documents documents")
+    if len(docs) > max_documents:
+        _fail(f"{len(docs)} documents, over the limit of {max_documents} documents per request (max_documents; "
+              f"lists longer than K={k} are ranked in blocks)", "too_many_documents")
     texts = [_document(d, i) for i, d in enumerate(docs)]
     top_n = _int(doc.get("top_n"), "top_n")
     budget = _int(doc.get("max_tokens_per_doc"), "max_tokens_per_doc")
@@ -244,64 +251,6 @@ def parse_rerank_body(body: bytes, content_type: str, route: str, k: int, spec,
                        doc.get("history") is None, model)
 
 
-def _isotonic_decreasing(y: np.ndarray) -> np.ndarray:
-    """The non-increasing sequence closest to ``y`` in least squares (pool-adjacent-violators), float64."""
-    vals, counts = [], []
-    for v in y.tolist():
-        vals.append(v)
-        counts.append(1)
-        while len(vals) > 1 and vals[-2] < vals[-1]:  # a violation: pool the two blocks
-            c = counts[-2] + counts[-1]
-            vals[-2] = (vals[-2] * counts[-2] + vals[-1] * counts[-1]) / c
-            counts[-2] = c
-            vals.pop()
-            counts.pop()
-    return np.repeat(np.asarray(vals, dtype=np.float64), counts)
-
-
-def relevance_scores(scores: np.ndarray, order, tau: float = SINKHORN_TAU, iters: int = SINKHORN_ITERS) -> np.ndarray:
-    """Relevance score in [0, 1] of each rank position of the LAPJV ``order``, non-increasing by construction.
-
-    1. Sinkhorn relaxation of the real block (paper §3.3, the operator ``hllm train`` fits; log domain as in
-       :mod:`hllm.training.sinkhorn`): ``S = Sinkhorn(exp(M[:n, :n] / τ))``, ``iters`` row+column
-       normalisations; ``S[i, p]`` is item i's mass at rank position p, rows and columns sum to 1.
-    2. Soft rank: ``r_i = Σ_p S[i, p] · (n − 1 − p) / (n − 1)`` = ``1 − E_S[position of i] / (n − 1)``: 1 when
-       all of i's mass is at the top position, 0 at the bottom one; the mean over a slate is exactly 0.5
-       (the columns of S sum to 1), so 0.5 is "the middle of this list". ``n = 1`` → 1.0.
-    3. Along ``order`` the values are replaced by their isotonic (non-increasing, least-squares) fit
-       (pool-adjacent-violators), so the score never rises down the returned list; ties are averaged.
-
-    Args:
-        scores: the score matrix M ``[n, K]`` (real rows of the slate; float). order: the LAPJV ranking,
-            ``order[p]`` = item at position p (a permutation of ``range(n)``).
-        tau: Sinkhorn temperature (> 0). iters: normalisation rounds (≥ 1).
-    Returns: ``[n]`` float64 scores, ``out[p]`` for item ``order[p]``.
-    Raises: ValueError if ``order`` is not a permutation of the ``n`` rows or the ``[n, n]`` block it reads
-        is not finite (the columns past n are not read).
-    """
-    m = np.asarray(scores, dtype=np.float64)
-    n = m.shape[0]
-    order = np.asarray(order, dtype=np.int64)
-    if m.ndim != 2 or m.shape[1] < n or sorted(order.tolist()) != list(range(n)):
-        raise ValueError(f"order must be a permutation of the {n} rows of a [n, K ≥ n] matrix, got shape {m.shape}")
-    if not np.isfinite(m[:, :n]).all():
-        raise ValueError("scores must be finite")
-    if n == 1:
-        return np.ones(1)
-    x = m[:, :n] / tau
-    for _ in range(iters):
-        x = x - _logsumexp(x, axis=1)
-        x = x - _logsumexp(x, axis=0)
-    s = np.exp(x)
-    soft = s @ (np.arange(n - 1, -1, -1, dtype=np.float64) / (n - 1))
-    return np.clip(_isotonic_decreasing(soft[order]), 0.0, 1.0)
-
-
-def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
-    top = x.max(axis=axis, keepdims=True)
-    return top + np.log(np.exp(x - top).sum(axis=axis, keepdims=True))
-
-
 class BuilderCache:
     """One :class:`PromptBuilder` per candidate token budget (at most the artefact's budget of them), over
     the server's tokenizer and prompt spec; the artefact's own budget uses the server's builder."""
@@ -320,14 +269,16 @@ class BuilderCache:
         return b
 
 
-def encode(builder: PromptBuilder, q: RerankQuery):
-    """Encode the request's slate once (the row goes to the batcher) → (row, warnings).
+def encode(builder: PromptBuilder, q: RerankQuery, options: blocks.BlockOptions | None = None):
+    """Encode the request's slate once (the row goes to the batcher) → (row, warnings): an
+    :class:`~hllm.runtime.prompt.EncodedSlate`, or a :class:`~hllm.runtime.blocks.BlockedSlate` for a list
+    longer than K or ``max_seq_len`` (``options``: how, :class:`~hllm.runtime.blocks.BlockOptions`).
 
-    Raises: ApiError 400 when the prompt builder refuses the slate (prompt over ``max_seq_len``) or the
+    Raises: ApiError 400 when the slate is refused (one document over ``max_seq_len``) or the
     query does not fit the user-context budget.
     """
     try:
-        row = builder.encode_one(q.slate)
+        row = blocks.encode(builder, q.slate, options)
     except SlateError as e:
         _fail(str(e).replace("slate 0: ", "", 1))
     if q.from_query and row.history_dropped:
@@ -339,13 +290,18 @@ def encode(builder: PromptBuilder, q: RerankQuery):
                         f"{builder.spec.history_token_budget} tokens")
     if row.truncated:
         warnings.append(f"documents {row.truncated} were cut to {builder.spec.candidate_token_budget} tokens")
+    if isinstance(row, blocks.BlockedSlate):
+        warnings.append(f"the {row.n} documents are more than one pass of this model holds (K={row.k}, "
+                        f"max_seq_len={row.max_seq_len}): ranked in {len(row.blocks)} blocks, then the best ones "
+                        "in one final pass")
     return row, warnings
 
 
 def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, request_id: str, route: str,
              timing: dict, model: str = SERVED_MODEL, model_version: str = "unversioned") -> dict:
     """The JSON response (module docstring): the first ``top_n`` of the LAPJV order with their scores."""
-    scores = relevance_scores(matrix, ranking.order)
+    rel = getattr(ranking, "relevance", None)
+    scores = rel if rel is not None else relevance_scores(matrix, ranking.order)
     texts = [c["title"] for c in q.slate["candidates"]]
     results = []
     for p in range(q.top_n):
@@ -354,12 +310,12 @@ def response(q: RerankQuery, ranking, matrix: np.ndarray, row, warnings: list, r
         if q.return_documents:
             r["document"] = {"text": texts[i]}
         results.append(r)
-    n_tokens = len(row.ids)
+    n_tokens = row.n_tokens if isinstance(row, blocks.BlockedSlate) else len(row.ids)
     version = "2" if route.startswith("/v2") else "1"
     return {
         "id": request_id, "model": q.model or model, "model_version": model_version, "results": results,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1},
+        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": math.ceil(len(texts) / 100)},
                  "tokens": {"input_tokens": n_tokens, "output_tokens": 0}, "warnings": warnings},
         "timing": timing,
     }
@@ -385,16 +341,17 @@ def add_rerank_routes(app, service) -> None:
             with service.pin() as pinned:  # this version encodes and ranks the request
                 ranker, served = pinned
                 builders = builder_cache(ranker)
+                options = getattr(ranker, "blocks", None) or blocks.BlockOptions()
                 q = parse_rerank_body(body, request.headers.get("content-type", ""), route,
-                                      ranker.engine.num_positions, builders.base.spec, served.names)
-                row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q)
+                                      ranker.engine.num_positions, builders.base.spec, served.names, options.max_documents)
+                row, warnings = await run_in_threadpool(encode, builders.get(q.token_budget), q, options)
                 res, timing = await service.submit([q.slate], q.deadline_ms, t0, encoded=[row], pinned=pinned)
             return JSONResponse(response(q, res.rankings[0], res.scores[0], row, warnings, request.state.request_id,
                                          route, timing, served.name, served.version))
         return rerank
 
     errors = {**{c: v for c, v in ERROR_RESPONSES.items() if c != 422}, 400: {**ERROR_RESPONSES[400], "description": "Any bad request: not UTF-8, malformed JSON, a field "
-                                                             "missing or of the wrong type, no documents, more than K."},
+                                                             "missing or of the wrong type, no documents, more than max_documents."},
               404: {**ERROR_RESPONSES[400], "description": "Another model than the one served."}}
     for route, default in ROUTES.items():
         app.post(route, summary=f"Rerank documents for a query (Cohere / Jina; return_documents defaults to "

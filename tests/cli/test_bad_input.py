@@ -132,7 +132,7 @@ CASES = [
     ("slates-not-gzip", ["rank", "{export}", "-s", "{fake_gz}", "-o", "{out}"], "gzip"),
     ("slates-deep-json", ["rank", "{export}", "-s", "{deep}", "-o", "{out}"], "nested too deeply"),
     ("slates-no-candidates", ["rank", "{export}", "-s", "{nocands}", "-o", "{out}"], "empty slate"),
-    ("slates-more-than-k", ["rank", "{export}", "-s", "{overk}", "-o", "{out}"], "K=8"),
+    ("slates-over-max-documents", ["rank", "{export}", "-s", "{overlimit}", "-o", "{out}"], "over the limit of 1000 documents"),
     ("stdin-empty", ["rank", "{export}", "-s", "-", "-o", "{out}"], "<stdin>: no slates"),
     ("stdin-refused-where-a-file-is-read", ["train", "{backbone}", "{tmp}/ck", "-s", "-"], "stdin"),
     ("eval-slates-without-labels", ["eval", "random", "-s", "{nolabels}"], "labels"),
@@ -339,6 +339,7 @@ def corpus_paths(tmp_path, export_dir, standard_export_dir, merged_checkpoint, l
     p["good"] = _write_jsonl(tmp_path / "good.jsonl", good)
     p["nolabels"] = _write_jsonl(tmp_path / "nolabels.jsonl", [{k: v for k, v in s.items() if k != "labels"} for s in good])
     p["overk"] = _write_jsonl(tmp_path / "overk.jsonl", good + tiny_slates(1, 9, seed=2))
+    p["overlimit"] = _write_jsonl(tmp_path / "overlimit.jsonl", good + tiny_slates(1, 1001, seed=2))
     p["nocands"] = _write_jsonl(tmp_path / "nocands.jsonl", good + [{"slate_id": "e", "history": [], "candidates": []}])
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.jsonl").write_text("\n  \n")

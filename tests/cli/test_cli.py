@@ -39,12 +39,28 @@ def test_rank_reads_gzip(export_dir, tmp_path, capsys):
     assert code == 0, err
 
 
+def test_rank_a_slate_of_2k_plus_5_in_blocks(export_dir, tmp_path, capsys):
+    """hllm rank with N = 2K + 5 = 21 candidates (K = 8): ranked in 6 blocks, every candidate once, the short
+    slates beside it as they rank alone."""
+    short = tiny_slates(2, 3)
+    src = write_slates(tmp_path / "s.jsonl", short[:1] + tiny_slates(1, 21, seed=9) + short[1:])
+    code, _, err = run(["rank", str(export_dir), "-s", str(src), "-o", str(tmp_path / "r.jsonl"), "-b", "4"], capsys)
+    assert code == 0, err
+    rows = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(rows[1]["order"]) == list(range(21)) and rows[1]["blocks"] == 6 and len(rows[1]["scores"]) == 21
+    assert "blocks" not in rows[0] and "blocks" not in rows[2]
+    alone = write_slates(tmp_path / "a.jsonl", short)
+    assert run(["rank", str(export_dir), "-s", str(alone), "-o", str(tmp_path / "a.out.jsonl")], capsys)[0] == 0
+    want = [json.loads(x) for x in (tmp_path / "a.out.jsonl").read_text().splitlines()]
+    assert [rows[0]["order"], rows[2]["order"]] == [w["order"] for w in want]
+
+
 @pytest.mark.parametrize(
     "case,needle",
     [
         ("malformed", "malformed JSON"),
         ("empty", "empty slate"),
-        ("over_k", "K=8"),
+        ("over_max_documents", "1001 candidates, over the limit of 1000 documents"),
         ("missing", "slates file not found"),
     ],
 )
@@ -55,8 +71,8 @@ def test_rank_errors_are_clear_and_leave_no_file(export_dir, tmp_path, capsys, c
         write_slates(src, good, ['{"slate_id": "x", "candidates": [ }'])
     elif case == "empty":
         write_slates(src, good + [{"slate_id": "e", "history": [], "candidates": []}])
-    elif case == "over_k":
-        write_slates(src, good + tiny_slates(1, 9, seed=2))
+    elif case == "over_max_documents":
+        write_slates(src, good + tiny_slates(1, 1001, seed=2))
     out_file = tmp_path / "r.jsonl"
     out_file.write_text("previous good output\n")
     code, _, err = run(["rank", str(export_dir), "-s", str(src), "-o", str(out_file)], capsys)

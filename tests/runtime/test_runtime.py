@@ -59,11 +59,12 @@ def test_ranker_refuses_non_finite(export_dir, slates):
         r.rank(slates[:1])
 
 
-def test_slate_over_k(export_dir):
+def test_slate_over_k_ranks_in_blocks(export_dir):
     from hllm.testing import tiny_slates
 
-    with Ranker.from_path(export_dir) as r, pytest.raises(SlateError, match="K=8"):
-        r.rank(tiny_slates(1, 9))
+    with Ranker.from_path(export_dir) as r:
+        got = r.rank(tiny_slates(1, 9))[0]
+    assert sorted(got.order) == list(range(9)) and got.blocks == 2
 
 
 def test_resolve_kinds(export_dir, merged_checkpoint, tmp_path):

@@ -108,9 +108,12 @@ def test_json_tensors_request_id_and_errors(served, export_dir):
 
 
 def test_client_sees_the_servers_error_message(served):
-    too_many = {"slate_id": "big", "candidates": [{"title": f"t{i}"} for i in range(9)]}
-    with pytest.raises(InferenceServerException, match="K=8"):
+    too_many = {"slate_id": "big", "candidates": [{"title": f"t{i}"} for i in range(1001)]}
+    with pytest.raises(InferenceServerException, match="over the limit of 1000 documents"):
         rank_slates(_client(served.url), MODEL, [too_many])
+    longer = {"slate_id": "long", "candidates": [{"title": f"t{i}"} for i in range(2 * 8 + 5)]}  # N > K: in blocks
+    got = rank_slates(_client(served.url), MODEL, [longer, tiny_slates(1, 3, seed=1)[0]])
+    assert sorted(got[0]["order"]) == list(range(21)) and sorted(got[1]["order"]) == [0, 1, 2]
     inp = httpclient.InferInput("slates", [9, 1], "BYTES")
     inp.set_data_from_numpy(slates_tensor(tiny_slates(9, (1, 8), seed=97)))
     with pytest.raises(InferenceServerException, match="allowed 1..8"):

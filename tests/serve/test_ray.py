@@ -95,7 +95,7 @@ def test_ray_serve_config_serves_the_hllm_serve_app_and_scales_1_to_2(local_ray,
     assert [r["order"] for r in RankResponse.model_validate(one.json()).model_dump()["rankings"]] == [w["order"] for w in want[:3]]
     assert [r["order"] for r in v2] == [w["order"] for w in want] and [r["ranking"] for r in v2] == [w["ranking"] for w in want]
     np.testing.assert_allclose([s for r in v2 for s in r["scores"]], [s for w in want for s in w["scores"]], atol=1e-4)
-    assert too_many.status_code == 422 and too_many.json()["error"]["kind"] == "bad_slate" and "K=8" in too_many.json()["error"]["message"]
+    assert too_many.status_code == 200 and too_many.json()["rankings"][0]["blocks"] == 2  # N > K: ranked in blocks
     assert bad_json.status_code == 400 and bad_json.json()["error"]["kind"] == "bad_json"
     assert nowhere.status_code == 404 and nowhere.json()["error"]["kind"] == "not_found"
     assert 'hllm_requests_total{code="200",path="/v1/rank"}' in metrics.text and "hllm_request_duration_seconds_bucket" in metrics.text
@@ -175,6 +175,7 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
     from hllm.runtime.ray_data import rank_file
 
     slates = tiny_slates(23, (1, 8), seed=91)
+    slates[4] = tiny_slates(1, 2 * 8 + 5, seed=92)[0]  # N = 2K + 5: ranked in blocks by each actor's Ranker
     for s in slates[::5]:
         del s["slate_id"]  # the fallback id is the slate's index in the file, whichever actor ranks it
     write_jsonl(tmp_path / "s.jsonl.gz", slates)
@@ -184,6 +185,7 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
     n = rank_file(export_dir, tmp_path / "s.jsonl.gz", tmp_path / "ray.jsonl", workers=2, batch_size=3, chunks_per_call=2)
     assert n == 23
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert json.loads((tmp_path / "ray.jsonl").read_text().splitlines()[4])["blocks"] == 6
     # the CLI path (uses the running Ray instance), with --limit
     with pytest.raises(SystemExit) as e:
         main(["rank", str(export_dir), "--slates", str(tmp_path / "s.jsonl.gz"), "--out", str(tmp_path / "cli.jsonl"),
@@ -205,6 +207,7 @@ def test_ray_rank_of_the_sample_is_byte_identical_to_hllm_rank(local_ray, export
               "--ray", "--workers", "2", "--cpus-per-worker", "0.5"])
     assert e.value.code == 0
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert json.loads((tmp_path / "ray.jsonl").read_text().splitlines()[4])["blocks"] == 6
     assert len((tmp_path / "ray.jsonl").read_text().splitlines()) == 100
 
 
@@ -234,6 +237,7 @@ def test_ray_data_ranks_a_context_head_like_one_process(local_ray, context_expor
     assert one.returncode == 0, one.stderr
     assert rank_file(context_export_dir, tmp_path / "s.jsonl", tmp_path / "ray.jsonl", workers=2, batch_size=2) == 9
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert json.loads((tmp_path / "ray.jsonl").read_text().splitlines()[4])["blocks"] == 6
 
 
 def test_ray_modules_import_no_torch():

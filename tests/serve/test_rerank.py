@@ -97,14 +97,33 @@ def test_cohere_client_errors_and_history_extension(server, sample, ranker):
     cohere = pytest.importorskip("cohere", reason="the rerank-clients extra is not installed")
     client = cohere.ClientV2(api_key="unused", base_url=server, timeout=60)
     with pytest.raises(cohere.errors.BadRequestError) as e:
-        client.rerank(model=SERVED_MODEL, query="q", documents=[f"d{i}" for i in range(K + 1)])
-    assert "K=50" in e.value.body["error"]["message"]
+        client.rerank(model=SERVED_MODEL, query="q", documents=[f"d{i}" for i in range(1001)])
+    assert "over the limit of 1000 documents" in e.value.body["error"]["message"]
     with pytest.raises(cohere.errors.NotFoundError):
         client.rerank(model="rerank-v3.5", query="q", documents=["a"])
     s = sample[3]
     res = client.rerank(model=SERVED_MODEL, query="not used", documents=[c["title"] for c in s["candidates"]],
                         request_options={"additional_body_parameters": {"history": s["history"]}})
     assert [r.index for r in res.results] == ranker.rank([s])[0].order
+
+
+@pytest.mark.parametrize("n", [100, 500])
+def test_cohere_client_v2_ranks_a_list_longer_than_k_in_blocks(server, sample, ranker, n):
+    """cohere ClientV2.rerank with 100 and 500 documents (K = 50): every document once, relevance in [0, 1] and
+    non-increasing, ⌈N/100⌉ search units, a warning naming the blocks, the order of Ranker.rank on the slate."""
+    cohere = pytest.importorskip("cohere", reason="the rerank-clients extra is not installed")
+    docs = [c["title"] for s in sample for c in s["candidates"]][:n]
+    client = cohere.ClientV2(api_key="unused", base_url=server, timeout=120)
+    res = client.rerank(model=SERVED_MODEL, query=query_of(sample[0]), documents=docs)
+    order = [r.index for r in res.results]
+    assert sorted(order) == list(range(n))
+    s = np.array([r.relevance_score for r in res.results])
+    assert s.min() >= 0 and s.max() <= 1 and np.all(np.diff(s) <= 0) and s[0] > s[-1]
+    assert res.meta.billed_units.search_units == -(-n // 100)
+    b = -(-(n - 5) // (K - 5))  # 5 anchors + ≤ 45 candidates per block
+    assert any(f"ranked in {b} blocks" in w for w in res.meta.warnings), res.meta.warnings
+    slate = {"slate_id": "0", "history": [query_of(sample[0])], "candidates": [{"title": t} for t in docs]}
+    assert order == ranker.rank([slate])[0].order
 
 
 def test_mapping_top_n_documents_usage_and_budget(server, sample, ranker):
@@ -150,7 +169,8 @@ def test_mapping_top_n_documents_usage_and_budget(server, sample, ranker):
 
 
 @pytest.mark.parametrize("body, status, kind, words", [
-    ({"query": "q", "documents": [f"d{i}" for i in range(K + 1)]}, 400, "bad_request", ("51 documents", "K=50")),
+    ({"query": "q", "documents": [f"d{i}" for i in range(1001)]}, 400, "too_many_documents",
+     ("1001 documents", "limit of 1000", "max_documents")),
     ({"query": "q", "documents": []}, 400, "bad_request", ("'documents' is empty",)),
     ({"query": "q"}, 400, "bad_request", ("'documents' must be a list",)),
     ({"query": "q", "documents": ["a", 7]}, 400, "bad_request", ("documents[1] must be a string, got int",)),

@@ -222,7 +222,8 @@ def test_context_head_served_with_micro_batches(context_export_dir, context_chec
         ({"slates": [{"candidates": "abc"}]}, 422, "bad_slate", "'candidates' must be a list"),
         ({"slates": [{"candidates": [{"title": 5}]}]}, 422, "bad_slate", "candidates[0].title must be a string, got int"),
         ({"slates": [{"candidates": [{"title": "a"}], "history": "x"}]}, 422, "bad_slate", "'history' must be a list"),
-        ({"slates": [{"slate_id": "big", "candidates": [{"title": f"t{i}"} for i in range(K + 1)]}]}, 422, "bad_slate", "at most K=8"),
+        ({"slates": [{"slate_id": "big", "candidates": [{"title": f"t{i}"} for i in range(1001)]}]}, 400, "too_many_documents",
+         "slates[0]: slate big: 1001 candidates, over the limit of 1000 documents"),
         ({"slates": [{"candidates": [{"title": "a"}]}], "deadline_ms": "soon"}, 422, "bad_request", "'deadline_ms' must be a finite positive number"),
         ({"slates": [{"candidates": [{"title": "a"}]}], "extra": 1}, 422, "bad_request", "unknown fields ['extra']"),
         ({"slates": [{"candidates": [{"title": "a"}]}] * 40}, 413, "too_large", "40 slates in one request"),
@@ -249,7 +250,9 @@ def test_wrong_content_type_and_bad_utf8(served):
     assert r.status_code == 400 and "not UTF-8" in r.json()["error"]["message"]
 
 
-def test_over_long_prompt_is_422(export_dir):
+def test_over_long_prompt_ranks_in_blocks(export_dir):
+    """A prompt one token over max_seq_len is ranked in blocks (``blocks`` in the ranking); one candidate that does
+    not fit with the user context alone is still a 422."""
     base = Ranker.from_path(export_dir)
     n_tokens = len(base.builder.encode_one(_long_slate()).ids)
     spec = dataclasses.replace(base.builder.spec, max_seq_len=n_tokens - 1)
@@ -258,8 +261,15 @@ def test_over_long_prompt_is_422(export_dir):
     with srv:
         wait_ready(srv.url, timeout_s=120)
         r = _post(srv.url, {"slates": [_long_slate()]})
-        assert r.status_code == 422
-        assert f"prompt is {n_tokens} tokens, over max_seq_len={n_tokens - 1}" in r.json()["error"]["message"]
+        assert r.status_code == 200 and r.json()["rankings"][0]["blocks"] == 2
+        assert sorted(r.json()["rankings"][0]["order"]) == list(range(K))
+        one = dict(_long_slate(), candidates=[{"title": "longer title text " * 400}])
+        spec1 = dataclasses.replace(spec, max_seq_len=len(ranker.builder.encode_one(dict(one, candidates=[{"title": "x"}])).ids))
+        srv1, _ = _server(Ranker(base.engine, PromptBuilder(base.builder.tokenizer, spec1, max_items=K)))
+        with srv1:
+            wait_ready(srv1.url, timeout_s=120)
+            r = _post(srv1.url, {"slates": [one]})
+            assert r.status_code == 422 and f"over max_seq_len={spec1.max_seq_len}" in r.json()["error"]["message"]
         ok = _post(srv.url, {"slates": tiny_slates(1, 3, seed=5)})
         assert ok.status_code == 200
 
@@ -684,3 +694,33 @@ def test_cli_serve_past_its_graceful_timeout_answers_503_and_says_so(export_dir,
     assert rc == 143, (rc, log[-2000:])
     assert "the graceful timeout of 0 s expired; 1 in-flight requests were answered 503" in log
     assert "Traceback" not in log and "in-flight requests were drained" not in log, log[-3000:]
+
+
+
+def test_batcher_counts_a_blocked_slate_as_b_plus_1():
+    """A slate ranked in 2 blocks (work 3) queued with three one-slate requests, max_batch_slates = 4: the first
+    engine batch is the long slate + ONE short request (3 + 1 rows), the other two ride the next batch."""
+    import asyncio
+    import types
+
+    from hllm.runtime.ranker import RankResult, StageTimes
+    from hllm.serve.batching import MicroBatcher
+
+    calls = []
+
+    class Recorder:
+        def rank(self, slates, encoded=None, batch_size=None):
+            calls.append([s["slate_id"] for s in slates])
+            return RankResult(rankings=[None] * len(slates), scores=[None] * len(slates), times=StageTimes())
+
+    async def main():
+        b = MicroBatcher(Recorder(), BatchOptions(max_batch_slates=4, max_wait_ms=500.0))
+        await b.start()
+        long_row, short_row = types.SimpleNamespace(work=3), types.SimpleNamespace()
+        jobs = [b.submit([{"slate_id": "long"}], encoded=[long_row])]
+        jobs += [b.submit([{"slate_id": f"s{i}"}], encoded=[short_row]) for i in range(3)]
+        await asyncio.gather(*jobs)
+        await b.close()
+
+    asyncio.run(main())
+    assert calls == [["long", "s0"], ["s1", "s2"]]

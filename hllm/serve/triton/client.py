@@ -37,7 +37,8 @@ def rankings_from_outputs(ranking: np.ndarray, scores: np.ndarray, truncated: np
     """Rankings (as ``Ranking.to_dict()``) from the ensemble's outputs for ``slates``.
 
     Args: ``ranking [B, K]`` int64 (-1 past the slate), ``scores [B, K, K]`` float32,
-    ``truncated [B, K]`` bool. Raises: HllmError if the batch sizes differ from ``len(slates)``.
+    ``truncated [B, K]`` bool (``hllm serve`` widens K to the longest slate ranked in blocks; scores are then
+    given for the first K positions, the rank positions of the head). Raises: HllmError if the batch sizes differ from ``len(slates)``.
     """
     if not (len(ranking) == len(scores) == len(truncated) == len(slates)):
         raise HllmError(f"outputs for {len(ranking)} slates, sent {len(slates)}")
@@ -49,7 +50,7 @@ def rankings_from_outputs(ranking: np.ndarray, scores: np.ndarray, truncated: np
             "slate_id": str(slate.get("slate_id", b)),
             "ranking": [cands[i].get("item_id", int(i)) for i in order],
             "order": order.tolist(),
-            "scores": [round(float(x), 6) for x in assignment_scores(scores[b], order)],
+            "scores": [round(float(x), 6) for x in assignment_scores(scores[b], order[: scores.shape[-1]])],
             "truncated": np.flatnonzero(truncated[b]).tolist(),
         })
     return result
