@@ -31,7 +31,6 @@ rows (:attr:`BlockedSlate.work`); the server's micro-batcher counts it so.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -154,8 +153,8 @@ def encode(builder: PromptBuilder, slate: dict, options: BlockOptions | None = N
                 raise
     k = k or len(cands)
     spec = builder.spec
-    free = PromptBuilder(builder.tokenizer, dataclasses.replace(spec, max_seq_len=2**62), max_items=None)
-    whole = free.encode_one(slate)  # indices up to N: as long as or longer than inside a block
+    free = PromptBuilder(builder.tokenizer, spec, max_items=None)
+    whole = free.encode_one(slate, check_length=False)  # indices up to N: as long as or longer than inside a block
     # candidate i's tokens + one separator: the readout gaps (the first counts from the context's end)
     sep = len(free._sep_ids)
     lengths = np.diff([whole.context_end - sep] + whole.readout).tolist()

@@ -193,12 +193,14 @@ class PromptBuilder:
             hist = hist[1:]
             dropped += 1
 
-    def encode_one(self, slate: dict) -> EncodedSlate:
-        """Encode one slate (see :class:`EncodedSlate`).
+    def encode_one(self, slate: dict, check_length: bool = True) -> EncodedSlate:
+        """Encode one slate (see :class:`EncodedSlate`). ``check_length=False`` measures a prompt of any
+        length (:mod:`hllm.runtime.blocks` plans its blocks from the whole list's token counts).
 
         Raises:
             SlateError: empty slate, more candidates than ``max_items`` (K), a candidate that tokenizes
-                to nothing, or a prompt longer than ``max_seq_len``; the message names the slate id.
+                to nothing, or (``check_length``) a prompt longer than ``max_seq_len`` (PromptTooLong); the
+                message names the slate id.
         """
         cands = slate.get("candidates") or []
         sid = slate.get("slate_id", "?")
@@ -230,7 +232,7 @@ class PromptBuilder:
             ids.extend(cid)
             readout.append(len(ids) - 1)
             ids.extend(self._sep_ids)
-        if len(ids) > self.spec.max_seq_len:
+        if check_length and len(ids) > self.spec.max_seq_len:
             raise PromptTooLong(
                 f"slate {sid}: prompt is {len(ids)} tokens, over max_seq_len={self.spec.max_seq_len} "
                 "(lower candidate_token_budget or history_token_budget)"

@@ -10,10 +10,7 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from examples.bring_your_own import main as make_team
 from tests.cli.conftest import run
@@ -36,43 +33,30 @@ def _free_port() -> int:
 
 
 def test_the_walk_runs_as_written(tmp_path, capsys, monkeypatch):
+    """The example and the hllm commands run in-process up to ``hllm serve``; from there the block's lines
+    (serve in the background, the /readyz wait, the cohere client, ``kill %1``) run as one bash script, as
+    written, with only the port changed."""
     monkeypatch.chdir(tmp_path)
     lines = doc_commands()
-    assert [shlex.split(c)[1] for c in lines[:3]] == \
-        ["examples/bring_your_own.py", "import", "parity"]
+    assert [shlex.split(c)[1] for c in lines[:3]] == ["examples/bring_your_own.py", "import", "parity"]
+    serve = next(i for i, c in enumerate(lines) if c.startswith("hllm serve"))
+    for line in lines[:serve]:
+        argv = shlex.split(line)
+        if argv[:2] == ["python", "examples/bring_your_own.py"]:
+            make_team(argv[2:])
+            continue
+        assert argv[0] == "hllm", line
+        code, out, err = run(argv[1:], capsys)
+        assert code == 0, f"{line}\n{out}\n{err}"
+        if argv[1] == "parity":
+            assert "100% agree" in out + err
     port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    server = None
-    try:
-        for line in lines:
-            argv = shlex.split(line.replace("8000", port).rstrip("&").strip())
-            if argv[:2] == ["python", "examples/bring_your_own.py"]:
-                make_team(argv[2:])
-            elif argv[:2] == ["hllm", "serve"]:
-                server = subprocess.Popen([sys.executable, "-m", "hllm", *argv[1:]], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True)
-                deadline = time.monotonic() + 120
-                while True:
-                    assert server.poll() is None, server.stdout.read()
-                    assert time.monotonic() < deadline, "the server did not become ready"
-                    try:
-                        if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    time.sleep(0.5)
-            elif argv[0] == "hllm":
-                code, out, err = run(argv[1:], capsys)
-                assert code == 0, f"{line}\n{out}\n{err}"
-                if argv[1] == "parity":
-                    assert "100% agree" in out + err
-            else:  # the cohere client, as a user runs it
-                assert argv[0] == "python"
-                r = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, text=True, timeout=120)
-                assert r.returncode == 0, r.stderr
-                assert sorted(eval(r.stdout)) == [0, 1, 2]  # a permutation of the three documents
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=60)
-    assert server is not None and (tmp_path / "work" / "byo" / "export" / "model.onnx").is_file()
+    script = "set -e\n" + "\n".join(c.replace("8000", port) for c in lines[serve:]) + "\nwait\n"
+    assert "kill %1" in script and "readyz" in script
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    printed = [ln for ln in r.stdout.splitlines() if ln.startswith("[")]
+    assert printed and sorted(eval(printed[-1])) == [0, 1, 2]  # a permutation of the three documents
+    assert "stopped (SIGTERM)" in r.stdout + r.stderr  # kill %1 drained the server
+    assert (tmp_path / "work" / "byo" / "export" / "model.onnx").is_file()

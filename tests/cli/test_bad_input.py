@@ -267,7 +267,7 @@ def hostile_files(tmp_path_factory, export_dir, merged_checkpoint):
     good = tiny_slates(3, (2, 6), seed=1)
     line = json.dumps(good[0])
     (d / "dupkey.jsonl").write_text(line.replace("{", '{"history": [], ', 1) + "\n")
-    over = tiny_slates(1, 9, seed=2)[0]
+    over = tiny_slates(1, 1001, seed=2)[0]  # over max_documents: refused, naming the slate id
     over["slate_id"] = ":fire: [bold]x[/bold]"
     _write_jsonl(d / "emoji.jsonl", [over])
     with gzip.open(d / "longline.jsonl.gz", "wb", compresslevel=1) as f:

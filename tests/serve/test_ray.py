@@ -185,7 +185,6 @@ def test_ray_data_rank_equals_single_process_output(local_ray, export_dir, tmp_p
     n = rank_file(export_dir, tmp_path / "s.jsonl.gz", tmp_path / "ray.jsonl", workers=2, batch_size=3, chunks_per_call=2)
     assert n == 23
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
-    assert json.loads((tmp_path / "ray.jsonl").read_text().splitlines()[4])["blocks"] == 6
     # the CLI path (uses the running Ray instance), with --limit
     with pytest.raises(SystemExit) as e:
         main(["rank", str(export_dir), "--slates", str(tmp_path / "s.jsonl.gz"), "--out", str(tmp_path / "cli.jsonl"),
@@ -207,7 +206,6 @@ def test_ray_rank_of_the_sample_is_byte_identical_to_hllm_rank(local_ray, export
               "--ray", "--workers", "2", "--cpus-per-worker", "0.5"])
     assert e.value.code == 0
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
-    assert json.loads((tmp_path / "ray.jsonl").read_text().splitlines()[4])["blocks"] == 6
     assert len((tmp_path / "ray.jsonl").read_text().splitlines()) == 100
 
 
@@ -237,7 +235,6 @@ def test_ray_data_ranks_a_context_head_like_one_process(local_ray, context_expor
     assert one.returncode == 0, one.stderr
     assert rank_file(context_export_dir, tmp_path / "s.jsonl", tmp_path / "ray.jsonl", workers=2, batch_size=2) == 9
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
-    assert json.loads((tmp_path / "ray.jsonl").read_text().splitlines()[4])["blocks"] == 6
 
 
 def test_ray_modules_import_no_torch():
