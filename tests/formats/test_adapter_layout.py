@@ -4,26 +4,12 @@ calibrate) and is read back bit-identical after peft loads it (every PyTorch loa
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 from safetensors.torch import load_file, save_file
 
 from hllm.errors import CheckpointError
 from hllm.formats.checkpoint import load_manifest
 from tests.cli.conftest import run
-
-
-@pytest.fixture
-def ckpt(tmp_path, lora_checkpoint):
-    """A copy of the tiny LoRA checkpoint (bare-decoder layout: base_model.model.layers.N…)."""
-    dst = tmp_path / "ck"
-    shutil.copytree(lora_checkpoint, dst)
-    d = json.loads((dst / "hllm.json").read_text())
-    d["backbone"]["path"] = str(load_manifest(lora_checkpoint).backbone_path)
-    (dst / "hllm.json").write_text(json.dumps(d))
-    return dst
 
 
 def _edit(ck, fn):

@@ -21,17 +21,6 @@ from hllm.runtime.artefact import resolve
 
 
 # -- checkpoint manifest --------------------------------------------------------------------------------
-@pytest.fixture
-def ckpt(lora_checkpoint, tmp_path) -> Path:
-    """A private copy of the LoRA checkpoint whose manifest points at the original backbone."""
-    dst = tmp_path / "ck"
-    shutil.copytree(lora_checkpoint, dst)
-    d = json.loads((dst / "hllm.json").read_text())
-    d["backbone"]["path"] = str(load_manifest(lora_checkpoint).backbone_path)
-    (dst / "hllm.json").write_text(json.dumps(d))
-    return dst
-
-
 def edit(ckpt: Path, fn) -> Path:
     d = json.loads((ckpt / "hllm.json").read_text())
     d = fn(d) or d
