@@ -1,4 +1,5 @@
-"""The cohere SDK reranks 100, 500 and 1,000 documents through `hllm serve` on the demo export (docs/long-lists.md).
+"""[experiment] last run at commit 7d7b38f; output: results/longlists/cohere-demo-export.json. Kept for provenance, not maintained (experiments/README.md).
+The cohere SDK reranks 100, 500 and 1,000 documents through `hllm serve` on the demo export (docs/long-lists.md).
 
     python experiments/long_lists_cohere.py EXPORT_DIR OUT.json [--port 8765]
 
