@@ -150,3 +150,18 @@ def test_jointrank_blocks_overlap():
     assert anchors == [] and all(len(b) <= K for b in blocks)
     counts = np.bincount([i for b in blocks for i in b], minlength=30)
     assert counts.min() >= 1 and counts.max() <= 2 and counts.sum() >= 55
+
+
+def test_a_head_that_reads_the_user_context_ranks_blocks_with_its_context(context_export_dir):
+    """Every block carries the user context: with a context-reading head, each block row's context position is
+    the last user-context token of its own prompt, and the long slate ranks as a permutation, twice the same."""
+    slate = _long(2 * K + 3, seed=5)
+    with Ranker.from_path(context_export_dir) as r:
+        row = r.encode(slate)
+        assert isinstance(row, blk.BlockedSlate) and len(row.blocks) >= 2
+        ends = {enc.context_end for enc in row.rows}
+        assert len(ends) == 1 and all(enc.ids[: enc.context_end + 1] == row.rows[0].ids[: enc.context_end + 1]
+                                      for enc in row.rows)  # the same user context, read at the same token
+        got, again = r.rank([slate])[0], r.rank([slate])[0]
+    _check(got, 2 * K + 3)
+    assert got.order == again.order
