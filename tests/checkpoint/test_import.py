@@ -271,3 +271,25 @@ def test_embedding_lora_as_peft_saves_it(team, tmp_path, capsys):
     theirs, bare = team_scores(bb, tmp_path / "ad", head, slates), team_scores(bb, None, head, slates)
     for a, b, c in zip(_hllm_scores(tmp_path / "ck", slates), theirs, bare):
         assert np.abs(a - b).max() <= 1e-5 and np.abs(b - c).max() > 1e-3
+
+
+def test_a_head_that_reads_the_user_context_imports_and_scores_the_same(context_checkpoint, tmp_path, capsys):
+    """A context-reading head (``context.proj`` in its tensors, under a team's own prefix) imports as one: the
+    manifest says ``context: true`` and the scores, which depend on context_positions, equal the original's."""
+    from safetensors.torch import load_file, save_file
+
+    from hllm.formats.checkpoint import load_manifest
+
+    m = load_manifest(context_checkpoint)
+    theirs = {f"ranker.head.{k}": v for k, v in load_file(str(m.head_path)).items()}
+    theirs["ranker.backbone.extra"] = torch.zeros(1)  # a whole model's state dict: --head-prefix keeps the head
+    save_file(theirs, str(tmp_path / "model.safetensors"))
+    (tmp_path / "prompt.json").write_text(json.dumps(m.prompt.to_dict()))
+    code, out, err = run(["import", str(m.backbone_path), str(tmp_path / "ck"), "--head", str(tmp_path / "model.safetensors"),
+                          "--head-prefix", "ranker.head.", "--head-kind", "self_attention",
+                          "--num-heads", str(m.head.num_heads), "--prompt", str(tmp_path / "prompt.json"), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["head"]["context"] is True and load_manifest(tmp_path / "ck").head.context
+    slates = tiny_slates(3, (2, K), seed=12)
+    for a, b in zip(_hllm_scores(tmp_path / "ck", slates), _hllm_scores(context_checkpoint, slates)):
+        np.testing.assert_array_equal(a, b)
