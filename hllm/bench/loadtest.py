@@ -16,7 +16,9 @@ With ``keys_and_tracing`` :func:`compare_batching` adds, per route, the mode ``b
 (``rerank_batching_on_keys_traced``): micro-batching on as ``batching_on``, the app built with an API key
 (:mod:`hllm.serve.auth`; the clients send ``Authorization: Bearer``) and an OpenTelemetry tracer whose spans
 go through the SDK's ``BatchSpanProcessor`` to an exporter that drops them (:func:`discarding_tracer`:
-the server's span work without a collector), so the cost of keys and traces is measured beside the plain mode.
+the server's span work without a collector), so the cost of keys and traces is measured beside the plain mode;
+the result's ``keys_and_tracing`` holds the round-by-round ratios and the middleware's own µs per request
+(:mod:`hllm.bench.keys_tracing`).
 """
 
 from __future__ import annotations
@@ -275,7 +277,28 @@ def compare_batching(
                 samples[name].append(s)
                 log(f"round {r + 1}/{rounds} {name}: {len(s['lat'])}/{s['sent']} ok in {s['wall']:.1f} s")
             offset += per[r]
-    return _mode_results(modes, samples, apps, load_s, ranker, rounds, log, route_of)
+    out = _mode_results(modes, samples, apps, load_s, ranker, rounds, log, route_of)
+    if secured:
+        out["keys_and_tracing"] = _keys_and_tracing_cost(samples, secured, key, tracer, log)
+    return out
+
+
+def _keys_and_tracing_cost(samples: dict, secured: set, key: str, tracer, log) -> dict:
+    """Per route, the keyed + traced mode against ``batching_on`` round by round
+    (:func:`hllm.bench.keys_tracing.paired_ratios`), and the middleware's own cost per request
+    (:func:`hllm.bench.keys_tracing.middleware_cost`)."""
+    from hllm.bench.keys_tracing import middleware_cost, paired_ratios
+
+    cost: dict = {"middleware_us_per_request": middleware_cost(key.encode(), tracer)}
+    for name in sorted(secured):
+        plain = name.removesuffix("_keys_traced")
+        cost[f"{name}_vs_{plain}"] = r = paired_ratios(samples[plain], samples[name])
+        fmt = lambda d: "-" if d is None else f"{d['median']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"  # noqa: E731
+        log(f"{name} / {plain} over {r['rounds']} rounds: p50 × {fmt(r['p50_ratio'])}, "
+            f"throughput × {fmt(r['throughput_ratio'])}")
+    m = cost["middleware_us_per_request"]
+    log(f"middleware per request: {m['plain_us']} µs plain, {m['keys_and_tracing_us']} µs with key + spans")
+    return cost
 
 
 def _mode_results(modes: dict, samples: dict, apps: dict, load_s: dict, ranker, rounds: int, log, route_of: dict) -> dict:

@@ -45,3 +45,25 @@ def test_a_signal_while_starting_exits_with_the_policys_code(export_dir, tmp_pat
     assert len(lines) == 1 and (lines[0].startswith("error: ") or args[0] == "serve"), r.stderr[-2000:]
     assert ("interrupted (SIGINT)" if sig == "SIGINT" else "terminated (SIGTERM)") in lines[0]
     assert "Traceback" not in r.stderr
+
+
+KICK_IN_EXEC = KICK.replace("            os.kill(os.getpid(), SIG)",
+                            "            exec('import os; os.kill(os.getpid(), SIG)', {'SIG': SIG})")
+
+
+def test_sigint_inside_a_string_exec_under_python_m_exits_130(export_dir, tmp_path):
+    """CPython marks a KeyboardInterrupt that leaves a string ``exec`` (a dataclass being built during an import)
+    as unhandled, and under ``python -m`` killed the process with SIGINT (exit -2) after the CLI had printed its
+    line and chosen 130; the entry point clears the mark."""
+    (tmp_path / "kick_in_exec.py").write_text(KICK_IN_EXEC)
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
+    argv = ["SIGINT", "onnxruntime", "rank", str(export_dir), "--limit", "1", "-o", str(tmp_path / "out.jsonl")]
+    r = subprocess.run([sys.executable, "-m", "kick_in_exec", *argv], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert "interrupted (SIGINT)" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out.jsonl").exists()

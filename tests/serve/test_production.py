@@ -379,9 +379,32 @@ def test_loadtest_measures_keys_and_tracing_beside_the_plain_server(export_dir):
 
     res = compare_batching(export_dir, tiny_slates(6, (2, 8), seed=61), clients=2, requests=8, max_seconds=120,
                            rounds=2, log=lambda m: None, keys_and_tracing=True)
-    assert set(res) == {"batching_on", "batching_off", "batching_on_keys_traced", "rankings_identical_across_modes"}
+    assert set(res) == {"batching_on", "batching_off", "batching_on_keys_traced", "rankings_identical_across_modes",
+                        "keys_and_tracing"}
+    cost = res["keys_and_tracing"]
+    paired = cost["batching_on_keys_traced_vs_batching_on"]
+    assert paired["rounds"] == 2 and len(paired["p50_ratio"]["per_round"]) == 2
+    lo, hi = paired["throughput_ratio"]["ci95"]
+    assert 0 < lo <= paired["throughput_ratio"]["median"] <= hi
+    mw = cost["middleware_us_per_request"]
+    assert 0 < mw["plain_us"] < mw["keys_and_tracing_us"]  # spans cost something; the plain stack is not free
+    assert mw["added_us"] == pytest.approx(mw["keys_and_tracing_us"] - mw["plain_us"], abs=0.11)
     secured = res["batching_on_keys_traced"]
     assert secured["ok"] == secured["requests"] == 8 and secured["errors"] == 0
     assert secured["options"]["api_key"] and secured["options"]["tracing"] and not res["batching_on"]["options"]["api_key"]
     agree = res["rankings_identical_across_modes"]
     assert agree["compared"] == 16 and agree["identical"] == 16
+
+
+def test_paired_ratios_compare_each_round_with_its_pair():
+    """The per-round ratios are secured / plain of the round's p50 and throughput; a round where a mode answered
+    nothing is left out."""
+    from hllm.bench.keys_tracing import paired_ratios
+
+    plain = [{"lat": [10.0, 10.0, 10.0], "wall": 1.0}, {"lat": [20.0, 20.0], "wall": 2.0}, {"lat": [], "wall": 1.0}]
+    secured = [{"lat": [11.0, 11.0, 11.0], "wall": 1.5}, {"lat": [20.0, 20.0], "wall": 1.0}, {"lat": [5.0], "wall": 1.0}]
+    r = paired_ratios(plain, secured)
+    assert r["rounds"] == 2
+    assert r["p50_ratio"]["per_round"] == [1.1, 1.0] and r["p50_ratio"]["median"] == pytest.approx(1.05)
+    assert r["throughput_ratio"]["per_round"] == [pytest.approx(2 / 3, abs=1e-4), 2.0]
+    assert r["p50_ratio"]["ci95"][0] >= 1.0 and r["p50_ratio"]["ci95"][1] <= 1.1
