@@ -218,6 +218,16 @@ def _print_table(report: dict) -> None:
     agree = report["modes"].get("rankings_identical_across_modes")
     if agree:
         out.print(f"rankings identical across modes: {agree['identical']}/{agree['compared']}")
+    cost = report["modes"].get("keys_and_tracing")
+    if cost:
+        mw = cost["middleware_us_per_request"]
+        out.print(f"keys + traces: the middleware adds {mw['added_us']} µs per request "
+                  f"({mw['plain_us']} → {mw['keys_and_tracing_us']} µs, in-process)")
+        for name, r in cost.items():
+            if name.endswith("_vs_batching_on") and r["p50_ratio"]:
+                p, t = r["p50_ratio"], r["throughput_ratio"]
+                out.print(f"{name}: p50 × {p['median']} (95% {p['ci95'][0]}–{p['ci95'][1]}), throughput × "
+                          f"{t['median']} (95% {t['ci95'][0]}–{t['ci95'][1]}) over {r['rounds']} paired rounds")
 
 
 @app.command("triton-repo")
