@@ -4,7 +4,8 @@ For each contender (PyTorch fp32 eager on the checkpoint = the reference, ONNX R
 the standard export, OpenVINO fp32 / bf16 / INT8 …) the engine call on the same encoded slates (batch 1)
 is timed interleaved (:func:`hllm.measure.time_interleaved`: round r runs every engine once, order
 rotated), warm-up rounds discarded; the table reports the median seconds per slate, the ratio to PyTorch
-fp32 eager (higher = faster), and the fraction of the GEMM peak *of its dtype* measured in the same run
+fp32 eager and to the ONNX Runtime fp32 contender (the fused graph: the fastest fp32 engine; higher = faster),
+and the fraction of the GEMM peak *of its dtype* measured in the same run
 (prefill FLOPs of :func:`hllm.measure.prefill_flops` / median time / peak). Contenders this CPU
 cannot run (bf16 without AVX512_BF16 / AMX) are listed with the reason instead of a time. Gate figures
 (top-1, tau, ΔRecall@10 … on labelled eval slates) are attached from the JSON files that measured them.
@@ -99,13 +100,15 @@ def _open(c: Recipe, threads: int):
 
 
 def frontier(checkpoint: str, contenders: Sequence[Recipe], slates: Sequence[dict], rounds: int = 5,
-             warmup: int = 1, threads: int = 2, peak_n: int = 2048) -> dict:
+             warmup: int = 1, threads: int = 2, peak_n: int = 2048, ort_fp32: str | None = None) -> dict:
     """Time ``contenders`` and PyTorch fp32 eager on ``checkpoint`` interleaved (module doc); ``peak_n``: size
-    of the square GEMMs that measure the peaks.
+    of the square GEMMs that measure the peaks; ``ort_fp32``: the contender every row is also compared with
+    (``vs_ort_fp32``; None = the first ONNX Runtime fp32 contender, e.g. the fused graph).
 
-    Returns: ``{rows: [{name, engine, dtype, s_per_slate, vs_torch_fp32, gemm_peak_fraction, gate, refused}],
-        peaks, flops_per_slate, rounds, warmup, slates, threads, seq_lens, items}``.
-    Raises: EngineError / CheckpointError for an artefact that cannot be opened.
+    Returns: ``{rows: [{name, engine, dtype, s_per_slate, vs_torch_fp32, vs_ort_fp32, gemm_peak_fraction, gate,
+        refused}], ort_fp32, peaks, flops_per_slate, rounds, warmup, slates, threads, seq_lens, items}``.
+    Raises: EngineError / CheckpointError for an artefact that cannot be opened; HllmError for an ``ort_fp32``
+        that names no contender.
     """
     from hllm.measure import prefill_flops, summarize, time_interleaved
 
@@ -115,6 +118,10 @@ def frontier(checkpoint: str, contenders: Sequence[Recipe], slates: Sequence[dic
     dims = load_manifest(checkpoint).dims
     flops = float(np.mean([prefill_flops(dims, int(b.lengths[0])) for b in batches]))
     ref = Recipe("PyTorch fp32 eager", "torch", "fp32", path=checkpoint)
+    if ort_fp32 is not None and ort_fp32 not in {c.name for c in contenders}:
+        raise HllmError(f"--ort-fp32 {ort_fp32!r} names no contender ({', '.join(c.name for c in contenders)})")
+    ort_fp32 = ort_fp32 or next((c.name for c in contenders if c.engine == "onnxruntime"
+                                 and str(c.precision) == "fp32"), None)
     engines, refused = {}, {}
     for c in [ref, *contenders]:
         try:
@@ -129,6 +136,7 @@ def frontier(checkpoint: str, contenders: Sequence[Recipe], slates: Sequence[dic
             e.deactivate()
     peaks = gemm_peaks(peak_n)
     base = summarize(samples[ref.name])["median"]
+    second = summarize(samples[ort_fp32])["median"] if ort_fp32 in samples else None
     rows = []
     for c in [ref, *contenders]:
         row = {"name": c.name, "path": c.path, "engine": c.engine, "dtype": str(c.precision), "gate": c.gate or None}
@@ -139,8 +147,9 @@ def frontier(checkpoint: str, contenders: Sequence[Recipe], slates: Sequence[dic
         peak = peaks.get(str(c.precision))
         rows.append({**row, "s_per_slate": round(med, 3), "samples_s": [round(x, 3) for x in samples[c.name]],
                      "vs_torch_fp32": round(base / med, 3), "engine_name": engines[c.name].name,
+                     "vs_ort_fp32": round(second / med, 3) if second else None,
                      "gemm_peak_fraction": round(flops / med / 1e9 / peak, 3) if peak else None})
-    return {"rows": rows, "peaks_gflops": peaks, "flops_per_slate": flops, "rounds": rounds, "warmup": warmup,
+    return {"rows": rows, "ort_fp32": ort_fp32 if second else None, "peaks_gflops": peaks, "flops_per_slate": flops, "rounds": rounds, "warmup": warmup,
             "slates": len(slates), "threads": threads, "seq_lens": [int(b.lengths[0]) for b in batches],
             "items": [int(b.n_items[0]) for b in batches]}
 
@@ -176,9 +185,9 @@ def markdown_table(doc: dict) -> str:
     """The frontier JSON (:func:`frontier` + machine) as a Markdown table for docs/benchmarks.md: speed, and
     the gate figures (:func:`gate_summary`): the verdict of its mode, the one-sided lower bounds of ΔAUC and
     ΔNDCG@10, mean Kendall tau, p95 assignment regret, and the strict agreement figures (top-1)."""
-    lines = ["| engine × precision | s / slate | × PyTorch fp32 eager | GEMM peak of its dtype | gate | ΔAUC lb | "
-             "ΔNDCG@10 lb | Kendall tau | regret p95 | top-1 (strict) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine × precision | s / slate | × PyTorch fp32 eager | × ORT fp32 | GEMM peak of its dtype | gate | "
+             "ΔAUC lb | ΔNDCG@10 lb | Kendall tau | regret p95 | top-1 (strict) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, fmt: "—" if v is None else fmt.format(v)  # noqa: E731
     for r in doc["rows"]:
         g = gate_summary(r.get("gate"))
@@ -188,8 +197,9 @@ def markdown_table(doc: dict) -> str:
                      f"{f(g['kendall_tau_mean'], '{:.3f}')} | {f(g['regret_p95'], '{:.2g}')} | "
                      f"{f(g['top1_agreement'], '{:.2f}')}{strict} |")
         if "refused" in r:
-            lines.append(f"| {r['name']} | refused: {r['refused'].split(';')[0]} | | | {gate_cols}")
+            lines.append(f"| {r['name']} | refused: {r['refused'].split(';')[0]} | | | | {gate_cols}")
             continue
         peak = f"{r['gemm_peak_fraction']:.0%} ({r['dtype']})" if r.get("gemm_peak_fraction") else "—"
-        lines.append(f"| {r['name']} | {r['s_per_slate']:.2f} | {r['vs_torch_fp32']:.2f} | {peak} | {gate_cols}")
+        lines.append(f"| {r['name']} | {r['s_per_slate']:.2f} | {r['vs_torch_fp32']:.2f} | "
+                     f"{f(r.get('vs_ort_fp32'), '{:.2f}')} | {peak} | {gate_cols}")
     return "\n".join(lines)

@@ -47,9 +47,10 @@ def frontier_cmd(
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON to write (e.g. results/bench/frontier.json)."),
     shared: Optional[bool] = SHARED_OPT,
     note: Optional[str] = NOTE_OPT,
+    ort_fp32: Optional[str] = typer.Option(None, "--ort-fp32", help="Contender NAME every row is also compared with (default: the first onnxruntime fp32 contender, e.g. the fused graph)."),
     json_out: bool = json_opt(),
 ) -> None:
-    """s/slate, ratio to PyTorch fp32 eager, fraction of the GEMM peak of each dtype, gate figures, CPU flags.
+    """s/slate, ratio to PyTorch fp32 eager and to ONNX Runtime fp32, fraction of the GEMM peak of each dtype, gate figures, CPU flags.
 
     Exit 1 when every contender was refused (the report still lists why).
     """
@@ -66,19 +67,19 @@ def frontier_cmd(
         g = read_gates(gates)
         cs = [dataclasses.replace(c, gate=g.get(c.name) or {}) for c in cs]
     data = load_slates(slates, limit=limit)
-    res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads or 2)
+    res = frontier(str(checkpoint), cs, data, rounds=rounds, warmup=warmup, threads=threads or 2, ort_fp32=ort_fp32)
     doc = envelope("frontier", res, shared=shared, note=note)
     from hllm.bench.frontier import gate_summary
 
     t = Table(title="engine × precision frontier (median of interleaved rounds, batch 1)")
-    for col in ("contender", "s/slate", "× PyTorch fp32", "GEMM peak", "gate", "ΔAUC lb", "tau", "regret p95", "top-1"):
+    for col in ("contender", "s/slate", "× PyTorch fp32", "× ORT fp32", "GEMM peak", "gate", "ΔAUC lb", "tau", "regret p95", "top-1"):
         t.add_column(col)
     for r in res["rows"]:
         g = gate_summary(r.get("gate"))
         f = lambda v, fmt: "-" if v is None else fmt.format(v)  # noqa: E731
         verdict = "-" if g["passed"] is None else f"{g['gate'] or ''} {'pass' if g['passed'] else 'FAIL'}".strip()
         t.add_row(r["name"], f"{r['s_per_slate']:.3f}" if "s_per_slate" in r else f"refused: {r['refused'][:60]}",
-                  f"{r.get('vs_torch_fp32', 0):.2f}", f"{r['gemm_peak_fraction']:.0%}" if r.get("gemm_peak_fraction") else "-",
+                  f"{r.get('vs_torch_fp32', 0):.2f}", f(r.get("vs_ort_fp32"), "{:.2f}"), f"{r['gemm_peak_fraction']:.0%}" if r.get("gemm_peak_fraction") else "-",
                   verdict, f(g["auc_lb"], "{:+.4f}"), f(g["kendall_tau_mean"], "{:.3f}"), f(g["regret_p95"], "{:.2g}"),
                   f(g["top1_agreement"], "{:.3f}"))
     print_table(t)

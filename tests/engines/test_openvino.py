@@ -167,6 +167,8 @@ def test_frontier_times_every_contender_and_lists_refused_ones(exports, monkeypa
     assert set(rows) == {"PyTorch fp32 eager", "ort", "ov", "ov-bf16"}
     assert ran == {"PyTorch fp32 eager": 2, "ort": 2, "ov": 2}  # the refused contender never runs
     assert [rows[n]["vs_torch_fp32"] for n in ("PyTorch fp32 eager", "ort", "ov")] == [1.0, 3.0, 2.0]
+    assert res["ort_fp32"] == "ort"  # the first ONNX Runtime fp32 contender is the second reference
+    assert [rows[n]["vs_ort_fp32"] for n in ("PyTorch fp32 eager", "ort", "ov")] == [0.333, 1.0, 0.667]
     assert rows["ort"]["gemm_peak_fraction"] == pytest.approx(1.5 * rows["ov"]["gemm_peak_fraction"], rel=0.01, abs=2e-3)  # both rounded to 3 decimals: 1.5·0.0005 + 0.0005
     assert rows["ov"]["engine_name"] == "openvino" and rows["ov"]["samples_s"] == [0.003, 0.003]
     assert 0 < rows["ort"]["gemm_peak_fraction"] and rows["ort"]["s_per_slate"] > 0
