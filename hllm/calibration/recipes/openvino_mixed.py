@@ -139,7 +139,7 @@ def mixed_model(onnx_model, onnx_path: Path, int8: Sequence[str], fp32_islands: 
 
     Args:
         onnx_model / onnx_path: the FP32 graph, in memory and on disk. int8: node names to quantize
-            (:func:`int8_matmuls`). fp32_islands: islands kept fp32 (checked by :func:`check_fp32_islands`).
+            (:func:`int8_matmuls`; empty: the float graph, NNCF not run). fp32_islands: islands kept fp32 (checked by :func:`check_fp32_islands`).
         float_precision: ``bf16`` or ``fp32`` for the other products. tmp: a scratch directory that must
             outlive the returned model (OpenVINO may map the typed graph's weights from it).
         mode: ``int8_sym`` / ``int8_asym`` (:data:`hllm.calibration.recipes.openvino_weights.MODES`).
@@ -162,6 +162,8 @@ def mixed_model(onnx_model, onnx_path: Path, int8: Sequence[str], fp32_islands: 
         path = Path(tmp) / "typed.onnx"
         save_onnx(typed, path)
     model = ov.Core().read_model(str(path))
+    if not int8:  # the float graph alone (the search's baseline)
+        return model, rep
     try:
         with nncf_output_to_stderr(), no_signal_stack_after_compile():
             q = nncf.compress_weights(model, mode=nncf.CompressWeightsMode(mode), group_size=None,
