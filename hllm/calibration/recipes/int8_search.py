@@ -108,6 +108,24 @@ def _score(model, runner: RankingValidation, group_size: int) -> list[np.ndarray
     return [runner.scores(compiled, i) for i in range(len(runner.feeds))]
 
 
+def _grow_k(order: Sequence[str], run: Callable, passes: Callable, rec: dict, deadline: float,
+            say: Callable[[str], None]) -> list[int]:
+    """Step 3 of the module doc: try all groups of ``order`` but the first k in INT8 (``run``), k by
+    :func:`k_schedule`, at most ``rec["max_tries"]`` tries until ``deadline``; appends each try to
+    ``rec["tries"]`` (sets ``out_of_time``). Returns the passing k, ascending."""
+    rec["tries"] = []
+    tried: dict[int, bool] = {}
+    while len(rec["tries"]) < rec["max_tries"] and (k := k_schedule(tried, len(order))) is not None:
+        if time.monotonic() > deadline:
+            rec["out_of_time"] = True
+            break
+        fig = run(order[k:])
+        tried[k] = passes(fig)
+        rec["tries"].append({"k": k, "kept": list(order[:k]), "figures": fig, "passed": tried[k]})
+        say(f"k = {k} kept ({', '.join(order[:k]) or 'none'}): {fig} → {'pass' if tried[k] else 'fail'}")
+    return sorted(k for k, ok in tried.items() if ok)
+
+
 def sensitivity_search(export_dir, dst, validation: Sequence[dict], thresholds=None, float_precision: str = "bf16",
                        settings: dict | None = None, say: Callable[[str], None] = lambda m: None) -> dict:
     """Run the search of the module doc on the FP32 ``standard`` export ``export_dir`` and write the chosen
@@ -190,17 +208,8 @@ def sensitivity_search(export_dir, dst, validation: Sequence[dict], thresholds=N
         say(f"{g} alone in INT8: {rec['sensitivity'][g]}")
     sens = rec["sensitivity"]
     order = sorted(groups, key=lambda g: (sens[g]["kendall_tau_mean"], -(sens[g]["max_abs_dM"] or float("inf"))))
-    rec["order"], rec["tries"] = order, []
-    tried: dict[int, bool] = {}
-    while len(rec["tries"]) < rec["max_tries"] and (k := k_schedule(tried, len(groups))) is not None:
-        if time.monotonic() > deadline:
-            rec["out_of_time"] = True
-            break
-        fig = run(order[k:])
-        tried[k] = passes(fig)
-        rec["tries"].append({"k": k, "kept": order[:k], "figures": fig, "passed": tried[k]})
-        say(f"k = {k} kept ({', '.join(order[:k]) or 'none'}): {fig} → {'pass' if tried[k] else 'fail'}")
-    passing = sorted(k for k, ok in tried.items() if ok)
+    rec["order"] = order
+    passing = _grow_k(order, run, passes, rec, deadline, say)
     if not passing:
         give_up("no set of INT8 layers cleared the floor within the bounds"
                 + (" (out of time)" if rec["out_of_time"] else f" ({len(rec['tries'])} of at most {rec['max_tries']} tries)"))
