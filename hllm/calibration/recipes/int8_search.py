@@ -94,17 +94,9 @@ def _figures(ref: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> dict:
 def _score(model, runner: RankingValidation, group_size: int) -> list[np.ndarray]:
     """Score matrices of every validation slate from ``model`` (``openvino.Model`` or path), compiled for
     the CPU with the ``f32`` hint and dynamic activation quantization of ``group_size``."""
-    import openvino as ov
+    from hllm.calibration.recipes.openvino_weights import compile_dynamic
 
-    from hllm.engines.openvino import drop_signal_stack
-
-    try:
-        compiled = ov.Core().compile_model(model, "CPU", {"DYNAMIC_QUANTIZATION_GROUP_SIZE": int(group_size),
-                                                          "INFERENCE_PRECISION_HINT": "f32"})
-    except Exception as e:
-        raise EngineError(f"OpenVINO cannot compile a try of the INT8 search: {e}") from None
-    finally:
-        drop_signal_stack()
+    compiled = compile_dynamic(model, group_size, "f32")
     return [runner.scores(compiled, i) for i in range(len(runner.feeds))]
 
 
