@@ -20,7 +20,6 @@ Exit 2 on bad input (a part or island that matches nothing, a wrong flavour), as
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
