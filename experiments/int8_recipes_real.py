@@ -1,4 +1,4 @@
-"""[experiment] last run at commit 7f2af0d; output: results/calibration/int8-recipes-tiny.json. Kept for provenance, not maintained (experiments/README.md).
+"""[experiment] last run at commit 87369a0; output: results/calibration/int8-recipes-tiny.json. Kept for provenance, not maintained (experiments/README.md).
 Do the mixed INT8 recipes keep the ranking on a real export: ``openvino-int8-mlp`` (INT8 MLP products with dynamic
 activation quantization, fp32 attention and head, bf16 elsewhere) and ``openvino-int8-search`` (the most sensitive
 layers' MLPs kept in float by a bounded search on validation slates), each built from a ``standard`` FP32 export,
