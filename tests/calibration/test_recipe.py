@@ -44,4 +44,17 @@ def test_the_openvino_recipes_carry_their_inference_precision():
     hints = {c.name: c.inference_precision for c in RECIPES if c.engine == "openvino"}
     assert hints == {"openvino-fp32": "f32", "openvino-bf16": "bf16", "openvino-bf16-islands": None,
                      "openvino-int8": "f32", "openvino-int8-bf16": "bf16",
-                     "openvino-int8-weights-sym": "f32", "openvino-int8-weights-asym": "f32"}
+                     "openvino-int8-weights-sym": "f32", "openvino-int8-weights-asym": "f32",
+                     "openvino-int8-mlp": "f32", "openvino-int8-mlp-fp32": "f32", "openvino-int8-search": "f32",
+                     "openvino-int8-search-fp32": "f32"}
+
+
+def test_an_fp32_twin_is_refused_where_its_bf16_recipe_runs():
+    by = {c.name: c for c in RECIPES}
+    bf16, plain = ["avx512f", "avx512_vnni", "avx512_bf16"], ["avx512f", "avx512_vnni"]
+    for name in ("openvino-int8-mlp", "openvino-int8-search"):
+        assert by[name].refusal("standard", bf16, False, True) is None
+        assert "AVX512_BF16" in by[name].refusal("standard", plain, False, True)
+        assert by[f"{name}-fp32"].refusal("standard", plain, False, True) is None
+        assert by[f"{name}-fp32"].refusal("standard", bf16, False, True).startswith("this CPU has AVX512_BF16")
+        assert "flavour standard" in by[f"{name}-fp32"].refusal("ort-cpu", plain, False, True)

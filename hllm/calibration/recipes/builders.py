@@ -3,8 +3,9 @@
 ``export_dir``. :data:`BUILDERS` maps each scheme to its function; :meth:`Recipe.build` looks it up.
 
 Sources: ONNX Runtime quantization (``onnxruntime.quantization``); NVIDIA ModelOpt ONNX PTQ; NNCF
-(``nncf.quantize``, ``nncf.quantize_with_accuracy_control``, ``nncf.compress_weights``); OpenVINO precision
-hints (docs.openvino.ai, "Precision Control").
+(``nncf.quantize``, ``nncf.quantize_with_accuracy_control``, ``nncf.compress_weights``, ``nncf.IgnoredScope``);
+OpenVINO precision hints (docs.openvino.ai, "Precision Control") and CPU dynamic quantization
+(``DYNAMIC_QUANTIZATION_GROUP_SIZE``).
 """
 
 from __future__ import annotations
@@ -82,10 +83,32 @@ def build_int8_weights(recipe, export_dir: Path, dst: Path, inputs) -> None:
     compress_weights_export(export_dir, dst, **recipe.settings)
 
 
+def build_mixed_int8_mlp(recipe, export_dir: Path, dst: Path, inputs) -> None:
+    """``openvino-mixed-int8-mlp``: INT8 MLP products (NNCF weight compression restricted by its ignored scope,
+    dynamic activation quantization), fp32 attention and head, bf16 / fp32 elsewhere
+    (:func:`hllm.calibration.recipes.openvino_mixed.build_mixed_export` with the recipe's settings;
+    ``inputs.keep_float``: parts kept out of INT8)."""
+    from hllm.calibration.recipes.openvino_mixed import build_mixed_export
+
+    keep = {"keep": tuple(inputs.keep_float)} if inputs.keep_float else {}
+    build_mixed_export(export_dir, dst, **{**recipe.settings, **keep})
+
+
+def build_int8_sensitivity(recipe, export_dir: Path, dst: Path, inputs) -> None:
+    """``openvino-int8-sensitivity``: the bounded sensitivity-ordered INT8 search on validation slates apart
+    from the gate's (:func:`hllm.calibration.recipes.int8_search.sensitivity_search`; ``inputs.ac_settings``
+    override its settings, e.g. the selection's ``budget_s``)."""
+    from hllm.calibration.recipes.int8_search import sensitivity_search
+
+    sensitivity_search(export_dir, dst, inputs.validation, inputs.thresholds,
+                       float_precision=recipe.settings.get("float_precision", "bf16"), settings=inputs.ac_settings)
+
+
 BUILDERS = {
     "export": build_export, "ort-static": build_quantized, "ort-dynamic": build_quantized,
     "ort-weight-only": build_quantized, "modelopt": build_quantized, "nncf-int8": build_nncf_int8,
     "nncf-accuracy-control": build_accuracy_control, "openvino-fp32": build_openvino_hint,
     "openvino-bf16-hint": build_openvino_hint, "openvino-bf16-islands": build_bf16_islands,
     "fused-fp32": build_fused, "openvino-int8-weights": build_int8_weights,
+    "openvino-mixed-int8-mlp": build_mixed_int8_mlp, "openvino-int8-sensitivity": build_int8_sensitivity,
 }

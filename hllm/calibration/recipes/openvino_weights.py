@@ -43,18 +43,43 @@ def effective_group_size(xml: Path, group_size: int, inference_precision: str = 
 
     Raises: EngineError when OpenVINO cannot compile it.
     """
+    return compiled_dynamic_quantization(xml, group_size, inference_precision)[0]
+
+
+def compile_dynamic(model, group_size: int, inference_precision: str = "f32"):
+    """``model`` (an IR / ONNX path or an ``openvino.Model``) compiled for the CPU with
+    ``DYNAMIC_QUANTIZATION_GROUP_SIZE = group_size`` and ``INFERENCE_PRECISION_HINT = inference_precision``
+    (the compiling thread's alternate signal stack dropped: :func:`hllm.engines.openvino.drop_signal_stack`).
+
+    Raises: EngineError when OpenVINO cannot compile it.
+    """
     import openvino as ov
 
     from hllm.engines.openvino import drop_signal_stack
 
     try:
-        compiled = ov.Core().compile_model(str(xml), "CPU", {DYNAMIC_QUANTIZATION: int(group_size),
-                                                             "INFERENCE_PRECISION_HINT": inference_precision})
-        return int(compiled.get_property(DYNAMIC_QUANTIZATION))
+        return ov.Core().compile_model(str(model) if isinstance(model, Path) else model, "CPU",
+                                       {DYNAMIC_QUANTIZATION: int(group_size),
+                                        "INFERENCE_PRECISION_HINT": inference_precision})
     except Exception as e:
-        raise EngineError(f"OpenVINO cannot compile {xml} with {DYNAMIC_QUANTIZATION}={group_size}: {e}") from None
+        raise EngineError(f"OpenVINO cannot compile {model if isinstance(model, (Path, str)) else 'the model'} with "
+                          f"{DYNAMIC_QUANTIZATION}={group_size}: {e}") from None
     finally:
         drop_signal_stack()
+
+
+def compiled_dynamic_quantization(model, group_size: int, inference_precision: str = "f32") -> tuple[int, dict]:
+    """Compile ``model`` (:func:`compile_dynamic`): ``(effective group size, runtime precisions)`` — the group
+    the compiled model reports (0 = off) and what its kernels run (:func:`hllm.exporter.bf16.runtime_precisions`,
+    e.g. ``{"FullyConnected:i8": 6, ...}``: a weight-compressed MatMul whose activations are quantized on the
+    fly runs as ``FullyConnected`` in ``i8``).
+
+    Raises: EngineError when OpenVINO cannot compile it.
+    """
+    from hllm.exporter.bf16 import runtime_precisions
+
+    compiled = compile_dynamic(model, group_size, inference_precision)
+    return int(compiled.get_property(DYNAMIC_QUANTIZATION)), runtime_precisions(compiled)
 
 
 def compress_weights_export(export_dir, dst, mode: str = "int8_sym", group_size: int = 32,

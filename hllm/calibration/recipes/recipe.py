@@ -22,7 +22,8 @@ from hllm.formats.vocabulary import QUANT_PRECISIONS, RECIPE_ENGINES, RECIPE_PRE
 
 #: Schemes a recipe is built by (:data:`hllm.calibration.recipes.builders.BUILDERS` maps each to its function).
 SCHEMES = ("export", "ort-static", "ort-dynamic", "ort-weight-only", "modelopt", "nncf-int8", "nncf-accuracy-control",
-           "openvino-fp32", "openvino-bf16-hint", "openvino-bf16-islands", "fused-fp32", "openvino-int8-weights")
+           "openvino-fp32", "openvino-bf16-hint", "openvino-bf16-islands", "fused-fp32", "openvino-int8-weights",
+           "openvino-mixed-int8-mlp", "openvino-int8-sensitivity")
 
 
 @dataclass
@@ -33,11 +34,13 @@ class RecipeInputs:
         calibration: a :class:`hllm.formats.calibration_set.CalibrationSet` (ort-static, modelopt, NNCF).
         options: :class:`hllm.calibration.recipes.options.QuantOptions` of the ONNX Runtime / ModelOpt schemes
             (None = the scheme's defaults). cache_path: ORT's calibration-range cache (ort-static).
-        validation / thresholds / ac_settings: NNCF accuracy control's validation slates (never gate
-            slates), the gate thresholds its ``max_drop`` comes from, and overrides of its settings.
+        validation / thresholds / ac_settings: the validation slates of NNCF's accuracy control and of the
+            INT8 sensitivity search (never gate slates), the gate thresholds their floor comes from, and
+            overrides of their settings.
         bf16_islands: the islands file of ``hllm debug precision --precision bf16`` (None = the defaults).
         feeds / keep_float / smooth_quant_alpha: ``nncf-int8``: calibration feed dicts, parts kept fp32,
-            SmoothQuant's alpha (None = NNCF's default).
+            SmoothQuant's alpha (None = NNCF's default); ``keep_float`` of ``openvino-mixed-int8-mlp``: parts
+            kept out of INT8 (then bf16 or fp32 as the recipe's ``float_precision``).
     """
 
     calibration: object = None
@@ -66,8 +69,11 @@ class Recipe:
         inference_precision: OpenVINO's ``INFERENCE_PRECISION_HINT`` (``f32`` / ``bf16``); None = default.
         flavour: the export flavour it is built from (``standard`` / ``ort-cpu``; None = any).
         isa: CPU features of which at least one must be present (:func:`hllm.measure.cpu_flags` names).
+        isa_absent: CPU features none of which may be present: the variant for CPUs without them (e.g. fp32
+            where its twin runs bf16), refused where the twin runs.
         needs_calibration: built from calibration data.
-        settings: the scheme's own settings (e.g. ``mode`` and ``group_size`` of ``openvino-int8-weights``).
+        settings: the scheme's own settings (e.g. ``mode`` and ``group_size`` of ``openvino-int8-weights``,
+            ``float_precision`` of the mixed and search schemes).
         gate: gate figures measured elsewhere (``bench frontier --gates``: a ``GateReport.to_dict``).
     Raises: HllmError naming an unknown engine, precision or scheme.
     """
@@ -80,6 +86,7 @@ class Recipe:
     inference_precision: str | None = None
     flavour: str | None = None
     isa: tuple[str, ...] = ()
+    isa_absent: tuple[str, ...] = ()
     needs_calibration: bool = False
     settings: dict = field(default_factory=dict, compare=False)
     gate: dict = field(default_factory=dict, compare=False)
@@ -119,6 +126,9 @@ class Recipe:
         if self.isa and not set(self.isa) & set(features):
             return (f"this CPU lacks {' and '.join(i.upper() for i in self.isa)} "
                     f"(CPU features: {', '.join(features) or 'unknown'})")
+        if set(self.isa_absent) & set(features):
+            return (f"this CPU has {' / '.join(i.upper() for i in sorted(set(self.isa_absent) & set(features)))}: "
+                    "this variant is for CPUs without it (its twin uses it)")
         if self.engine == "openvino" and not openvino_installed:
             return "OpenVINO is not installed (pip install 'hllm[openvino]')"
         if self.needs_calibration and not has_calibration:

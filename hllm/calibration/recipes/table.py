@@ -3,25 +3,44 @@ start from (:func:`check_start`) and the validation slates NNCF's accuracy contr
 (:func:`check_validation`). How each is built: :meth:`hllm.calibration.recipes.recipe.Recipe.build`; the run
 that builds, times and gates them: :mod:`hllm.calibration.selection.select`.
 
-================================  ==========  =========  =====================  ======================================
-name                              engine      precision  scheme                 needs
-================================  ==========  =========  =====================  ======================================
-``onnxruntime-fp32``              ONNX Runt.  fp32       export                 the export itself (the baseline)
-``onnxruntime-fused-fp32``        ONNX Runt.  fp32       fused-fp32             flavour ``standard`` (fused: ort-cpu ops)
-``openvino-fp32``                 OpenVINO    fp32       openvino-fp32          flavour ``standard``
-``openvino-bf16``                 OpenVINO    bf16       openvino-bf16-hint     flavour ``standard``; AVX512_BF16 or AMX-BF16
-``openvino-bf16-islands``         OpenVINO    bf16       openvino-bf16-islands  as above; typed bf16 GEMMs, fp32 islands
-``openvino-int8-weights-sym``     OpenVINO    int8       openvino-int8-weights  flavour ``standard`` (INT8_SYM weights,
-                                                                                dynamic activation quantization, group 32)
-``openvino-int8-weights-asym``    OpenVINO    int8       openvino-int8-weights  as above, INT8_ASYM weights
-``openvino-int8``                 OpenVINO    int8       nncf-accuracy-control  flavour ``standard``; calibration data
-``openvino-int8-bf16``            OpenVINO    int8       nncf-accuracy-control  as above, float ops in bf16; AVX512_BF16 / AMX
-``onnxruntime-int8-dynamic``      ONNX Runt.  int8       ort-dynamic            —
-``onnxruntime-int8-static``       ONNX Runt.  int8       ort-static             calibration data
-================================  ==========  =========  =====================  ======================================
+================================  ==========  =========  =========================  ==================================
+name                              engine      precision  scheme                     needs
+================================  ==========  =========  =========================  ==================================
+``onnxruntime-fp32``              ONNX Runt.  fp32       export                     the export itself (the baseline)
+``onnxruntime-fused-fp32``        ONNX Runt.  fp32       fused-fp32                 flavour ``standard`` (fused:
+                                                                                    ort-cpu ops)
+``openvino-fp32``                 OpenVINO    fp32       openvino-fp32              flavour ``standard``
+``openvino-bf16``                 OpenVINO    bf16       openvino-bf16-hint         flavour ``standard``; AVX512_BF16
+                                                                                    or AMX-BF16
+``openvino-bf16-islands``         OpenVINO    bf16       openvino-bf16-islands      as above; typed bf16 GEMMs, fp32
+                                                                                    islands
+``openvino-int8-weights-sym``     OpenVINO    int8       openvino-int8-weights      flavour ``standard`` (INT8_SYM
+                                                                                    weights, dynamic activation
+                                                                                    quantization, group 32)
+``openvino-int8-weights-asym``    OpenVINO    int8       openvino-int8-weights      as above, INT8_ASYM weights
+``openvino-int8-mlp``             OpenVINO    int8       openvino-mixed-int8-mlp    flavour ``standard``; AVX512_BF16
+                                                                                    / AMX (INT8 MLP products with
+                                                                                    dynamic activation quantization,
+                                                                                    fp32 attention and head, bf16
+                                                                                    elsewhere)
+``openvino-int8-mlp-fp32``        OpenVINO    int8       openvino-mixed-int8-mlp    as above, fp32 elsewhere; for a CPU
+                                                                                    without AVX512_BF16 / AMX
+``openvino-int8-search``          OpenVINO    int8       openvino-int8-sensitivity  as ``openvino-int8-mlp``; validation
+                                                                                    slates (the most sensitive layers'
+                                                                                    MLPs kept bf16)
+``openvino-int8-search-fp32``     OpenVINO    int8       openvino-int8-sensitivity  as above, kept fp32; for a CPU
+                                                                                    without AVX512_BF16 / AMX
+``openvino-int8``                 OpenVINO    int8       nncf-accuracy-control      flavour ``standard``; calibration
+                                                                                    data
+``openvino-int8-bf16``            OpenVINO    int8       nncf-accuracy-control      as above, float ops in bf16;
+                                                                                    AVX512_BF16 / AMX
+``onnxruntime-int8-dynamic``      ONNX Runt.  int8       ort-dynamic                —
+``onnxruntime-int8-static``       ONNX Runt.  int8       ort-static                 calibration data
+================================  ==========  =========  =========================  ==================================
 
-Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control"); NNCF post-training quantization
-(``nncf.quantize``, ``nncf.quantize_with_accuracy_control``) and weight compression (``nncf.compress_weights``);
+Sources: OpenVINO precision hints (docs.openvino.ai, "Precision Control") and CPU dynamic quantization
+(``DYNAMIC_QUANTIZATION_GROUP_SIZE``); NNCF post-training quantization (``nncf.quantize``,
+``nncf.quantize_with_accuracy_control``) and weight compression (``nncf.compress_weights``, ``nncf.IgnoredScope``);
 ONNX Runtime quantization (``onnxruntime.quantization``).
 """
 
@@ -46,6 +65,14 @@ RECIPES: tuple[Recipe, ...] = (
            flavour="standard", settings={"mode": "int8_sym", "group_size": 32}),
     Recipe("openvino-int8-weights-asym", "openvino", "int8", scheme="openvino-int8-weights", inference_precision="f32",
            flavour="standard", settings={"mode": "int8_asym", "group_size": 32}),
+    Recipe("openvino-int8-mlp", "openvino", "int8", scheme="openvino-mixed-int8-mlp", inference_precision="f32",
+           flavour="standard", isa=BF16_ISA, settings={"float_precision": "bf16"}),
+    Recipe("openvino-int8-mlp-fp32", "openvino", "int8", scheme="openvino-mixed-int8-mlp", inference_precision="f32",
+           flavour="standard", isa_absent=BF16_ISA, settings={"float_precision": "fp32"}),
+    Recipe("openvino-int8-search", "openvino", "int8", scheme="openvino-int8-sensitivity", inference_precision="f32",
+           flavour="standard", isa=BF16_ISA, settings={"float_precision": "bf16"}),
+    Recipe("openvino-int8-search-fp32", "openvino", "int8", scheme="openvino-int8-sensitivity",
+           inference_precision="f32", flavour="standard", isa_absent=BF16_ISA, settings={"float_precision": "fp32"}),
     Recipe("openvino-int8", "openvino", "int8", scheme="nncf-accuracy-control", inference_precision="f32",
            flavour="standard", needs_calibration=True),
     Recipe("openvino-int8-bf16", "openvino", "int8", scheme="nncf-accuracy-control", inference_precision="bf16",
@@ -56,9 +83,10 @@ RECIPES: tuple[Recipe, ...] = (
 BASELINE = RECIPES[0].name
 
 
-#: Recipes built by NNCF's accuracy control: their ``validation_fn`` runs on slates of their own, which
-#: must not be the gate's (a search tuned on the slates that then judge it would pass by selection).
-ACCURACY_CONTROL = ("openvino-int8", "openvino-int8-bf16")
+#: Recipes built by a search on validation slates (NNCF's accuracy control, whose ``validation_fn`` runs on
+#: them, and the INT8 sensitivity search): the slates must not be the gate's (a search tuned on the slates
+#: that then judge it would pass by selection). The selection builds them last, with the time left.
+ACCURACY_CONTROL = ("openvino-int8", "openvino-int8-bf16", "openvino-int8-search", "openvino-int8-search-fp32")
 NO_VALIDATION = ("needs validation slates apart from the gate's for NNCF's accuracy control (`hllm calibrate` "
                  "takes the slates after --limit in --slates: give a file with more slates than --limit)")
 
