@@ -82,8 +82,8 @@ def calibrate_cmd(
 
 def run_calibrate(a: SimpleNamespace) -> None:
     """The run of ``hllm calibrate`` from its parsed options ``a``: the checks every run makes, then the one
-    loop (:func:`hllm.calibration.selection.loop.run_loop`) over the recipe of ``--backend B``
-    (:func:`_calibrate_one`) or, with ``--backend auto``, over the table of recipes (:func:`_select`).
+    loop (:func:`hllm.calibration.selection.loop.run_loop`) over the recipe of ``--backend B`` or, with
+    ``--backend auto``, over the table of recipes (:func:`_calibrate`).
     Raises: typer.BadParameter / HllmError (exit 2)."""
     quiet_libraries()
     if a.out_alias is not None:
@@ -100,42 +100,65 @@ def run_calibrate(a: SimpleNamespace) -> None:
                  max_recall10_delta=a.max_recall10_delta, max_auc_delta=a.max_auc_delta)
     if a.backend == "auto":
         _refuse_ignored_by_auto()
-        return _select(a, out_dir, th_kw, slates, limit, recipes, bench_runs or 5)
     for given, option in ((a.time_budget is not None, "--time-budget"), (bool(recipes), "--recipe"),
                           (a.bf16_islands is not None, "--bf16-islands")):
-        if given:
+        if given and a.backend != "auto":
             raise typer.BadParameter(f"{option} applies to --backend auto only")
-    _calibrate_one(a, out_dir, th_kw, slates, limit, bench_runs)
+    _calibrate(a, out_dir, th_kw, slates, limit, recipes, bench_runs or (5 if a.backend == "auto" else 0))
 
 
-def _calibrate_one(a: SimpleNamespace, out_dir: Path, th_kw: dict, slates, limit, bench_runs: int) -> None:
-    """``--backend B``: the loop over the recipe of that quantizer's options (with ``--auto``: its ladder of
-    parts kept in float, :func:`hllm.calibration.selection.select.calibrate`); writes OUT_DIR only if it passes."""
+def _calibrate(a: SimpleNamespace, out_dir: Path, th_kw: dict, slates, limit, recipes: tuple, rounds: int) -> None:
+    """The checks before any work, the slates and the calibration data, then the one loop over the recipe of
+    ``--backend B`` (:func:`hllm.calibration.selection.select.calibrate`: writes OUT_DIR only if it passes, else
+    exit 1) or over the recipe table (``--backend auto``, :func:`hllm.calibration.selection.select.select`: the
+    fastest recipe that passes; always one, the FP32 baseline passes its own check)."""
+    from hllm.calibration.recipes.accuracy_control import ACCURACY_CONTROL_SETTINGS
     from hllm.calibration.recipes.options import QuantOptions
-    from hllm.calibration.selection.loop import LoopRequest
+    from hllm.calibration.recipes.table import check_start
+    from hllm.calibration.selection.loop import TIME_BUDGET_S, LoopRequest
     from hllm.calibration.selection.pipeline import prepare_calibration
-    from hllm.calibration.selection.select import CalibrateRequest, calibrate
+    from hllm.calibration.selection.select import CalibrateRequest, calibrate, select
+    from hllm.formats.export import read_export
 
-    opts = QuantOptions(backend=a.backend, precision=a.precision, target=a.target, per_channel=a.per_channel,
-                        reduce_range=a.reduce_range, activation_type=a.activation_type, exclude=tuple(a.exclude),
-                        exclude_nodes=tuple(a.exclude_node), calibrate_method=a.calibrate_method,
-                        weight_matmuls_only=a.weight_matmuls_only, op_types=tuple(a.op_type),
-                        block_size=a.block_size, accuracy_level=a.accuracy_level)
-    opts.validate()  # refuses fp8 for an A100 before any work
+    t_start, auto = time.perf_counter(), a.backend == "auto"  # the budget counts the steps before the loop
+    opts = None if auto else QuantOptions(
+        backend=a.backend, precision=a.precision, target=a.target, per_channel=a.per_channel,
+        reduce_range=a.reduce_range, activation_type=a.activation_type, exclude=tuple(a.exclude),
+        exclude_nodes=tuple(a.exclude_node), calibrate_method=a.calibrate_method,
+        weight_matmuls_only=a.weight_matmuls_only, op_types=tuple(a.op_type), block_size=a.block_size,
+        accuracy_level=a.accuracy_level)
+    if opts is not None:
+        opts.validate()  # refuses fp8 for an A100 before any work
     th, calib_slates = _check_run(th_kw, a.json_out, a.report, out_dir, a.overwrite, a.reference_scores_path,
                                   a.calib_slates)
     art, builder = _onnx_export(a.export_dir, a.backend)
-    evals = load_slates(slates, limit=limit)
+    if auto:
+        check_start(read_export(art.path.parent), recipes)
+    if a.bf16_islands is not None:  # a bad islands file is refused before any work
+        from hllm.calibration.precision_search.bf16_islands import read_islands
+
+        read_islands(a.bf16_islands, art.path.parent)
+    # --backend auto: the slates after the gate's --limit validate NNCF's accuracy control, never the gate's own
+    loaded = load_slates(slates, limit=limit + (ACCURACY_CONTROL_SETTINGS["validation_slates"] if auto else 0))
+    evals, validation = loaded[:limit], loaded[limit:]
     warn_unlabelled(evals)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
-    with console.status("[bold]preparing calibration data…"):
-        calib = prepare_calibration(art, builder, a.backend, a.calibration, calib_slates, a.calib_count, a.calib_seed,
-                                    a.calib_batch_size, slate_ids(evals), say)
-    loop = LoopRequest(art.path.parent, out_dir, th, evals, calib, rounds=bench_runs, warmup=a.bench_warmup,
-                       threads=a.threads, reference_cache=a.reference_scores_path, overwrite=a.overwrite, artefact=art)
-    req = CalibrateRequest(loop, opts, slates_source(slates, str(slates_file(None))),
-                           calibration_saved=a.calibration is not None, auto=a.auto, max_tries=a.max_tries)
-    result, dest = _with_progress(calibrate, req)
+    cal = None
+    if not auto or a.calibration is not None or calib_slates is not None:
+        with console.status("[bold]preparing calibration data…"):
+            cal = prepare_calibration(art, builder, "ort-static" if auto else a.backend, a.calibration, calib_slates,
+                                      a.calib_count, a.calib_seed, a.calib_batch_size, slate_ids(evals), say)
+    req = LoopRequest(art.path.parent, out_dir, th, evals, cal, recipes, rounds, a.bench_warmup, a.threads,
+                      a.reference_scores_path, a.overwrite, a.bf16_islands, validation,
+                      TIME_BUDGET_S if a.time_budget is None else a.time_budget, time.perf_counter() - t_start,
+                      artefact=art)
+    if auto:
+        result, dest = _with_progress(select, req)
+        finish_report(a.report, result.to_report(), a.json_out, show=_print_selection)
+        return out.print(f"selected {result.selected} → {dest}")
+    result, dest = _with_progress(calibrate, CalibrateRequest(
+        req, opts, slates_source(slates, str(slates_file(None))), calibration_saved=a.calibration is not None,
+        auto=a.auto, max_tries=a.max_tries))
     finish_report(a.report, result.to_report(), a.json_out, show=_print)
     if result.passed:
         out.print(f"quantized export → {dest}")
@@ -174,44 +197,6 @@ def warn_unlabelled(slates: list[dict]) -> None:
         console.print(f"[yellow]warning:[/] none of the {len(slates)} gate slates has a positive label: the quality "
                       "criteria (ΔRecall@10, ΔAUC) cannot be checked; the gate judges agreement with FP32 only "
                       "(give labelled --slates to check them)", highlight=False)
-
-
-def _select(a: SimpleNamespace, out_dir: Path, th_kw: dict, slates, limit, recipes: tuple, rounds: int) -> None:
-    """``--backend auto``: the loop over the recipe table (:func:`hllm.calibration.selection.select.select`) with
-    the console's progress; prints the recipes table and writes the selected export (always: the FP32 baseline
-    passes its own check)."""
-    from hllm.calibration.recipes.accuracy_control import ACCURACY_CONTROL_SETTINGS
-    from hllm.calibration.recipes.table import check_start
-    from hllm.calibration.selection.loop import TIME_BUDGET_S, LoopRequest
-    from hllm.calibration.selection.pipeline import prepare_calibration
-    from hllm.calibration.selection.select import select
-    from hllm.formats.export import read_export
-
-    t_start = time.perf_counter()  # the budget counts the calibration data and the checks before select
-    th, calib_slates = _check_run(th_kw, a.json_out, a.report, out_dir, a.overwrite, a.reference_scores_path,
-                                  a.calib_slates)
-    art, builder = _onnx_export(a.export_dir, "auto")
-    check_start(read_export(art.path.parent), recipes)
-    if a.bf16_islands is not None:  # a bad islands file is refused before any work
-        from hllm.calibration.precision_search.bf16_islands import read_islands
-
-        read_islands(a.bf16_islands, art.path.parent)
-    # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own
-    loaded = load_slates(slates, limit=limit + ACCURACY_CONTROL_SETTINGS["validation_slates"])
-    evals, validation = loaded[:limit], loaded[limit:]
-    warn_unlabelled(evals)
-    cal = None
-    if a.calibration is not None or calib_slates is not None:
-        with console.status("[bold]preparing calibration data…"):
-            cal = prepare_calibration(art, builder, "ort-static", a.calibration, calib_slates, a.calib_count,
-                                      a.calib_seed, a.calib_batch_size, slate_ids(evals))
-    req = LoopRequest(art.path.parent, out_dir, th, evals, cal, recipes, rounds, a.bench_warmup, a.threads,
-                      a.reference_scores_path, a.overwrite, bf16_islands=a.bf16_islands, validation_slates=validation,
-                      time_budget_s=TIME_BUDGET_S if a.time_budget is None else a.time_budget,
-                      spent_before_s=time.perf_counter() - t_start, artefact=art)
-    result, dest = _with_progress(select, req)
-    finish_report(a.report, result.to_report(), a.json_out, show=_print_selection)
-    out.print(f"selected {result.selected} → {dest}")
 
 
 def _check_run(th_kw: dict, json_out: bool, report, out_dir: Path, overwrite: bool, reference_cache, calib_slates):

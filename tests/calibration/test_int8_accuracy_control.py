@@ -178,8 +178,8 @@ def test_validation_fn_past_its_deadline_reports_no_drop_without_running():
     assert fn(model, [1]) == (1.0, [1.0]) and fn.out_of_time and fn.slates_run == 4  # nothing ran
 
 
-def test_calibrate_candidate_bf16_twin_reuses_the_searched_ir(standard_export_dir, int8_inputs, tmp_path, monkeypatch):
-    """``openvino-int8-bf16`` takes the IR the ``openvino-int8`` candidate's search wrote (no second search)
+def test_calibrate_recipe_bf16_twin_reuses_the_searched_ir(standard_export_dir, int8_inputs, tmp_path, monkeypatch):
+    """``openvino-int8-bf16`` takes the IR the ``openvino-int8`` recipe's search wrote (no second search)
     and only changes the hint; its validation slates are the gate's first ones, cut short."""
     from hllm import measure
     from hllm.calibration.recipes.accuracy_control import build_recipe

@@ -1,33 +1,24 @@
-"""The one loop of ``hllm calibrate``: build → check → time → choose over a sequence of recipes
-(:class:`hllm.calibration.recipes.recipe.Recipe`), and write the chosen one.
+"""The one loop of ``hllm calibrate``: build → check → time → choose → write, over a sequence of recipes
+(:class:`hllm.calibration.recipes.recipe.Recipe`). ``--backend B`` runs it over B's recipe or its ladder, in
+order; ``--backend auto`` over the recipe table, fastest first (:mod:`hllm.calibration.selection.select`).
 
-``--backend B`` runs it over the one recipe of B's options (with ``--auto``: the ladder of recipes that keep
-one more part in float each, :func:`hllm.calibration.selection.pipeline.calibrate`); ``--backend auto`` over
-the recipe table (:func:`hllm.calibration.selection.select.select`). The steps of :func:`run_loop`:
+The FP32 reference comes first (:func:`hllm.calibration.selection.pipeline.fp32_reference`). Each recipe the CPU
+and the export allow is built into a staging directory beside ``out_dir`` (:meth:`Recipe.refusal`: a refused one
+is recorded with the reason). Check: an fp32 recipe by tensor parity on the first :data:`FP32_PARITY_SLATES`
+slates (:func:`fp32_parity`; the engine that computed the reference is not rerun), a reduced-precision one by
+the gate (:mod:`hllm.verify.gate`) with fail-fast (:mod:`hllm.verify.sequential`). Time and choose:
 
-1. **FP32 reference** scores on the evaluation slates, from the fastest fp32 engine of the export
-   (:func:`hllm.calibration.selection.pipeline.fp32_reference`) or the ``--reference-scores`` cache.
-2. **Build** each recipe the CPU and the export allow (:meth:`Recipe.refusal`: a refused one is recorded with
-   the reason) into a staging directory beside ``out_dir``; a failed build is recorded, never the end of a
-   table run.
-3. **Check**: an fp32 recipe computes the same function in another order of summation, so it is checked by
-   tensor parity on the first :data:`FP32_PARITY_SLATES` slates (:func:`fp32_parity`: max|ΔM| ≤
-   :data:`FP32_PARITY_ATOL`, all finite; the engine that computed the reference is not rerun); a
-   reduced-precision one by the gate (:mod:`hllm.verify.gate`: quality non-inferiority + fidelity floor by
-   default, ``strict`` on request), stopped as soon as it can no longer pass (:mod:`hllm.verify.sequential`).
-4. **Time and choose**, in one of two orders (``LoopRequest.fastest_first``):
+* *in order*: each recipe is built and checked until one passes (a build or check error ends the list); the
+  last one checked is chosen and, with ``rounds``, timed against the FP32 export;
+* *fastest first*: the first recipe (the baseline, the export itself) is checked at once, so a run always has
+  a recipe to write; every built recipe is timed interleaved
+  (:func:`hllm.calibration.selection.speed.compare_speed`) and checked from the fastest down, the first that
+  passes chosen and the slower ones recorded as ``skipped``; NNCF's accuracy control
+  (:data:`~hllm.calibration.recipes.table.ACCURACY_CONTROL`) runs last with what is left of ``time_budget_s``
+  after :data:`ACCURACY_CONTROL_RESERVE_S`, refused below :data:`ACCURACY_CONTROL_MIN_S`.
 
-   * *fastest first* (the table): the first recipe (the baseline, the export itself) is checked first, so a
-     run always has a recipe to write; every built recipe is timed interleaved
-     (:func:`hllm.calibration.selection.speed.compare_speed`, median engine ms per slate, batch 1) and they
-     are checked from the fastest down: the first that passes is chosen, a slower one could not be, so it is
-     recorded as ``skipped``. NNCF's accuracy-control recipes
-     (:data:`~hllm.calibration.recipes.table.ACCURACY_CONTROL`) run last with what is left of
-     ``time_budget_s`` after :data:`ACCURACY_CONTROL_RESERVE_S`, refused below :data:`ACCURACY_CONTROL_MIN_S`.
-   * *in order* (one recipe, a ladder): each is built and checked in turn until one passes (a build error
-     stops the list); the last checked one is chosen and, with ``rounds``, timed against the FP32 export.
-5. **Write**: the caller's report goes into the chosen directory, which is promoted to ``out_dir`` when it
-   passed, else to ``out_dir.FAILED``.
+The caller's report is written into the chosen directory, which goes to ``out_dir`` if it passed, else to
+``out_dir.FAILED``.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def calibrate(req: CalibrateRequest, say: Say = quiet, progress: Progress = no_b
             lr.calibration.save(directory / "calibration")
         atomic_write_json(directory / REPORT_NAME, result.to_report())
 
-    o = run_loop(lr, lambda run: _ladder(req, run, auto), write, say, progress)
+    o = run_loop(lr, lambda run: recipe_ladder(req, run, auto), write, say, progress)
     return result, o.dest
 
 
@@ -151,9 +151,13 @@ def _recipe(options: QuantOptions, parts: tuple[str, ...]) -> Recipe:
                   needs_calibration=base.needs_calibration, settings={"options": opts})
 
 
-def _ladder(req: CalibrateRequest, run: LoopRun, auto: dict):
-    """The recipes of a ``--backend B`` run: the options' own, then (``auto``, computed once the first failed:
-    it reads that build's calibration ranges) one more part of the sensitivity ladder kept in float each."""
+def recipe_ladder(req: CalibrateRequest, run: LoopRun, auto: dict):
+    """The recipes of a ``--backend B`` run, yielded one at a time: the options' own, then (``auto``; the
+    ladder is computed once the first recipe failed, from the calibration ranges its build wrote to
+    ``run.cache``, and stored in ``auto["ladder"]``) one more part of
+    :func:`hllm.calibration.recipes.parts.sensitivity_ladder` kept in float each, ``max_tries`` recipes at most.
+    A recipe is named after its parts (``ort-static+head+block:1``) and carries its QuantOptions in
+    ``settings["options"]``."""
     start = tuple(req.options.exclude)
     yield _recipe(req.options, start)
     if not req.auto or req.max_tries < 2:
