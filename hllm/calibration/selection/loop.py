@@ -74,7 +74,7 @@ class LoopRequest:
     precision --precision bf16`` (None = the default islands); ``validation_slates``: NNCF accuracy control's,
     disjoint from ``eval_slates``; ``time_budget_s``: the seconds the run plans for (accuracy control gets what
     is left; None = its own budget); ``spent_before_s``: seconds the caller spent before (calibration data);
-    ``fastest_first``: the order of step 4 (module doc); ``sequential``: the gate may also pass early once
+    ``fastest_first``: in order or fastest first (module doc); ``sequential``: the gate may also pass early once
     every bound clears its margin (:func:`hllm.verify.sequential.sequential_gate`)."""
 
     export_dir: Path
@@ -130,19 +130,20 @@ class LoopRun:
         self.gates: dict[str, dict] = {}
         self.errors: dict[str, Exception] = {}
         self.baseline: str | None = None
+        self.here: tuple = ("", (), False)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t_start + (self.req.spent_before_s if self.req is not None else 0.0)
 
-    def admit(self, c: Recipe, flavour: str, features: Sequence[str], have_ov: bool) -> bool:
-        """Record ``c``; refuse it (record ``refused``) when not requested or not buildable here. Returns
-        whether it may be built."""
+    def admit(self, c: Recipe) -> bool:
+        """Record ``c``; refuse it (record ``refused``) when not requested or not buildable here (``self.here``:
+        the export's flavour, the CPU's features, whether OpenVINO is installed). Returns whether it may be built."""
         r = self.req
         self.recipes[c.name] = c
         self.baseline = self.baseline or c.name
         rec = self.records[c.name] = {"name": c.name, "engine": c.engine, "precision": str(c.precision)}
         why = "not requested (--recipe)" if r.only and c.name not in r.only and c.name != self.baseline else \
-            c.refusal(flavour, features, r.calibration is not None, have_ov) or \
+            c.refusal(self.here[0], self.here[1], r.calibration is not None, self.here[2]) or \
             (NO_VALIDATION if c.name in ACCURACY_CONTROL and not r.validation_slates else None)
         if why:
             rec["refused"] = why
@@ -256,6 +257,8 @@ def run_loop(req: LoopRequest, recipes: Iterable[Recipe] | Callable[[LoopRun], I
         NothingToQuantize, or that one when nothing was built; FileExistsError if ``out_dir`` exists and
         ``overwrite`` is False; ParityError from a bad reference cache.
     """
+    from hllm.measure import cpu_flags
+
     ref_info: dict = {}
     ref, _ = fp32_reference(req, progress, say, info=ref_info)
     out = Path(req.out_dir)
@@ -264,6 +267,7 @@ def run_loop(req: LoopRequest, recipes: Iterable[Recipe] | Callable[[LoopRun], I
     work = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent))
     run = LoopRun(req, ref, ref_info, say, progress, work, time.perf_counter())
     try:
+        run.here = (read_export(req.export_dir).flavour, cpu_flags(), optional("openvino") is not None)
         todo = recipes(run) if callable(recipes) else recipes
         chosen, timing = (_fastest_first if req.fastest_first else _in_order)(run, todo)
         passed = bool(run.records[chosen].get("passed"))
@@ -276,22 +280,14 @@ def run_loop(req: LoopRequest, recipes: Iterable[Recipe] | Callable[[LoopRun], I
     return outcome
 
 
-def _admit_all(run: LoopRun):
-    """``admit(recipe)`` with this export's flavour, this CPU's features and whether OpenVINO is installed."""
-    from hllm.measure import cpu_flags
-
-    flavour, features, have_ov = read_export(run.req.export_dir).flavour, cpu_flags(), optional("openvino") is not None
-    return lambda c: run.admit(c, flavour, features, have_ov)
-
-
 def _in_order(run: LoopRun, recipes: Iterable[Recipe]) -> tuple[str, dict]:
-    """Step 4, in order: build and check each recipe until one passes; a build or check error ends the list.
+    """In order (module doc): build and check each recipe until one passes; a build or check error ends the list.
     Returns ``(the last recipe checked, timing against the FP32 export or {})``."""
     from hllm.calibration.recipes.options import NothingToQuantize
 
-    admit, last, stop = _admit_all(run), None, None
+    last = stop = None
     for c in recipes:
-        if not admit(c):
+        if not run.admit(c):
             stop = EngineError(f"{c.name}: {run.records[c.name]['refused']}")
             break
         if not run.build(c):
@@ -313,10 +309,10 @@ def _in_order(run: LoopRun, recipes: Iterable[Recipe]) -> tuple[str, dict]:
 
 
 def _fastest_first(run: LoopRun, recipes: Iterable[Recipe]) -> tuple[str, dict]:
-    """Step 4, fastest first (module doc). Returns ``(the chosen recipe, timing)``."""
-    admit, deferred = _admit_all(run), []
+    """Fastest first (module doc). Returns ``(the chosen recipe, timing)``."""
+    deferred = []
     for c in recipes:  # refuse, defer (accuracy control) or build
-        if admit(c):
+        if run.admit(c):
             if c.name in ACCURACY_CONTROL:
                 deferred.append(c)
             else:

@@ -179,16 +179,11 @@ def recipe_ladder(req: CalibrateRequest, run: LoopRun, auto: dict):
 
 def _calibration_result(req: CalibrateRequest, o: LoopOutcome, auto: dict) -> CalibrationResult:
     """The :class:`CalibrationResult` of a ``--backend B`` run from the loop's outcome."""
-    lr, tries = req.loop, []
-    for name, rec in o.records.items():
-        parts = list(o.recipes[name].settings["options"].exclude)
-        if name in o.gates:
-            g = o.gates[name]
-            tries.append({"excluded": parts, "passed": g["passed"], **{k: g[k] for k in (
-                "top1_agreement", "kendall_tau_mean", "recall@10_delta", "failures")},
-                "quantized_nodes": rec.get("quantized_nodes"), "kept_float_nodes": rec.get("kept_float_nodes")})
-        elif "error" in rec:
-            tries.append({"excluded": parts, "passed": False, "error": rec["error"], "stop": True})
+    lr, keys = req.loop, ("passed", "top1_agreement", "kendall_tau_mean", "recall@10_delta", "failures")
+    tries = [{"excluded": list(o.recipes[n].settings["options"].exclude), **(
+        {**{k: o.gates[n][k] for k in keys}, "quantized_nodes": r.get("quantized_nodes"),
+         "kept_float_nodes": r.get("kept_float_nodes")} if n in o.gates else
+        {"passed": False, "error": r["error"], "stop": True})} for n, r in o.records.items() if n in o.gates or "error" in r]
     chosen = o.records[o.chosen]
     gate = {**o.gates[o.chosen], "quantized_nodes": chosen.get("quantized_nodes"),
             "kept_float_nodes": chosen.get("kept_float_nodes")}
