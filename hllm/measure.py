@@ -172,7 +172,7 @@ def time_interleaved(
     """Time several callables interleaved: round r calls each ``fn(r)`` once, rotating the order.
 
     Interleaving spreads machine noise (other processes on shared cores, frequency changes) evenly
-    over the candidates, so their ratios are fair even when absolute times drift.
+    over the contenders, so their ratios are fair even when absolute times drift.
 
     Args:
         calls: ``{name: fn}``; ``fn(i)`` receives the round index (to pick the i-th input).

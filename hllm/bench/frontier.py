@@ -164,7 +164,7 @@ def _num(v) -> float | None:
 
 def gate_summary(g: dict | None) -> dict:
     """The figures of a contender's gate record that the frontier table prints, from a
-    :meth:`hllm.verify.gate.GateReport.to_dict` or a ``calibrate --backend auto`` candidate's ``gate``:
+    :meth:`hllm.verify.gate.GateReport.to_dict` or a ``calibrate --backend auto`` recipe's ``gate``:
     ``{gate (mode), passed, strict_passed, top1_agreement, kendall_tau_mean, regret_p95, auc_lb, ndcg10_lb,
     recall10_lb (one-sided lower bounds of the quality differences), max_abs_dM}``; a figure that is
     absent or not a number is None."""

@@ -160,9 +160,9 @@ def bench_solvers(
     else:
         mats = score_matrices(family, n, count + warmup, seed)
     costs = {dt: [np.ascontiguousarray(-m, dtype=dt) for m in mats] for dt in dtypes}
-    # Candidate j solves matrix (i + j·stride) mod M in round i: within a round every candidate gets
-    # a different matrix and each sees every matrix once per cycle, so no candidate profits from a
-    # branch predictor / cache just trained on the same problem by the candidate before it.
+    # Solver j solves matrix (i + j·stride) mod M in round i: within a round every solver gets
+    # a different matrix and each sees every matrix once per cycle, so no solver profits from a
+    # branch predictor / cache just trained on the same problem by the solver before it.
     n_cand = len(solvers) * len(dtypes) + 4
     stride = max(1, len(mats) // n_cand)
     ix = lambda i, j: (i + j * stride) % len(mats)  # noqa: E731

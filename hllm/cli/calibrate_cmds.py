@@ -59,8 +59,8 @@ def calibrate_cmd(
     min_top1: float = typer.Option(0.97, min=0.0, max=1.0, help="Strict gate: min top-1 agreement with FP32."),
     max_recall10_delta: float = typer.Option(0.01, min=0.0, max=1.0, help="Strict gate: max |ΔRecall@10| (slates with labels)."),
     max_auc_delta: float = typer.Option(0.005, min=0.0, max=1.0, help="Strict gate: max |ΔAUC| (slates with labels)."),
-    candidate: List[str] = typer.Option([], "--candidate", help="With --backend auto: consider only these candidates (onnxruntime-fp32 always). Repeatable."),
-    bf16_islands: Optional[Path] = typer.Option(None, "--bf16-islands", help="With --backend auto: the islands file of `hllm debug precision --precision bf16` that the openvino-bf16-islands candidate keeps in fp32 (default: every attention matrix product, q/k/v/o projections and scores, and the head; the MLP runs bf16)."),
+    recipe: List[str] = typer.Option([], "--recipe", help="With --backend auto: consider only these recipes (onnxruntime-fp32 always). Repeatable."),
+    bf16_islands: Optional[Path] = typer.Option(None, "--bf16-islands", help="With --backend auto: the islands file of `hllm debug precision --precision bf16` that the openvino-bf16-islands recipe keeps in fp32 (default: every attention matrix product, q/k/v/o projections and scores, and the head; the MLP runs bf16)."),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", min=60.0, max=7 * 86400.0, show_default=False, help="With --backend auto: seconds the run plans for (default 1200, what 200 slates take on 2 cores); NNCF's accuracy control runs last on what is left of it and is refused when that is under 10 min. The other steps are not cut short."),
     bench_runs: int = typer.Option(0, min=0, max=10_000, help="Also time INT8 vs FP32 engines interleaved for this many runs (0 = skip; --backend auto: default 5)."),
     bench_warmup: int = typer.Option(2, min=0, max=1_000, help="Warm-up runs of the speed comparison (discarded)."),
@@ -74,6 +74,7 @@ def calibrate_cmd(
     eval_slates: Optional[Path] = hidden_alias("--eval-slates", "--slates"),
     eval_limit: Optional[int] = hidden_alias("--eval-limit", "--limit"),
     bench_rounds: Optional[int] = hidden_alias("--bench-rounds", "--bench-runs"),
+    candidate: Optional[List[str]] = hidden_alias("--candidate", "--recipe"),
 ) -> None:
     """Quantize an export, gate it on held-out real slates, write it only if it passes (else exit 1)."""
     run_calibrate(SimpleNamespace(**locals()))
@@ -81,8 +82,9 @@ def calibrate_cmd(
 
 def run_calibrate(a: SimpleNamespace) -> None:
     """The run of ``hllm calibrate`` from its parsed options ``a``: the checks every run makes, then the one
-    recipe of ``--backend B`` (:func:`hllm.calibration.selection.pipeline.calibrate`) or, with ``--backend
-    auto``, the table of recipes (:func:`_select`). Raises: typer.BadParameter / HllmError (exit 2)."""
+    loop (:func:`hllm.calibration.selection.loop.run_loop`) over the recipe of ``--backend B`` or, with
+    ``--backend auto``, over the table of recipes (:func:`_calibrate`).
+    Raises: typer.BadParameter / HllmError (exit 2)."""
     quiet_libraries()
     if a.out_alias is not None:
         deprecated("calibrate --out/-o DIR", "the positional OUT_DIR")
@@ -90,7 +92,7 @@ def run_calibrate(a: SimpleNamespace) -> None:
     if out_dir is None:
         raise typer.BadParameter("give OUT_DIR, the quantized export directory to write")
     slates, limit = pick(a.slates, a.eval_slates), pick(a.limit, a.eval_limit, 100)
-    bench_runs = pick(a.bench_runs, a.bench_rounds, 0)
+    bench_runs, recipes = pick(a.bench_runs, a.bench_rounds, 0), tuple(pick(a.recipe, a.candidate, []))
     if (limit is not None and limit < 1) or not 0 <= bench_runs <= 10_000:
         raise typer.BadParameter("--limit must be ≥ 1 and --bench-runs within 0..10000")
     th_kw = dict(mode=a.gate, auc_margin=a.auc_margin, ndcg10_margin=a.ndcg10_margin, recall10_margin=a.recall10_margin,
@@ -98,50 +100,75 @@ def run_calibrate(a: SimpleNamespace) -> None:
                  max_recall10_delta=a.max_recall10_delta, max_auc_delta=a.max_auc_delta)
     if a.backend == "auto":
         _refuse_ignored_by_auto()
-        return _select(a.export_dir, out_dir, th_kw=th_kw, slates=slates, limit=limit,
-                       calib=(a.calibration, a.calib_slates, a.calib_count, a.calib_seed, a.calib_batch_size),
-                       candidates=tuple(a.candidate), rounds=bench_runs or 5, warmup=a.bench_warmup, threads=a.threads,
-                       reference_cache=a.reference_scores_path, report=a.report, overwrite=a.overwrite,
-                       json_out=a.json_out, bf16_islands=a.bf16_islands, time_budget=a.time_budget)
-    for given, option in ((a.time_budget is not None, "--time-budget"), (bool(a.candidate), "--candidate"),
+    for given, option in ((a.time_budget is not None, "--time-budget"), (bool(recipes), "--recipe"),
                           (a.bf16_islands is not None, "--bf16-islands")):
-        if given:
+        if given and a.backend != "auto":
             raise typer.BadParameter(f"{option} applies to --backend auto only")
-    _calibrate_one(a, out_dir, th_kw, slates, limit, bench_runs)
+    _calibrate(a, out_dir, th_kw, slates, limit, recipes, bench_runs or (5 if a.backend == "auto" else 0))
 
 
-def _calibrate_one(a: SimpleNamespace, out_dir: Path, th_kw: dict, slates, limit, bench_runs: int) -> None:
-    """``--backend B``: the one recipe of that quantizer (:func:`hllm.calibration.recipes.recipe.recipe_for_options`)
-    built, gated and (``--auto``) searched for parts to keep in float; writes OUT_DIR only if it passes."""
+def _calibrate(a: SimpleNamespace, out_dir: Path, th_kw: dict, slates, limit, recipes: tuple, rounds: int) -> None:
+    """The checks before any work, the slates and the calibration data, then the one loop over the recipe of
+    ``--backend B`` (:func:`hllm.calibration.selection.select.calibrate`: writes OUT_DIR only if it passes, else
+    exit 1) or over the recipe table (``--backend auto``, :func:`hllm.calibration.selection.select.select`: the
+    fastest recipe that passes; always one, the FP32 baseline passes its own check)."""
+    from hllm.calibration.recipes.accuracy_control import ACCURACY_CONTROL_SETTINGS
     from hllm.calibration.recipes.options import QuantOptions
-    from hllm.calibration.selection.pipeline import CalibrateRequest, prepare_calibration
+    from hllm.calibration.recipes.table import check_start
+    from hllm.calibration.selection.loop import TIME_BUDGET_S, LoopRequest
+    from hllm.calibration.selection.pipeline import prepare_calibration
+    from hllm.calibration.selection.select import CalibrateRequest, calibrate, select
+    from hllm.formats.export import read_export
 
-    opts = QuantOptions(backend=a.backend, precision=a.precision, target=a.target, per_channel=a.per_channel,
-                        reduce_range=a.reduce_range, activation_type=a.activation_type, exclude=tuple(a.exclude),
-                        exclude_nodes=tuple(a.exclude_node), calibrate_method=a.calibrate_method,
-                        weight_matmuls_only=a.weight_matmuls_only, op_types=tuple(a.op_type),
-                        block_size=a.block_size, accuracy_level=a.accuracy_level)
-    opts.validate()  # refuses fp8 for an A100 before any work
+    t_start, auto = time.perf_counter(), a.backend == "auto"  # the budget counts the steps before the loop
+    opts = None if auto else QuantOptions(
+        backend=a.backend, precision=a.precision, target=a.target, per_channel=a.per_channel,
+        reduce_range=a.reduce_range, activation_type=a.activation_type, exclude=tuple(a.exclude),
+        exclude_nodes=tuple(a.exclude_node), calibrate_method=a.calibrate_method,
+        weight_matmuls_only=a.weight_matmuls_only, op_types=tuple(a.op_type), block_size=a.block_size,
+        accuracy_level=a.accuracy_level)
+    if opts is not None:
+        opts.validate()  # refuses fp8 for an A100 before any work
     th, calib_slates = _check_run(th_kw, a.json_out, a.report, out_dir, a.overwrite, a.reference_scores_path,
                                   a.calib_slates)
     art, builder = _onnx_export(a.export_dir, a.backend)
-    evals = load_slates(slates, limit=limit)
+    if auto:
+        check_start(read_export(art.path.parent), recipes)
+    if a.bf16_islands is not None:  # a bad islands file is refused before any work
+        from hllm.calibration.precision_search.bf16_islands import read_islands
+
+        read_islands(a.bf16_islands, art.path.parent)
+    # --backend auto: the slates after the gate's --limit validate NNCF's accuracy control, never the gate's own
+    loaded = load_slates(slates, limit=limit + (ACCURACY_CONTROL_SETTINGS["validation_slates"] if auto else 0))
+    evals, validation = loaded[:limit], loaded[limit:]
     warn_unlabelled(evals)
     say = lambda m: console.print(f"[green]✓[/] {m}")  # noqa: E731
-    with console.status("[bold]preparing calibration data…"):
-        calib = prepare_calibration(art, builder, a.backend, a.calibration, calib_slates, a.calib_count, a.calib_seed,
-                                    a.calib_batch_size, slate_ids(evals), say)
-    slates_name = slates_source(slates, str(slates_file(None)))
-    req = CalibrateRequest(art.path.parent, out_dir, opts, th, evals, slates_name, calib,
-                           calibration_saved=a.calibration is not None, auto=a.auto, max_tries=a.max_tries,
-                           bench_rounds=bench_runs, bench_warmup=a.bench_warmup, threads=a.threads,
-                           reference_cache=a.reference_scores_path, artefact=art, overwrite=a.overwrite)
-    result, dest = _calibrate_with_progress(req)
-    _report(result, dest, a.report, a.json_out)
+    cal = None
+    if not auto or a.calibration is not None or calib_slates is not None:
+        with console.status("[bold]preparing calibration data…"):
+            cal = prepare_calibration(art, builder, "ort-static" if auto else a.backend, a.calibration, calib_slates,
+                                      a.calib_count, a.calib_seed, a.calib_batch_size, slate_ids(evals), say)
+    req = LoopRequest(art.path.parent, out_dir, th, evals, cal, recipes, rounds, a.bench_warmup, a.threads,
+                      a.reference_scores_path, a.overwrite, a.bf16_islands, validation,
+                      TIME_BUDGET_S if a.time_budget is None else a.time_budget, time.perf_counter() - t_start,
+                      artefact=art)
+    if auto:
+        result, dest = _with_progress(select, req)
+        finish_report(a.report, result.to_report(), a.json_out, show=_print_selection)
+        return out.print(f"selected {result.selected} → {dest}")
+    result, dest = _with_progress(calibrate, CalibrateRequest(
+        req, opts, slates_source(slates, str(slates_file(None))), calibration_saved=a.calibration is not None,
+        auto=a.auto, max_tries=a.max_tries))
+    finish_report(a.report, result.to_report(), a.json_out, show=_print)
+    if result.passed:
+        out.print(f"quantized export → {dest}")
+    else:
+        console.print(f"[red]gate FAILED:[/] {result.gate['failures']}; the graph was written only as {dest}")
+        raise typer.Exit(1)
 
 
 #: Options of one quantization recipe, which ``--backend auto`` does not use (it builds every engine ×
-#: precision candidate itself): given with it, they are refused instead of being silently ignored.
+#: precision recipe itself): given with it, they are refused instead of being silently ignored.
 IGNORED_BY_AUTO = ("precision", "target", "exclude", "exclude_node", "auto", "max_tries", "per_channel", "reduce_range",
                    "activation_type", "calibrate_method", "weight_matmuls_only", "op_type", "block_size",
                    "accuracy_level")
@@ -158,7 +185,7 @@ def _refuse_ignored_by_auto() -> None:
              and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
     if given:
         names = ", ".join(p.opts[0] for p in given)
-        raise typer.BadParameter(f"--backend auto builds and gates every engine × precision candidate itself and "
+        raise typer.BadParameter(f"--backend auto builds and gates every engine × precision recipe itself and "
                                  f"does not use {names}; drop {'it' if len(given) == 1 else 'them'}, or pick one "
                                  "backend (e.g. --backend ort-static) to quantize with these settings")
 
@@ -170,46 +197,6 @@ def warn_unlabelled(slates: list[dict]) -> None:
         console.print(f"[yellow]warning:[/] none of the {len(slates)} gate slates has a positive label: the quality "
                       "criteria (ΔRecall@10, ΔAUC) cannot be checked; the gate judges agreement with FP32 only "
                       "(give labelled --slates to check them)", highlight=False)
-
-
-def _select(export_dir: Path, out_dir: Path, th_kw: dict, slates, limit, calib: tuple, candidates: tuple, rounds: int,
-            warmup: int, threads, reference_cache, report, overwrite: bool, json_out: bool, bf16_islands=None,
-            time_budget: Optional[float] = None) -> None:
-    """``--backend auto``: :func:`hllm.calibration.selection.select.select` with the console's progress; prints the
-    candidates table and writes the selected export (always: the FP32 baseline passes its own gate)."""
-    from hllm.calibration.selection.pipeline import prepare_calibration
-    from hllm.calibration.recipes.table import check_start
-    from hllm.calibration.selection.select import TIME_BUDGET_S, SelectRequest, select
-    from hllm.formats.export import read_export
-
-    t_start = time.perf_counter()  # the budget counts the calibration data and the checks before select
-    calibration, calib_slates, count, seed, batch = calib
-    th, calib_slates = _check_run(th_kw, json_out, report, out_dir, overwrite, reference_cache, calib_slates)
-    art, builder = _onnx_export(export_dir, "auto")
-    check_start(read_export(art.path.parent), candidates)
-    if bf16_islands is not None:  # a bad islands file is refused before any work
-        from hllm.calibration.precision_search.bf16_islands import read_islands
-
-        read_islands(bf16_islands, art.path.parent)
-    from hllm.calibration.recipes.accuracy_control import CANDIDATE_SETTINGS
-
-    # the slates after the gate's --limit validate NNCF's accuracy control: never the gate's own
-    loaded = load_slates(slates, limit=limit + CANDIDATE_SETTINGS["validation_slates"])
-    evals, validation = loaded[:limit], loaded[limit:]
-    warn_unlabelled(evals)
-    cal = None
-    if calibration is not None or calib_slates is not None:
-        with console.status("[bold]preparing calibration data…"):
-            cal = prepare_calibration(art, builder, "ort-static", calibration, calib_slates, count, seed, batch,
-                                      slate_ids(evals))
-    req = SelectRequest(art.path.parent, out_dir, th, evals, cal, candidates, rounds, warmup, threads,
-                        reference_cache, overwrite, bf16_islands=bf16_islands, validation_slates=validation,
-                        time_budget_s=TIME_BUDGET_S if time_budget is None else time_budget,
-                        spent_before_s=time.perf_counter() - t_start)
-    with progress_lines(progress()) as bar:
-        result, dest = select(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
-    finish_report(report, result.to_report(), json_out, show=_print_selection)
-    out.print(f"selected {result.selected} → {dest}")
 
 
 def _check_run(th_kw: dict, json_out: bool, report, out_dir: Path, overwrite: bool, reference_cache, calib_slates):
@@ -246,10 +233,12 @@ def _check_reference_cache(cache: Optional[Path], out_dir: Path) -> None:
 
 
 def _print_selection(r: dict) -> None:
+    from hllm.calibration.selection.select import SelectionResult
+
     t = Table(title=f"calibrate --backend auto: selected {r['selected']}")
-    for col in ("candidate", "check", "ΔAUC lb", "ΔNDCG@10 lb", "tau", "regret p95", "top-1", "verdict", "ms/slate", "× fp32"):
+    for col in ("recipe", "check", "ΔAUC lb", "ΔNDCG@10 lb", "tau", "regret p95", "top-1", "verdict", "ms/slate", "× fp32"):
         t.add_column(col)
-    for c in r["candidates"]:
+    for c in SelectionResult.from_dict(r).recipes:
         g = c.get("gate") or {}
         q, fid = g.get("quality") or {}, g.get("fidelity") or {}
         f = lambda v, fmt="{:.3f}": "-" if v is None else fmt.format(v)  # noqa: E731
@@ -285,30 +274,18 @@ def _onnx_export(export_dir: Path, backend: str):
     return art, PromptBuilder(load_tokenizer(art.tokenizer_path), art.prompt, max_items=art.num_positions)
 
 
-def _calibrate_with_progress(req):
-    """:func:`hllm.calibration.selection.pipeline.calibrate` with its steps and progress shown on the console."""
-    from hllm.calibration.selection.pipeline import calibrate
-
+def _with_progress(run, req):
+    """``run(req, say, progress)`` — :func:`hllm.calibration.selection.select.calibrate` or ``select`` — with
+    its steps and progress shown on the console."""
     with progress_lines(progress()) as bar:
-        return calibrate(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
-
-
-def _report(result, dest: Path, report: Optional[Path], json_out: bool) -> None:
-    """Write/print the calibration result (a :class:`hllm.formats.calibration_report.CalibrationResult`);
-    exit 1 if the gate failed."""
-    finish_report(report, result.to_report(), json_out, show=_print)
-    if result.passed:
-        out.print(f"quantized export → {dest}")
-    else:
-        console.print(f"[red]gate FAILED:[/] {result.gate['failures']}; the graph was written only as {dest}")
-        raise typer.Exit(1)
+        return run(req, say=lambda m: bar.console.print(f"  {m}", highlight=False, markup=False), progress=bar.bar_for)
 
 
 class progress_lines:
     """A rich progress bar (:func:`hllm.cli.app.progress`) that also leaves a trace in a log: when stderr is
     not a terminal (the bar is off), each task prints a line ``description: done/total (elapsed, ETA)``
     at most every ``every_s`` seconds and when it completes. ``bar_for(description, total)`` → ``advance(n)``
-    is the :data:`hllm.calibration.selection.pipeline.Progress` callable the pipelines take."""
+    is the :data:`hllm.calibration.selection.pipeline.Progress` callable the loop takes."""
 
     def __init__(self, bar, every_s: float = 30.0):
         self.bar, self.every_s, self.console = bar, every_s, bar.console

@@ -47,13 +47,13 @@ def precision_cmd(
     groups: int = typer.Option(4, min=1, max=1000, help="bf16: layer groups searched (consecutive decoder layers)."),
     refine: int = typer.Option(2, min=0, max=8, help="bf16: op classes also tried per layer group (the most helpful ones)."),
     bf16_base: str = typer.Option("head,attention", "--bf16-base", help="bf16: islands every searched set keeps (op classes / module paths; 'none' = none); each but the head is also tried in bf16 as a frontier point."),
-    report: Optional[Path] = typer.Option(None, help="Full report JSON (every candidate's figures)."),
+    report: Optional[Path] = typer.Option(None, help="Full report JSON (every module's figures)."),
     threads: Optional[int] = threads_opt(),
     json_out: bool = json_opt(),
 ) -> None:
     """Keep one module at a time in fp32, rank real slates, report each module's ΔM / top-1 / tau, then add
     the most sensitive modules until the rankings match; write the islands file."""
-    from hllm.calibration.precision_search.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
+    from hllm.calibration.precision_search.precision_debug import (DebugSettings, VariantRunner, modules_to_try, debug_precision,
                                                   islands_file)
     from hllm.formats.precision import Precision
     from hllm.runtime.artefact import resolve
@@ -81,7 +81,7 @@ def precision_cmd(
         calib = calibration_feeds(read_slates(calib_slates), builder, calib_count, 0, art.context,
                                   exclude_ids=slate_ids(data))
     n_layers = int((art.meta.get("backbone") or {}).get("num_layers") or 0)
-    cands = candidate_modules(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
+    cands = modules_to_try(n_layers, [p.strip() for p in parts.split(",") if p.strip()],
                               layer_list)
     runner = VariantRunner(export_dir, target, batches, calib, threads, bf16_runner=bf16_runner)
     try:
@@ -102,7 +102,7 @@ def precision_cmd(
             res = search_islands(runner, ref, data, n_layers, lambda isl: fp32_share(v.model(), v.feeds(), isl),
                                  settings, groups=groups, refine=refine, base=base_islands, say=out.print)
             res["runner"] = v.runner
-        elif target is Precision.INT8:  # NNCF accuracy control: the route of calibrate's openvino-int8 candidate
+        elif target is Precision.INT8:  # NNCF accuracy control: the route of calibrate's openvino-int8 recipe
             from hllm.calibration.recipes.accuracy_control import debug_int8
             from hllm.runtime.artefact import open_engine
 

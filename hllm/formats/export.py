@@ -86,7 +86,7 @@ class ExportMeta:
 @dataclass(frozen=True)
 class OpenVinoSettings:
     """The sidecar's ``openvino`` object (written by ``hllm calibrate``: an NNCF INT8 IR, or the OpenVINO
-    candidates of ``--backend auto``).
+    recipes of ``--backend auto``).
 
     Attributes: ir: file name of the OpenVINO IR (``.xml``) inside the export, or None (run ``model.onnx``);
         inference_precision: the CPU plugin's ``INFERENCE_PRECISION_HINT`` (``f32`` / ``bf16``;

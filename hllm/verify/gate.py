@@ -2,14 +2,14 @@
 
 Tensor closeness is the wrong test for a ranker, and so is agreement alone: a model whose FP32 top-1
 margin is tiny on some slates has near-ties that any change of arithmetic breaks either way, without
-changing how good the rankings are. The gate therefore judges the candidate by the task, on held-out
+changing how good the rankings are. The gate therefore judges the tested graph by the task, on held-out
 labelled slates, with a tolerance and an interval — the way NNCF's ``quantize_with_accuracy_control``
 (``max_drop`` on a user ``validation_fn``) and Intel Neural Compressor's ``AccuracyCriterion
 (tolerable_loss)`` judge quantized models — plus a fidelity floor that catches broken engines.
 
 ``mode="quality"`` (the default) passes when both hold:
 
-(a) **quality non-inferiority**: per labelled slate, the difference candidate − FP32 of AUC, NDCG@10
+(a) **quality non-inferiority**: per labelled slate, the difference tested − FP32 of AUC, NDCG@10
     and Recall@10 (:func:`hllm.verify.metrics.paired_rows`); a paired percentile bootstrap over slates
     (:func:`hllm.verify.metrics.bootstrap_ci`, ``resamples`` draws, seeded) gives the one-sided
     ``confidence`` (95%) lower bound of each mean difference, which must be ≥ −margin (defaults:
@@ -17,7 +17,7 @@ labelled slates, with a tolerance and an interval — the way NNCF's ``quantize_
     slates; with fewer, (a) is reported as not checked and the verdict rests on (b).
 (b) **fidelity floor**: mean Kendall tau between the two rankings ≥ 0.9, the 95th percentile over
     slates of the assignment regret ≤ 1e-3, and no non-finite score. The regret of one slate
-    (:func:`assignment_regret`) measures the candidate's permutation by the FP32 model's own objective,
+    (:func:`assignment_regret`) measures the tested graph's permutation by the FP32 model's own objective,
     the assignment objective ``J(π) = Σ_i M[i, π(i)]`` that hLLM decodes by (paper §3.4, eq. 1):
     ``(J(π_fp32) − J(π_cand)) / (J(π_fp32) − E_π J(π))`` with ``M`` the FP32 score matrix of the slate,
     ``π_fp32`` its optimum and ``E_π J(π) = Σ_ij M[i, j] / n`` the mean over uniformly random
@@ -28,7 +28,7 @@ labelled slates, with a tolerance and an interval — the way NNCF's ``quantize_
 (:meth:`GateReport.criteria_report`: value, interval, the number compared, limit, passed, ``missed_by``);
 the mode decides which ones the verdict requires.
 
-Sequential fail-fast, stopping a candidate once it can no longer pass: :mod:`hllm.verify.sequential`
+Sequential fail-fast, stopping a tested graph once it can no longer pass: :mod:`hllm.verify.sequential`
 (:func:`~hllm.verify.sequential.run_gate` scores an artefact and gates it). The reference's scores are computed
 once and may be cached: :mod:`hllm.verify.reference`.
 """
@@ -71,7 +71,7 @@ class GateThresholds:
         min_top1: strict: min fraction of slates whose top item is the reference's (default 0.97).
         max_recall10_delta: strict: max |mean Recall@10 change| (default 0.01; labelled slates only).
         max_auc_delta: strict: max |mean AUC change| (default 0.005; labelled slates only).
-        futility_alpha: fail-fast: max probability of stopping a candidate that would pass (a) (default 0.01).
+        futility_alpha: fail-fast: max probability of stopping a tested graph that would pass (a) (default 0.01).
     Raises: ValueError for an unknown mode or a limit outside its range (fractions and margins in [0, 1],
         tau in [-1, 1], confidence in (0.5, 1), futility_alpha in (0, 0.5), resamples ≥ 100).
     """
@@ -147,17 +147,17 @@ def check_disjoint(calibration_ids: Sequence[str], eval_slates: Sequence[dict]) 
 
 
 def assignment_regret(ref: np.ndarray, ref_order: Sequence[int], test_order: Sequence[int] | None) -> float:
-    """Assignment regret of a candidate's ranking of one slate, judged by the reference's scores.
+    """Assignment regret of a tested ranking of one slate, judged by the reference's scores.
 
     With ``M = ref[:n, :n]`` (float64; rows = items, columns = rank positions) and the objective
     ``J(π) = Σ_p M[π_p, p]`` that hLLM maximises (paper §3.4, eq. 1; ``π_p`` = item at position p):
     ``regret = (J(ref_order) − J(test_order)) / (J(ref_order) − Σ_ij M[i, j] / n)``, the objective the
-    candidate's permutation loses, relative to the distance of the optimum from the mean over uniformly
+    tested permutation loses, relative to the distance of the optimum from the mean over uniformly
     random permutations. 0 = optimal, 1 = no better than a random order.
 
     Args:
         ref: ``[n_pad, K]`` float reference scores of the slate. ref_order: the reference's optimal
-            permutation (length n). test_order: the candidate's permutation, or None when the candidate's
+            permutation (length n). test_order: the tested permutation, or None when the tested
             scores could not be decoded (non-finite): then the regret is +inf.
     Returns: the regret, ≥ 0 (float round-off below 0 is clipped); 0 when every permutation has the same
         objective (``n = 1`` or a constant matrix).
@@ -232,9 +232,9 @@ class GateReport(Verdict):
     """Verdict of the gate: ``bool(report)`` = passed (module doc: criteria and modes).
 
     Attributes: ``records`` (one :class:`hllm.verify.parity.SlateComparison` per slate scored),
-    ``thresholds``, the label metrics of the reference and the candidate rankings (means over labelled
+    ``thresholds``, the label metrics of the reference and the tested rankings (means over labelled
     slates, :func:`label_metrics`), ``regrets`` (per slate, :func:`assignment_regret`), ``deltas``
-    (per labelled slate, candidate − reference of :data:`hllm.verify.metrics.METRIC_KEYS`,
+    (per labelled slate, tested − reference of :data:`hllm.verify.metrics.METRIC_KEYS`,
     ``[n, 5]`` float64), ``planned`` (slates the run was to score; fewer = stopped early, a failure),
     ``stop_reason``.
 
@@ -267,12 +267,12 @@ class GateReport(Verdict):
 
     @property
     def recall10_delta(self) -> float | None:
-        """Mean Recall@10 of the candidate − the reference's over labelled slates (None without labels)."""
+        """Mean Recall@10 of the tested graph − the reference's over labelled slates (None without labels)."""
         return self._point("recall@10")
 
     @property
     def auc_delta(self) -> float | None:
-        """Mean AUC of the candidate − the reference's over labelled slates (None without labels)."""
+        """Mean AUC of the tested graph − the reference's over labelled slates (None without labels)."""
         return self._point("auc")
 
     def quality(self) -> dict[str, dict]:
@@ -378,7 +378,7 @@ def gate_scores(
     planned: int | None = None,
     stop_reason: str | None = None,
 ) -> GateReport:
-    """Gate per-slate score matrices of a candidate graph against the reference's (module doc).
+    """Gate per-slate score matrices of a tested graph against the reference's (module doc).
 
     Args:
         ref_scores, test_scores: one ``[n_i, K]`` float array per slate, same order as ``slates``.

@@ -1,15 +1,15 @@
-"""Sequential fail-fast for the gate (:mod:`hllm.verify.gate`): score a candidate in chunks and stop it as
+"""Sequential fail-fast for the gate (:mod:`hllm.verify.gate`): score a tested graph in chunks and stop it as
 soon as it can no longer pass.
 
-Used by :func:`run_gate` with ``fail_fast`` (:func:`hopeless` decides): a candidate is
+Used by :func:`run_gate` with ``fail_fast`` (:func:`hopeless` decides): a tested graph is
 scored in chunks and stopped as soon as it can no longer pass. Exact rules (whatever the slates still
 to come): a non-finite score; mean tau below the floor even if every remaining slate had tau 1; p95
 regret above the limit even if every remaining slate had regret 0; (strict) more top-1 misses than the
 rule allows over all slates. One statistical futility rule (quality mode): at the looks after 25%, 50%
 and 75% of the slates (at least 20 labelled ones), stop when the one-sided upper confidence bound of a
 mean difference is already below −margin, at a per-test level of ``futility_alpha`` / (3 looks × 3
-metrics) (Bonferroni), so a non-inferior candidate is stopped wrongly with probability ≤
-``futility_alpha`` (1%). A stop can only fail a candidate, never pass one: passing always needs every
+metrics) (Bonferroni), so a non-inferior graph is stopped wrongly with probability ≤
+``futility_alpha`` (1%). A stop can only fail a tested graph, never pass one: passing always needs every
 slate, so the 5% error of the quality test ((a) in :mod:`hllm.verify.gate`) is that of the fixed-sample test.
 """
 
@@ -35,7 +35,7 @@ FUTILITY_MIN_SLATES = 20
 
 
 def hopeless(report: GateReport, planned: int, look: bool = False) -> str | None:
-    """Why the candidate behind ``report`` (its first slates of ``planned``) can no longer pass, or None.
+    """Why the tested graph behind ``report`` (its first slates of ``planned``) can no longer pass, or None.
 
     Exact rules (module doc): a non-finite score beyond ``max_nonfinite``; (quality) the mean tau even
     with tau 1 on every remaining slate below ``min_tau``, or the p95 regret even with regret 0 on every
@@ -78,7 +78,7 @@ def gate_stream(ref_scores: Sequence[np.ndarray], score: Callable[[Sequence[dict
                 slates: Sequence[dict], thresholds: GateThresholds | None = None, fail_fast: bool = True,
                 chunk: int = 10, on_progress=None, **labels) -> GateReport:
     """Score ``slates`` ``chunk`` at a time with ``score`` (slates → their ``[n_i, K]`` matrices) and gate
-    them against ``ref_scores``; with ``fail_fast``, stop as soon as :func:`hopeless` says the candidate can
+    them against ``ref_scores``; with ``fail_fast``, stop as soon as :func:`hopeless` says the tested graph can
     no longer pass (the report then covers the slates scored, ``planned`` = all: a failure).
 
     ``labels``: ``precision`` / ``reference`` / ``backend`` of the report. ``on_progress(n)``: after each chunk.
@@ -112,7 +112,7 @@ SEQUENTIAL_LOOKS = (0.25, 0.5, 0.75, 1.0)
 def look_thresholds(thresholds: GateThresholds, looks: int) -> GateThresholds:
     """The thresholds of one look of a sequential gate with ``looks`` looks: the same margins and fidelity
     floor, the bounds of (a) at confidence ``1 − (1 − confidence) / looks`` (Bonferroni over the looks:
-    the chance that some look passes a candidate that is not non-inferior stays ≤ 1 − confidence)."""
+    the chance that some look passes a graph that is not non-inferior stays ≤ 1 − confidence)."""
     return replace(thresholds, confidence=1.0 - (1.0 - thresholds.confidence) / max(1, looks))
 
 
@@ -129,12 +129,12 @@ def clears(report: GateReport) -> bool:
 def sequential_gate(ref_scores: Sequence[np.ndarray], score: Callable[[Sequence[dict]], list[np.ndarray]],
                     slates: Sequence[dict], thresholds: GateThresholds | None = None, block: int = 10,
                     on_progress=None, **labels) -> GateReport:
-    """Gate a candidate over up to all of ``slates`` (labelled eval slates), scored ``block`` at a time,
+    """Gate a tested graph over up to all of ``slates`` (labelled eval slates), scored ``block`` at a time,
     deciding as early as the evidence allows (quality mode; strict mode = :func:`gate_stream` with fail-fast):
 
     * at each look (:data:`SEQUENTIAL_LOOKS` of the slates) the bounds of (a) are computed at the Bonferroni
       level of :func:`look_thresholds`; when every one clears its margin and the fidelity floor holds
-      (:func:`clears`) the candidate **passes** there, on the slates scored so far;
+      (:func:`clears`) the tested graph **passes** there, on the slates scored so far;
     * after every block, :func:`hopeless` stops it (**fail**) as soon as it can no longer pass (exact rules
       and the futility rule);
     * otherwise it runs to the last slate, where the verdict is the gate's at the look level.
@@ -193,7 +193,7 @@ def run_gate(
     chunk: int = 10,
     sequential: bool = False,
 ) -> GateReport:
-    """Run the candidate artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it
+    """Run the tested artefact ``test`` (export dir / .onnx / Ranker) on ``slates`` and gate it
     (:func:`gate_stream`; ``fail_fast`` stops it once it can no longer pass; ``sequential``: the sequential
     gate of :func:`sequential_gate`, which also passes it early once every bound clears its margin).
 

@@ -178,21 +178,21 @@ def test_validation_fn_past_its_deadline_reports_no_drop_without_running():
     assert fn(model, [1]) == (1.0, [1.0]) and fn.out_of_time and fn.slates_run == 4  # nothing ran
 
 
-def test_calibrate_candidate_bf16_twin_reuses_the_searched_ir(standard_export_dir, int8_inputs, tmp_path, monkeypatch):
-    """``openvino-int8-bf16`` takes the IR the ``openvino-int8`` candidate's search wrote (no second search)
+def test_calibrate_recipe_bf16_twin_reuses_the_searched_ir(standard_export_dir, int8_inputs, tmp_path, monkeypatch):
+    """``openvino-int8-bf16`` takes the IR the ``openvino-int8`` recipe's search wrote (no second search)
     and only changes the hint; its validation slates are the gate's first ones, cut short."""
     from hllm import measure
-    from hllm.calibration.recipes.accuracy_control import build_candidate
+    from hllm.calibration.recipes.accuracy_control import build_recipe
     from hllm.calibration.recipes.openvino_int8 import fake_quantize_count
     from hllm.formats.export import read_export
 
     calib, val = int8_inputs
     small = {"validation_slates": 4, "max_candidates": 5, "ranking_subset": 2, "max_reverted": 1}
-    rec = build_candidate(standard_export_dir, tmp_path / "openvino-int8", calib, val, settings=small)
+    rec = build_recipe(standard_export_dir, tmp_path / "openvino-int8", calib, val, settings=small)
     assert rec["accuracy_control"]["validation_slates"] == 4 and rec["inference_precision"] == "f32"
     assert rec["accuracy_control"]["max_drop"] == 1e-3  # the gate's default p95-regret limit
     monkeypatch.setattr(measure, "cpu_flags", lambda: ["avx512f", "avx512_bf16"])
-    twin = build_candidate(standard_export_dir, tmp_path / "openvino-int8-bf16", calib, val, settings=small,
+    twin = build_recipe(standard_export_dir, tmp_path / "openvino-int8-bf16", calib, val, settings=small,
                            inference_precision="bf16")
     assert twin["reused_from"] == "openvino-int8" and twin["inference_precision"] == "bf16"
     meta = read_export(tmp_path / "openvino-int8-bf16")

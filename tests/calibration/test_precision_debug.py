@@ -46,7 +46,7 @@ def planted(tmp_path_factory):
 
 
 def test_debugger_finds_the_planted_fp16_layer_and_its_islands_file_exports(planted, tmp_path):
-    from hllm.calibration.precision_search.precision_debug import (DebugSettings, VariantRunner, candidate_modules, debug_precision,
+    from hllm.calibration.precision_search.precision_debug import (DebugSettings, VariantRunner, modules_to_try, debug_precision,
                                                   islands_file)
     from hllm.exporter.fp16 import read_islands_file
     from hllm.exporter.onnx import export_onnx
@@ -56,12 +56,12 @@ def test_debugger_finds_the_planted_fp16_layer_and_its_islands_file_exports(plan
     runner = VariantRunner(export, "fp16", batches, threads=1)
     try:
         ref = runner.reference()
-        res = debug_precision(runner, ref, slates, candidate_modules(3), DebugSettings(min_top1=1.0, min_tau=0.99))
+        res = debug_precision(runner, ref, slates, modules_to_try(3), DebugSettings(min_top1=1.0, min_tau=0.99))
     finally:
         runner.close()
     assert res["baseline"]["nonfinite"] > 0  # the planted MLP overflows float16
-    assert res["candidates"][0]["module"] == PLANTED and res["candidates"][0]["fixes_nonfinite"]
-    assert [r["module"] for r in res["candidates"] if r["fixes_nonfinite"]] == [PLANTED]
+    assert res["modules"][0]["module"] == PLANTED and res["modules"][0]["fixes_nonfinite"]
+    assert [r["module"] for r in res["modules"] if r["fixes_nonfinite"]] == [PLANTED]
     assert res["islands"] == [PLANTED] and res["passed"]
     assert res["islands_figures"]["top1_agreement"] == 1.0
 
@@ -75,7 +75,7 @@ def test_debugger_finds_the_planted_fp16_layer_and_its_islands_file_exports(plan
 
 
 def test_islands_and_targets_are_validated(tmp_path):
-    from hllm.calibration.precision_search.precision_debug import VariantRunner, candidate_modules
+    from hllm.calibration.precision_search.precision_debug import VariantRunner, modules_to_try
     from hllm.errors import ExportError
     from hllm.exporter.fp16 import parse_islands, read_islands_file
 
@@ -85,8 +85,8 @@ def test_islands_and_targets_are_validated(tmp_path):
     (tmp_path / "bad.json").write_text('{"islands": "rmsnorm"}')
     with pytest.raises(ExportError, match="'islands' list"):
         read_islands_file(tmp_path / "bad.json")
-    assert candidate_modules(2, ["mlp"], head=False) == ["backbone.layers.0.mlp", "backbone.layers.1.mlp"]
+    assert modules_to_try(2, ["mlp"], head=False) == ["backbone.layers.0.mlp", "backbone.layers.1.mlp"]
     with pytest.raises(EngineError, match="layers must lie"):
-        candidate_modules(2, layers=[5])
+        modules_to_try(2, layers=[5])
     with pytest.raises(EngineError, match="unknown target"):
         VariantRunner(tmp_path, "int4", [])

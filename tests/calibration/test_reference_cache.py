@@ -158,12 +158,12 @@ def test_non_finite_or_mismatched_scores_are_never_cached(good_cache, tmp_path):
 
 
 def test_fp32_reference_writes_then_reuses_the_cache(export_dir, art, evals, tmp_path):
-    from hllm.calibration.selection.pipeline import CalibrateRequest, fp32_reference
+    from hllm.calibration.selection.loop import LoopRequest
+    from hllm.calibration.selection.pipeline import fp32_reference
     from hllm.verify.gate import GateThresholds
 
     cache = tmp_path / "ref.npz"
-    req = CalibrateRequest(export_dir, tmp_path / "q", None, GateThresholds(), evals, "", reference_cache=cache,
-                           artefact=art)
+    req = LoopRequest(export_dir, tmp_path / "q", GateThresholds(), evals, reference_cache=cache, artefact=art)
     said = []
     first, _ = fp32_reference(req, say=said.append)
     assert cache.is_file() and not said

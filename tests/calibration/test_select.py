@@ -1,4 +1,4 @@
-"""``hllm calibrate --backend auto``: every candidate the CPU and the export allow is built and gated, the
+"""``hllm calibrate --backend auto``: every recipe the CPU and the export allow is built and gated, the
 ones it cannot run are listed with the missing instruction set, the fastest that passes is written and
 opens with ``hllm rank``."""
 
@@ -29,7 +29,7 @@ def test_refusal_names_the_missing_instruction_set_flavour_and_data():
     assert BY_NAME["onnxruntime-fp32"].refusal("ort-cpu", [], False, False) is None
 
 
-def test_auto_times_every_candidate_and_writes_the_fastest_that_passes(standard_export_dir, tmp_path):
+def test_auto_times_every_recipe_and_writes_the_fastest_that_passes(standard_export_dir, tmp_path):
     from hllm.runtime.slates import write_jsonl as write_slates
 
     write_slates(tmp_path / "eval.jsonl", tiny_slates(8, (2, 8), seed=11))  # the gate's 6, then NNCF's 2
@@ -46,13 +46,13 @@ def test_auto_times_every_candidate_and_writes_the_fastest_that_passes(standard_
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(rep.read_text())
-    rec = {c["name"]: c for c in doc["candidates"]}
+    rec = {c["name"]: c for c in doc["recipes"]}
     assert list(rec) == [c.name for c in RECIPES]
     assert "AVX512_BF16" in rec["openvino-bf16"]["refused"]
-    # every built candidate is timed first; they are checked from the fastest down until one passes (fp32: tensor
+    # every built recipe is timed first; they are checked from the fastest down until one passes (fp32: tensor
     # parity with the reference on a few slates, the engine that computed it not rerun; reduced precision: the gate
     # over every slate or until it cannot pass); the slower ones are skipped, never checked
-    from hllm.calibration.selection.select import FP32_PARITY_ATOL
+    from hllm.calibration.selection.loop import FP32_PARITY_ATOL
 
     assert doc["reference"]["engine"] in ("onnxruntime-fp32", "openvino-fp32") and doc["wall_s"] > 0
     assert doc["thresholds"]["time_budget_s"] > 0
@@ -96,23 +96,27 @@ def test_auto_times_every_candidate_and_writes_the_fastest_that_passes(standard_
     assert not (standard_export_dir / "selection_report.json").exists()
 
 
-def test_auto_refuses_an_unknown_candidate_and_a_quantized_start(standard_export_dir, tmp_path, capsys):
+def test_auto_refuses_an_unknown_recipe_and_a_quantized_start(standard_export_dir, tmp_path, capsys):
     from hllm.cli import main
 
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "auto", "--candidate", "tvm-int4"])
+        main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "auto", "--recipe", "tvm-int4"])
     assert e.value.code == 2
     assert "tvm-int4" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "ort-dynamic", "--candidate",
+        main(["calibrate", str(standard_export_dir), str(tmp_path / "o"), "--backend", "ort-dynamic", "--recipe",
               "openvino-fp32"])
     assert e.value.code == 2
 
 
 def test_gate_fail_fast_stops_once_the_gate_cannot_pass(standard_export_dir):
+    def gate_fail_fast(ref, path, slates, th, threads, chunk):  # the loop's check of a reduced-precision recipe
+        rep = run_gate(ref, path, slates, th, threads=threads, fail_fast=True, chunk=chunk, sequential=True)
+        return rep, len(rep.records)
+
     import numpy as np
 
-    from hllm.calibration.selection.select import gate_fail_fast
+    from hllm.verify.sequential import run_gate
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker, ranker_scores
 
@@ -159,12 +163,12 @@ def test_reference_cache_is_never_written_into_the_input_or_out_dir(backend, sta
 
 def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_export_dir, tmp_path, capsys):
     """A previous selection that picked OpenVINO (sidecar ``engine: openvino``) is not an ONNX Runtime FP32
-    start: its "onnxruntime-*" recipes would inherit that engine. Refused, as is a --candidate typo,
+    start: its "onnxruntime-*" recipes would inherit that engine. Refused, as is a --recipe typo,
     before the slates are read."""
     from hllm.cli import main
 
     ov = BY_NAME["openvino-fp32"].build(standard_export_dir, tmp_path / "ov").root
-    for export, extra, want in ((ov, [], "selects the openvino engine"), (standard_export_dir, ["--candidate", "openvino-fp33"], "openvino-fp33")):
+    for export, extra, want in ((ov, [], "selects the openvino engine"), (standard_export_dir, ["--recipe", "openvino-fp33"], "openvino-fp33")):
         with pytest.raises(SystemExit) as e:
             main(["calibrate", str(export), str(tmp_path / "o"), "--backend", "auto", "-s", str(tmp_path / "missing.jsonl"),
                   *extra])
@@ -176,11 +180,12 @@ def test_auto_refuses_an_openvino_sidecar_and_a_typo_before_any_work(standard_ex
 
 def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_export_dir, tmp_path, monkeypatch):
     """NNCF's accuracy control gets the validation slates, never the gate's: overlapping ones are refused before
-    any work, none at all refuse the candidate, disjoint ones are what its build receives."""
+    any work, none at all refuse the recipe, disjoint ones are what its build receives."""
     from hllm.calibration.recipes import accuracy_control
     from hllm.calibration.selection import pipeline
     from hllm.calibration.recipes.table import NO_VALIDATION, check_validation
-    from hllm.calibration.selection.select import SelectRequest, select
+    from hllm.calibration.selection.loop import LoopRequest
+    from hllm.calibration.selection.select import select
     from hllm.errors import EngineError, SlateError
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker
@@ -197,14 +202,14 @@ def test_accuracy_control_validates_on_slates_apart_from_the_gates(standard_expo
         seen.append([s["slate_id"] for s in validation])
         raise EngineError("stopped here by the test")
 
-    monkeypatch.setattr(accuracy_control, "build_candidate", fake_build)
+    monkeypatch.setattr(accuracy_control, "build_recipe", fake_build)
     # the reference from ONNX Runtime only: OpenVINO loaded in the pytest process breaks a later SIGTERM test
     monkeypatch.setattr(pipeline, "fp32_engines", lambda art, threads=None: {"onnxruntime-fp32": cpu_ranker(art, threads)})
 
     def run(val, out):
-        req = SelectRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
+        req = LoopRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
                             only=("openvino-int8",), threads=1, validation_slates=val)
-        return {c["name"]: c for c in select(req)[0].candidates}
+        return {c["name"]: c for c in select(req)[0].recipes}
 
     with pytest.raises(SlateError, match="also gate slates"):
         run(validation + [evals[0]], "overlap")
@@ -220,8 +225,9 @@ def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_d
     the minimum it is refused with the figures, and never built."""
     from hllm.calibration.recipes import accuracy_control
     from hllm.calibration.selection import pipeline
-    from hllm.calibration.selection import select as sel
-    from hllm.calibration.selection.select import SelectRequest, select
+    from hllm.calibration.selection import loop as sel
+    from hllm.calibration.selection.loop import LoopRequest
+    from hllm.calibration.selection.select import select
     from hllm.errors import EngineError
     from hllm.verify.gate import GateThresholds
     from hllm.verify.reference import cpu_ranker
@@ -234,15 +240,15 @@ def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_d
         budgets.append(settings["budget_s"])
         raise EngineError("stopped here by the test")
 
-    monkeypatch.setattr(accuracy_control, "build_candidate", fake_build)
+    monkeypatch.setattr(accuracy_control, "build_recipe", fake_build)
     monkeypatch.setattr(pipeline, "fp32_engines", lambda art, threads=None: {"onnxruntime-fp32": cpu_ranker(art, threads)})
 
     def run(budget, out, spent=0.0):
-        req = SelectRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
+        req = LoopRequest(standard_export_dir, tmp_path / out, GateThresholds(), evals, calibration=object(),
                             only=("openvino-int8",), threads=1, validation_slates=validation, time_budget_s=budget,
                             spent_before_s=spent)
         res = select(req)[0]
-        return {c["name"]: c for c in res.candidates}, res
+        return {c["name"]: c for c in res.recipes}, res
 
     rec, res = run(sel.ACCURACY_CONTROL_MIN_S, "short")
     assert rec["openvino-int8"]["refused"].startswith("time budget: ") and "raise --time-budget" in rec["openvino-int8"]["refused"]
@@ -257,15 +263,16 @@ def test_accuracy_control_gets_what_is_left_of_the_time_budget(standard_export_d
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skipped(tmp_path):
-    """The first candidate (by median engine time) that passes wins; the faster ones were checked and failed,
+def test_recipes_are_checked_from_the_fastest_down_and_the_slower_ones_skipped(tmp_path):
+    """The first recipe (by median engine time) that passes wins; the faster ones were checked and failed,
     the slower ones — and any slower than the baseline — are skipped without a check."""
-    from hllm.calibration.selection.select import SelectionRun
+    from hllm.calibration.selection.loop import LoopRun
 
     ms = {"onnxruntime-fp32": 40.0, "openvino-bf16": 10.0, "onnxruntime-int8-dynamic": 15.0,
           "openvino-bf16-islands": 20.0, "openvino-fp32": 30.0, "onnxruntime-int8-static": 50.0}
     verdict = {"openvino-bf16": False, "onnxruntime-int8-dynamic": False, "openvino-bf16-islands": True}
-    run = SelectionRun(None, None, {}, lambda m: None, None, tmp_path, 0.0)
+    run = LoopRun(None, None, {}, lambda m: None, None, tmp_path, 0.0)
+    run.recipes = BY_NAME
     run.records = {n: {"name": n} for n in ms}
     checked = []
 
@@ -280,7 +287,7 @@ def test_candidates_are_checked_from_the_fastest_down_and_the_slower_ones_skippe
     assert checked == ["openvino-bf16", "onnxruntime-int8-dynamic", "openvino-bf16-islands"]
     assert "openvino-bf16-islands" in run.records["openvino-fp32"]["skipped"]
     assert "skipped" in run.records["onnxruntime-int8-static"] and "skipped" not in run.records["onnxruntime-fp32"]
-    # nothing passes: every candidate faster than the baseline is checked, the baseline stays the winner
+    # nothing passes: every recipe faster than the baseline is checked, the baseline stays the winner
     verdict.update({"openvino-bf16-islands": False, "openvino-fp32": False})
     run.records, checked[:] = {n: {"name": n} for n in ms}, []
     assert run.fastest_passing(list(ms), timing, "onnxruntime-fp32") == "onnxruntime-fp32"
@@ -293,9 +300,10 @@ def test_slates_without_ids_follow_the_id_rule_and_overlap_is_checked_only_when_
                                                                                                tmp_path):
     """Validation slates come after the gate's in the input: one without ``slate_id`` is named by that index
     (the project's id rule), so it never collides with a gate slate; an explicit id shared with the gate does.
-    The overlap is checked only when an accuracy-control candidate is going to be built."""
+    The overlap is checked only when an accuracy-control recipe is going to be built."""
     from hllm.calibration.recipes.table import check_validation
-    from hllm.calibration.selection.select import SelectRequest, select
+    from hllm.calibration.selection.loop import LoopRequest
+    from hllm.calibration.selection.select import select
     from hllm.errors import SlateError
     from hllm.verify.gate import GateThresholds
 
@@ -305,16 +313,16 @@ def test_slates_without_ids_follow_the_id_rule_and_overlap_is_checked_only_when_
         check_validation([{**plain[3], "slate_id": "1"}], plain[:3])  # an explicit id equal to a gate slate's
     # NNCF not requested: an overlap is no reason to stop the run
     named = [{**s, "slate_id": f"s{i}"} for i, s in enumerate(plain[:3])]
-    req = SelectRequest(standard_export_dir, tmp_path / "sel", GateThresholds(), named, only=("onnxruntime-fp32",),
+    req = LoopRequest(standard_export_dir, tmp_path / "sel", GateThresholds(), named, only=("onnxruntime-fp32",),
                         threads=1, validation_slates=named)
     assert select(req)[0].selected == "onnxruntime-fp32"
 
 
-def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(standard_export_dir, tmp_path):
-    """One built candidate whose graph is broken ends neither the timing nor the run: its record says why."""
+def test_a_recipe_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(standard_export_dir, tmp_path):
+    """One built recipe whose graph is broken ends neither the timing nor the run: its record says why."""
     import shutil
 
-    from hllm.calibration.selection.select import SelectRequest, time_recipes
+    from hllm.calibration.selection.loop import LoopRequest, LoopRun
     from hllm.verify.gate import GateThresholds
 
     good, broken = tmp_path / "good", tmp_path / "broken"
@@ -322,11 +330,13 @@ def test_a_candidate_that_cannot_be_timed_is_recorded_and_the_rest_are_timed(sta
     shutil.copytree(standard_export_dir, broken)
     (broken / "model.onnx").write_bytes(b"not onnx")
     built = {"onnxruntime-fp32": standard_export_dir, "onnxruntime-fused-fp32": good, "onnxruntime-int8-dynamic": broken}
-    records = [{"name": n} for n in built]
-    req = SelectRequest(standard_export_dir, tmp_path / "o", GateThresholds(), tiny_slates(3, (2, 5), seed=34),
+    req = LoopRequest(standard_export_dir, tmp_path / "o", GateThresholds(), tiny_slates(3, (2, 5), seed=34),
                         rounds=2, warmup=0, threads=1)
     said = []
-    sp = time_recipes(req, built, records, said.append)
+    run = LoopRun(req, None, {}, said.append, None, tmp_path, 0.0)
+    run.records = {n: {"name": n} for n in built}
+    records = list(run.records.values())
+    sp = run.time(built, "onnxruntime-fp32")
     assert set(sp["engine_ms"]) == {"onnxruntime-fp32", "onnxruntime-fused-fp32"} and "onnxruntime-int8-dynamic" not in built
     assert records[2]["error"].startswith("timing: ") and "engine_ms_median" not in records[2]
     assert all(r["engine_ms_median"] > 0 for r in records[:2])

@@ -17,6 +17,7 @@ ALIASES = {
     ("calibrate", "--eval-limit"): "--limit",
     ("calibrate", "--bench-rounds"): "--bench-runs",
     ("calibrate", "--out"): "OUT_DIR",
+    ("calibrate", "--candidate"): "--recipe",
     ("serve", "--max-batch"): "--batch-size",
     ("loadtest", "--max-batch"): "--batch-size",
     ("loadtest", "--candidates"): "--n-items",

@@ -276,7 +276,7 @@ def test_search_writes_frontier_and_islands_file(setup, tmp_path):
 
 
 def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
-    from hllm.calibration.precision_search.bf16_islands import CANDIDATE_ISLANDS
+    from hllm.calibration.precision_search.bf16_islands import RECIPE_ISLANDS
     from hllm.calibration.recipes.recipe import RecipeInputs
     from hllm.calibration.recipes.table import RECIPES
     from hllm.errors import EngineError
@@ -287,7 +287,7 @@ def test_select_candidate_reads_the_islands_file(standard_export_dir, tmp_path):
     assert c.refusal("standard", ["avx512_bf16"], False, True) is None
     c.build(standard_export_dir, tmp_path / "default")
     side = json.loads((tmp_path / "default" / "export.json").read_text())
-    assert side["bf16_gemm"]["islands"] == list(CANDIDATE_ISLANDS) and side["precision"] == "bf16"
+    assert side["bf16_gemm"]["islands"] == list(RECIPE_ISLANDS) and side["precision"] == "bf16"
     by_class = side["bf16_gemm"]["report"]["by_class"]  # the attention in fp32, the MLP in bf16
     assert all(by_class[k]["bf16"] == 0 for k in ("q_proj", "k_proj", "v_proj", "o_proj", "attention"))
     assert all(by_class[k]["fp32"] == 0 and by_class[k]["bf16"] > 0 for k in ("gate_proj", "up_proj", "down_proj"))

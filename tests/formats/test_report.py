@@ -69,10 +69,13 @@ def test_calibration_and_selection_reports_are_envelopes():
     rep = res.to_report()
     _check(rep, "calibration")
     assert rep["precision"] == "int8" and rep["excluded_parts"] == ["head"]
-    sel = SelectionResult(selected="a", candidates=[], machine={**describe_machine(), "note": "timed"},
+    sel = SelectionResult(selected="a", recipes=[{"name": "a"}], machine={**describe_machine(), "note": "timed"},
                           eval_slates={}, thresholds={}).to_report()
     _check(sel, "calibration_selection")
-    assert sel["machine"]["note"] == "timed" and sel["selected"] == "a"
+    assert sel["machine"]["note"] == "timed" and sel["selected"] == "a" and sel["recipes"] == [{"name": "a"}]
+    # a report saved before the rename (key "candidates") reads back the same
+    old = {k: v for k, v in sel.items() if k != "recipes"} | {"candidates": sel["recipes"]}
+    assert SelectionResult.from_dict(old).recipes == SelectionResult.from_dict(sel).recipes == [{"name": "a"}]
 
 
 def test_cli_report_writers_produce_the_envelope(export_dir, tmp_path, capsys):

@@ -11,7 +11,7 @@ from hllm.verify.sequential import SEQUENTIAL_LOOKS, look_thresholds, sequential
 
 def _slates(n: int, items: int = 8, seed: int = 0):
     """``n`` labelled slates and reference matrices ``[items, K=items]`` whose optimal assignment ranks
-    the positive first (so the reference's quality is high and a broken candidate's is low)."""
+    the positive first (so the reference's quality is high and a broken graph's is low)."""
     rng = np.random.default_rng(seed)
     slates, ref = [], []
     for i in range(n):
@@ -60,7 +60,7 @@ def test_a_broken_candidate_fails_early_and_says_why():
 
 def test_a_candidate_that_never_clears_a_bound_uses_every_slate():
     """Too few labelled slates for the bounds at any look (the first 190 are unlabelled): no early pass;
-    the candidate agrees everywhere, so no futility either: it runs to the last slate."""
+    the tested graph agrees everywhere, so no futility either: it runs to the last slate."""
     slates, ref = _slates(200, seed=2)
     for s in slates[:190]:
         s.pop("labels")

@@ -1,4 +1,4 @@
-"""bf16 GEMMs with fp32 islands on the CPU: the engine candidate, the variant runner and the island search.
+"""bf16 GEMMs with fp32 islands on the CPU: the engine recipe, the variant runner and the island search.
 
 Mechanism (:mod:`hllm.exporter.bf16`): the ``standard`` export is rewritten into an explicitly typed graph
 (bfloat16 weights and ``MatMul`` nodes outside the islands, everything else float32) and compiled by
@@ -227,11 +227,11 @@ def layer_islands(layers: Sequence[int], cls: str | None = None) -> list[str]:
 #: a typed bf16 QKᵀ / PV materialises and rounds the ``[heads, T, T]`` probabilities, measured slower on
 #: OpenVINO than its fused float32 attention (``docs/calibration.md``).
 SEARCH_BASE = ("head", "attention")
-#: Islands of the ``openvino-bf16-islands`` candidate when no islands file is given: every matrix product of
+#: Islands of the ``openvino-bf16-islands`` recipe when no islands file is given: every matrix product of
 #: the attention (q/k/v/o projections and the scores) and the head in fp32, the MLP in bf16. On the SmolLM2
 #: LoRA export this is the set that passed the quality gate on 200 eval slates, where the base alone and the
 #: base + ``o_proj`` failed its ΔAUC bound (``docs/calibration.md``, bf16 section).
-CANDIDATE_ISLANDS = ("head", "attention", "q_proj", "k_proj", "v_proj", "o_proj")
+RECIPE_ISLANDS = ("head", "attention", "q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequence[np.ndarray],
@@ -306,11 +306,11 @@ def search_islands(run: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequ
             "criteria": st.to_dict()}
 
 
-def build_candidate(export_dir, dst, islands_file=None) -> dict:
-    """The ``openvino-bf16-islands`` candidate of ``hllm calibrate --backend auto``: :func:`build_bf16_export`
-    with the islands of ``islands_file`` (:func:`read_islands`), or :data:`CANDIDATE_ISLANDS` when None.
+def build_recipe(export_dir, dst, islands_file=None) -> dict:
+    """The ``openvino-bf16-islands`` recipe of ``hllm calibrate --backend auto``: :func:`build_bf16_export`
+    with the islands of ``islands_file`` (:func:`read_islands`), or :data:`RECIPE_ISLANDS` when None.
 
     Raises: as :func:`build_bf16_export` and :func:`read_islands`.
     """
-    islands = read_islands(islands_file) if islands_file is not None else CANDIDATE_ISLANDS
+    islands = read_islands(islands_file) if islands_file is not None else RECIPE_ISLANDS
     return build_bf16_export(export_dir, dst, islands)

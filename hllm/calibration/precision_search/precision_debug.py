@@ -6,13 +6,13 @@ tensor comparison passes; Polygraphy docs, "debug precision"), but judged by ran
 run on real slates and compared with the FP32 graph's score matrices by max|ΔM|, top-1 agreement and
 Kendall tau (:func:`hllm.verify.gate.gate_scores`).
 
-Candidates are module paths of the export (``backbone.layers.N.mlp``, ``backbone.layers.N.self_attn``,
+The modules tried are module paths of the export (``backbone.layers.N.mlp``, ``backbone.layers.N.self_attn``,
 ``head``). Procedure (:func:`debug_precision`):
 
 1. *baseline*: everything in the target precision except the always-on islands;
-2. *keep-one*: for each candidate, the same graph with that one module kept in fp32 — its error
+2. *keep-one*: for each module, the same graph with that one module kept in fp32 — its error
    reduction (baseline mean |ΔM| − variant mean |ΔM|) is the error it contributes;
-3. *greedy islands*: candidates sorted by contribution are added one at a time until the variant passes
+3. *greedy islands*: modules sorted by contribution are added one at a time until the variant passes
    the ranking criteria (top-1 ≥ ``min_top1``, mean tau ≥ ``min_tau``, all finite) or ``max_islands`` is
    reached.
 
@@ -54,8 +54,8 @@ NNCF_INT8 = Recipe("nncf-int8", "openvino", "int8", scheme="nncf-int8", flavour=
 FORMAT = "hllm-fp32-islands"
 
 
-def candidate_modules(num_layers: int, parts: Sequence[str] = ("mlp", "self_attn"),
-                      layers: Sequence[int] | None = None, head: bool = True) -> list[str]:
+def modules_to_try(num_layers: int, parts: Sequence[str] = ("mlp", "self_attn"),
+                   layers: Sequence[int] | None = None, head: bool = True) -> list[str]:
     """Module paths to try, ``backbone.layers.{i}.{part}`` for each layer (default all) and part, + ``head``.
 
     Raises: EngineError for a part other than ``mlp`` / ``self_attn`` or a layer outside ``[0, num_layers)``.
@@ -122,21 +122,21 @@ class DebugSettings:
 
 
 def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], ref: Sequence[np.ndarray],
-                    slates: Sequence[dict], candidates: Sequence[str], settings: DebugSettings | None = None,
+                    slates: Sequence[dict], modules: Sequence[str], settings: DebugSettings | None = None,
                     say: Callable[[str], None] = lambda m: None) -> dict:
     """Keep-one sensitivity and greedy islands (module doc).
 
     Args:
         run_variant: kept fp32 modules → the variant's score matrices on ``slates`` (one ``[n_i, K]`` each).
-        ref: the FP32 graph's score matrices on the same slates. candidates: module paths to try.
-    Returns: ``{baseline, candidates: [{module, figures, error_reduction}] (most sensitive first),
+        ref: the FP32 graph's score matrices on the same slates. modules: module paths to try.
+    Returns: ``{baseline, modules: [{module, figures, error_reduction}] (most sensitive first),
         islands: [...], islands_figures, passed}``.
     """
     st = settings or DebugSettings()
     base = ranking_figures(ref, run_variant(()), slates, st.gate)
     say(f"baseline: {format_figures(base)}")
     rows = []
-    for c in candidates:
+    for c in modules:
         fig = ranking_figures(ref, run_variant((c,)), slates, st.gate)
         red = figure_error(base) - figure_error(fig)
         rows.append({"module": c, "figures": fig, "error_reduction": None if not np.isfinite(red) else red,
@@ -153,7 +153,7 @@ def debug_precision(run_variant: Callable[[tuple[str, ...]], list[np.ndarray]], 
         islands.append(r["module"])
         fig = ranking_figures(ref, run_variant(tuple(islands)), slates, st.gate) if len(islands) > 1 else r["figures"]
         say(f"islands {islands}: {format_figures(fig)}")
-    return {"baseline": base, "candidates": rows, "islands": islands, "islands_figures": fig,
+    return {"baseline": base, "modules": rows, "islands": islands, "islands_figures": fig,
             "passed": st.passes(fig), "criteria": st.to_dict()}
 
 

@@ -1,6 +1,6 @@
 """INT8 for the OpenVINO engine with NNCF's accuracy control, judged by rankings: the search
-(:func:`quantize_with_accuracy_control`), the ``openvino-int8`` candidate of ``hllm calibrate --backend auto``
-(:func:`build_candidate`) and ``hllm debug precision --precision int8`` (:func:`debug_int8`).
+(:func:`quantize_with_accuracy_control`), the ``openvino-int8`` recipe of ``hllm calibrate --backend auto``
+(:func:`build_recipe`) and ``hllm debug precision --precision int8`` (:func:`debug_int8`).
 
 ``nncf.quantize_with_accuracy_control`` (NNCF docs, "Quantization with accuracy control") quantizes every
 MatMul as :func:`hllm.calibration.recipes.openvino_int8.quantize_openvino` does, then reverts quantizer groups to float
@@ -193,14 +193,14 @@ def quantize_with_accuracy_control(
     return record
 
 
-#: Settings of the accuracy-controlled INT8 candidate of ``hllm calibrate --backend auto``
-#: (:func:`build_candidate`): NNCF validates on the first ``validation_slates`` gate slates cut to their
+#: Settings of the accuracy-controlled INT8 recipe of ``hllm calibrate --backend auto``
+#: (:func:`build_recipe`): NNCF validates on the first ``validation_slates`` gate slates cut to their
 #: first ``max_candidates`` candidates, ranks groups on ``ranking_subset`` of them, reverts at most
-#: ``max_reverted`` groups, and gives up after ``budget_s`` seconds (``on_budget="raise"``: the candidate is
+#: ``max_reverted`` groups, and gives up after ``budget_s`` seconds (``on_budget="raise"``: the recipe is
 #: then recorded with that error, not gated: a search cut short does not pass, and ranking one pass of 164
 #: groups of the 135M model alone took 24 min on 2 shared cores).
-CANDIDATE_SETTINGS = {"metric": "regret", "validation_slates": 24, "max_candidates": 20, "ranking_subset": 3,
-                      "max_reverted": 10, "budget_s": 900.0, "on_budget": "raise"}
+ACCURACY_CONTROL_SETTINGS = {"metric": "regret", "validation_slates": 24, "max_candidates": 20, "ranking_subset": 3,
+                             "max_reverted": 10, "budget_s": 900.0, "on_budget": "raise"}
 
 
 def cut_slate(slate: dict, n: int | None) -> dict:
@@ -214,13 +214,13 @@ def cut_slate(slate: dict, n: int | None) -> dict:
     return out
 
 
-def build_candidate(export_dir, dst, calibration, validation: Sequence[dict], thresholds=None,
-                    inference_precision: str = "f32", settings: dict | None = None, say=lambda m: None) -> dict:
-    """The ``openvino-int8`` / ``openvino-int8-bf16`` candidate of ``calibrate --backend auto``:
-    :func:`quantize_with_accuracy_control` with :data:`CANDIDATE_SETTINGS` (overridden by ``settings``),
+def build_recipe(export_dir, dst, calibration, validation: Sequence[dict], thresholds=None,
+                 inference_precision: str = "f32", settings: dict | None = None, say=lambda m: None) -> dict:
+    """The ``openvino-int8`` / ``openvino-int8-bf16`` recipe of ``calibrate --backend auto``:
+    :func:`quantize_with_accuracy_control` with :data:`ACCURACY_CONTROL_SETTINGS` (overridden by ``settings``),
     ``max_drop`` from the gate ``thresholds`` (:func:`~hllm.calibration.recipes.ranking_validation.max_drop_for`), NNCF's validation on the first gate
     slates cut short (:func:`cut_slate`; their FP32 reference is NNCF's own float pass). When ``dst``'s
-    sibling ``openvino-int8`` already holds the f32 candidate, the bf16 one reuses its IR with the bf16
+    sibling ``openvino-int8`` already holds the f32 recipe, the bf16 one reuses its IR with the bf16
     hint instead of searching again (the search runs in f32 either way).
 
     Returns: the ``quantization`` record. Raises: EngineError / SlateError as :func:`quantize_with_accuracy_control`.
@@ -237,7 +237,7 @@ def build_candidate(export_dir, dst, calibration, validation: Sequence[dict], th
         record = {**meta.raw["quantization"], "inference_precision": hint, "reused_from": done.name}
         write_int8_export(read_export(export_dir), ov.Core().read_model(str(done / IR_NAME)), dst, record, hint)
         return record
-    st = {**CANDIDATE_SETTINGS, **(settings or {})}
+    st = {**ACCURACY_CONTROL_SETTINGS, **(settings or {})}
     val = [cut_slate(s, st["max_candidates"]) for s in validation[: st["validation_slates"]]]
     return quantize_with_accuracy_control(export_dir, dst, calibration, val, metric=st["metric"],
                                           thresholds=thresholds, ranking_subset=st["ranking_subset"],
@@ -247,7 +247,7 @@ def build_candidate(export_dir, dst, calibration, validation: Sequence[dict], th
 
 def debug_int8(export_dir, slates: Sequence[dict], reference: Sequence[np.ndarray], calibration, settings,
                run_export, tmp: Path, say=lambda m: None) -> dict:
-    """``hllm debug precision --precision int8``: the same route as the ``openvino-int8`` candidate —
+    """``hllm debug precision --precision int8``: the same route as the ``openvino-int8`` recipe —
     :func:`quantize_with_accuracy_control` on ``slates`` (whole, with their FP32 ``reference``), metric
     regret, ``max_drop`` from ``settings.gate`` (:func:`~hllm.calibration.recipes.ranking_validation.max_drop_for`), no limit on the groups reverted.
 

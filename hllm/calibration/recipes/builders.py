@@ -45,10 +45,10 @@ def build_nncf_int8(recipe, export_dir: Path, dst: Path, inputs) -> None:
 
 def build_accuracy_control(recipe, export_dir: Path, dst: Path, inputs) -> None:
     """``nncf-accuracy-control``: NNCF INT8 with accuracy control on validation slates apart from the gate's
-    (:func:`hllm.calibration.recipes.accuracy_control.build_candidate`)."""
+    (:func:`hllm.calibration.recipes.accuracy_control.build_recipe`)."""
     from hllm.calibration.recipes import accuracy_control
 
-    accuracy_control.build_candidate(export_dir, dst, inputs.calibration, inputs.validation, inputs.thresholds,
+    accuracy_control.build_recipe(export_dir, dst, inputs.calibration, inputs.validation, inputs.thresholds,
                                      inference_precision=recipe.inference_precision or "f32",
                                      settings=inputs.ac_settings)
 
@@ -62,10 +62,10 @@ def build_openvino_hint(recipe, export_dir: Path, dst: Path, inputs) -> None:
 
 
 def build_bf16_islands(recipe, export_dir: Path, dst: Path, inputs) -> None:
-    """``openvino-bf16-islands``: typed bf16 GEMMs with fp32 islands (:func:`hllm.calibration.precision_search.bf16_islands.build_candidate`)."""
-    from hllm.calibration.precision_search.bf16_islands import build_candidate
+    """``openvino-bf16-islands``: typed bf16 GEMMs with fp32 islands (:func:`hllm.calibration.precision_search.bf16_islands.build_recipe`)."""
+    from hllm.calibration.precision_search.bf16_islands import build_recipe
 
-    build_candidate(export_dir, dst, inputs.bf16_islands)
+    build_recipe(export_dir, dst, inputs.bf16_islands)
 
 
 def build_fused(recipe, export_dir: Path, dst: Path, inputs) -> None:

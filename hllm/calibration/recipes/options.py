@@ -43,7 +43,7 @@ FLOAT_OPS = frozenset({"GroupQueryAttention", "MultiHeadAttention", "Attention",
 
 
 class NothingToQuantize(EngineError):
-    """The options left no node to quantize (every candidate excluded or no matching op type)."""
+    """The options left no node to quantize (every quantizable node excluded or no matching op type)."""
 
 
 def quantizable_op_types() -> frozenset[str]:

@@ -1,5 +1,5 @@
-"""One quantized export: quantize an exported hLLM ONNX graph into a new export directory, and the search
-that keeps parts in float until the ranking gate passes.
+"""One quantized export: quantize an exported hLLM ONNX graph into a new export directory (the search that
+keeps parts in float until the ranking gate passes is the ladder of :func:`hllm.calibration.selection.select.calibrate`).
 
 The pieces: :mod:`hllm.calibration.recipes.options` (what to quantize and how, the backends), :mod:`hllm.calibration.recipes.parts`
 (graph parts kept in float, the quantized graph's summary), :mod:`hllm.calibration.recipes.ort_quantize` (ONNX Runtime
@@ -14,7 +14,6 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from hllm.calibration.recipes.modelopt_ptq import quantize_modelopt
 from hllm.calibration.recipes.options import NothingToQuantize, QuantOptions
@@ -121,34 +120,3 @@ def quantize_export(
                                              extra={"tokenizer": "tokenizer.json"}))
     return QuantResult(Path(out_dir), exclude, list(options.exclude), summary, seconds, options.to_dict())
 
-
-def auto_exclude(
-    attempt: Callable[[tuple[str, ...]], tuple[bool, dict]],
-    ladder: Iterable[str],
-    start: tuple[str, ...] = (),
-    max_tries: int = 6,
-) -> tuple[bool, tuple[str, ...], list[dict]]:
-    """Try ``start``, then add the next part of ``ladder`` each time until ``attempt`` passes.
-
-    Args:
-        attempt: callable(excluded parts) → (passed, record); quantizes and gates one variant. A record
-            with ``"stop": True`` ends the search (e.g. nothing left to quantize).
-        ladder: parts in the order to exclude (see :func:`hllm.calibration.recipes.parts.sensitivity_ladder`).
-        start: parts excluded in every try.
-        max_tries: at most this many attempts (the first has only ``start``).
-    Returns: (passed, the excluded parts of the passing try, else of the last try that was evaluated
-        (not stopped), one record per try).
-    """
-    tried: list[dict] = []
-    excl = tuple(start)
-    todo = [p for p in ladder if p not in excl]
-    for _ in range(max_tries):
-        ok, rec = attempt(excl)
-        tried.append({"excluded": list(excl), "passed": ok, **rec})
-        if ok:
-            return True, excl, tried
-        if not todo or rec.get("stop"):
-            break
-        excl = excl + (todo.pop(0),)
-    evaluated = [t for t in tried if not t.get("stop")]
-    return False, tuple(evaluated[-1]["excluded"]) if evaluated else tuple(start), tried

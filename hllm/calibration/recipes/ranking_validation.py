@@ -39,15 +39,15 @@ NONFINITE_REGRET = 1.0
 
 
 def slate_value(metric: str, ref: np.ndarray, test: np.ndarray, labels=None) -> float:
-    """One slate's ranking quality under ``metric`` (higher = better), from the FP32 and the candidate
+    """One slate's ranking quality under ``metric`` (higher = better), from the FP32 and the quantized
     engine's score matrices (``[n, K]`` float each).
 
     ``regret``: ``1 −`` the assignment regret (:func:`hllm.verify.gate.assignment_regret`: the share of
-    FP32's objective, paper eq. 1, that the candidate's ranking loses) under the FP32 scores (FP32
+    FP32's objective, paper eq. 1, that the quantized ranking loses) under the FP32 scores (FP32
     itself: 1, a random order: 0 on average; offset by 1 because NNCF 3.4 divides by the float model's
     metric when it computes a drop, even an absolute one). ``tau``: Kendall tau between the two rankings (:func:`hllm.verify.parity.kendall_tau`;
-    FP32: 1). ``auc`` / ``ndcg@10``: the candidate's ranking against the slate's 0/1 ``labels``
-    (:func:`hllm.verify.metrics.slate_metrics`). Non-finite candidate scores count as a random order
+    FP32: 1). ``auc`` / ``ndcg@10``: the quantized ranking against the slate's 0/1 ``labels``
+    (:func:`hllm.verify.metrics.slate_metrics`). Non-finite quantized scores count as a random order
     for regret (value 0), as a reversed one for tau (−1) and as 0 for the labelled metrics.
 
     Raises: ValueError for an unknown metric; SlateError for a labelled metric on a slate without a positive

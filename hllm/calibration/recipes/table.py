@@ -113,7 +113,7 @@ def check_start(meta, only: Sequence[str] = ()) -> None:
     recipes built from it would inherit that engine and be timed on OpenVINO).
 
     Args:
-        meta: the export's :class:`hllm.formats.export.ExportMeta`. only: ``--candidate`` names.
+        meta: the export's :class:`hllm.formats.export.ExportMeta`. only: ``--recipe`` names.
     Raises: EngineError naming the problem and the way out.
     """
     names = {r.name for r in RECIPES}
