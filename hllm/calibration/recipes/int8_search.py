@@ -50,11 +50,11 @@ from hllm.calibration.recipes.openvino_mixed import (build_mixed_export, check_f
                                                      int8_matmuls, mixed_model)
 from hllm.calibration.recipes.parts import num_blocks
 from hllm.calibration.recipes.ranking_validation import RankingValidation, encode_slates, slate_value
-from hllm.calibration.precision_search.bf16_islands import CANDIDATE_ISLANDS
+from hllm.calibration.precision_search.bf16_islands import RECIPE_ISLANDS
 from hllm.errors import EngineError
 
 #: Settings of the search (overridden per call): validation slates used and candidates kept per slate
-#: (as NNCF's accuracy control, :data:`hllm.calibration.recipes.accuracy_control.CANDIDATE_SETTINGS`), the most
+#: (as NNCF's accuracy control, :data:`hllm.calibration.recipes.accuracy_control.ACCURACY_CONTROL_SETTINGS`), the most
 #: tries of step 3, the wall-clock bound of the whole search (seconds), the fidelity floor (None: the gate's
 #: ``min_tau``, 0.9 when it names none) and an optional max|ΔM| bound, the weight mode and the dynamic
 #: activation quantization group.
@@ -158,7 +158,7 @@ def sensitivity_search(export_dir, dst, validation: Sequence[dict], thresholds=N
     feeds, n_items = encode_slates(meta, val)
     runner = RankingValidation(feeds, n_items, metric="tau")
     onnx_model = load_onnx(meta.onnx_path)
-    islands = check_fp32_islands(onnx_model, CANDIDATE_ISLANDS)
+    islands = check_fp32_islands(onnx_model, RECIPE_ISLANDS)
     groups = [f"backbone.layers.{i}.mlp" for i in range(num_blocks(onnx_model))]
     if not groups:
         raise EngineError(f"{meta.root}: the graph has no decoder layers to search")

@@ -15,7 +15,7 @@ the exporter stores on the nodes (:mod:`hllm.calibration.recipes.parts`):
    (:func:`hllm.calibration.recipes.openvino_weights.compiled_dynamic_quantization`; the effective group the
    plugin reports and the runtime INT8 GEMM count are recorded).
 2. **fp32** — the islands ``fp32`` (default
-   :data:`hllm.calibration.precision_search.bf16_islands.CANDIDATE_ISLANDS`: q/k/v/o projections, the
+   :data:`hllm.calibration.precision_search.bf16_islands.RECIPE_ISLANDS`: q/k/v/o projections, the
    attention scores QKᵀ / PV and the scoring head) and every op that is no matrix product (RMSNorm, the
    rotary position math, softmax, residual adds): the graph is compiled with ``INFERENCE_PRECISION_HINT=f32``.
 3. **bf16** — every other matrix product (e.g. an MLP kept out of INT8 by ``keep``): the explicitly typed
@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from hllm.calibration.precision_search.bf16_islands import CANDIDATE_ISLANDS
+from hllm.calibration.precision_search.bf16_islands import RECIPE_ISLANDS
 from hllm.calibration.recipes.parts import nodes_in_part, weight_matmuls
 from hllm.errors import EngineError
 
@@ -178,7 +178,7 @@ def mixed_model(onnx_model, onnx_path: Path, int8: Sequence[str], fp32_islands: 
 
 
 def build_mixed_export(export_dir, dst, int8: Sequence[str] = DEFAULT_INT8, keep: Sequence[str] = (),
-                       fp32: Sequence[str] = CANDIDATE_ISLANDS, float_precision: str = "bf16",
+                       fp32: Sequence[str] = RECIPE_ISLANDS, float_precision: str = "bf16",
                        mode: str = "int8_sym", group_size: int = 32, extra: dict | None = None) -> dict:
     """Write the mixed export (module doc) of the FP32 ``standard`` export ``export_dir`` into the new
     directory ``dst``. Returns the ``quantization`` record of its sidecar.
