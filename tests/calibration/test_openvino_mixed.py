@@ -166,3 +166,17 @@ def test_the_search_recipe_keeps_bf16_elsewhere_and_records_its_search(standard_
     assert s["float_precision"] == "bf16" and s["budget_s"] == 300.0 and len(s["order"]) == 2
     assert 0 < s["baseline"]["max_abs_dM"]  # bf16 MLPs: not the fp32 graph
     assert q["int8_matmuls"] == 3 * (2 - len(s["kept"])) and q["bf16_matmuls"] == 3 * len(s["kept"])
+
+
+def test_a_biased_head_product_stays_float_in_a_context_reading_head(tiny_dir, context_checkpoint, tmp_path):
+    """A head that reads the user context has a biased projection (ONNX ``Gemm``), which OpenVINO names
+    ``NAME/WithoutBiases``: the ignored scope must name it so, else NNCF compressed it too (the build refused)."""
+    from hllm.exporter.onnx import export_onnx
+
+    export_onnx(context_checkpoint, tmp_path / "std", flavour="standard")
+    sites = _matmul_sites(tmp_path / "std")
+    assert any(p.startswith("head.context") for p in sites.values())  # the product that broke the build
+    meta = BY_NAME["openvino-int8-mlp-fp32"].build(tmp_path / "std", tmp_path / "m")
+    mlp = {n for n, p in sites.items() if ".mlp." in p}
+    assert set(meta.raw["quantization"]["int8_nodes"]) == mlp == _int8_in_ir(tmp_path / "m")
+    _scores_close_to_fp32(tmp_path / "m", tmp_path / "std")

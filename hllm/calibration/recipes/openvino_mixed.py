@@ -108,13 +108,25 @@ def check_fp32_islands(model, islands: Sequence[str]) -> tuple[str, ...]:
     return isl
 
 
-def _ignored(model, int8: Sequence[str]) -> list[str]:
-    """What NNCF must leave alone: every weight matrix product not in ``int8`` and the embedding tables
-    (``Gather`` of an initializer, which ``compress_weights`` compresses too)."""
+#: The suffix OpenVINO's ONNX frontend gives a matrix product whose bias it split off (``Gemm`` / ``MatMul`` + ``Add``).
+_NO_BIAS = "/WithoutBiases"
+
+
+def _onnx_name(ov_name: str) -> str:
+    """The ONNX node name of an OpenVINO ``MatMul`` (``node_linear_7/WithoutBiases`` → ``node_linear_7``)."""
+    return ov_name.removesuffix(_NO_BIAS)
+
+
+def _ignored(model, ov_model, int8: Sequence[str]) -> list[str]:
+    """What NNCF must leave alone, named as in the OpenVINO model ``ov_model``: every ``MatMul`` not in
+    ``int8`` (ONNX names; a biased product is ``NAME/WithoutBiases`` there) and the embedding tables (``Gather``
+    of an initializer of the ONNX ``model``, which ``compress_weights`` compresses too)."""
     keep = set(int8)
     inits = {i.name for i in model.graph.initializer}
-    return ([n.name for n in weight_matmuls(model) if n.name not in keep]
-            + [n.name for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[0] in inits])
+    gathers = {n.name for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[0] in inits}
+    return [op.get_friendly_name() for op in ov_model.get_ops()
+            if (op.get_type_name() == "MatMul" and _onnx_name(op.get_friendly_name()) not in keep)
+            or (op.get_type_name() == "Gather" and op.get_friendly_name() in gathers)]
 
 
 def compressed_matmuls(model) -> list[str]:
@@ -167,10 +179,10 @@ def mixed_model(onnx_model, onnx_path: Path, int8: Sequence[str], fp32_islands: 
     try:
         with nncf_output_to_stderr(), no_signal_stack_after_compile():
             q = nncf.compress_weights(model, mode=nncf.CompressWeightsMode(mode), group_size=None,
-                                      ignored_scope=nncf.IgnoredScope(names=_ignored(onnx_model, int8)))
+                                      ignored_scope=nncf.IgnoredScope(names=_ignored(onnx_model, model, int8)))
     except Exception as e:
         raise EngineError(f"NNCF weight compression failed: {type(e).__name__}: {e}") from None
-    got = compressed_matmuls(q)
+    got = [_onnx_name(n) for n in compressed_matmuls(q)]
     if sorted(got) != sorted(int8):
         raise EngineError(f"NNCF compressed {len(got)} matrix products, expected the {len(int8)} INT8 ones "
                           f"(extra: {sorted(set(got) - set(int8))[:3]}, missing: {sorted(set(int8) - set(got))[:3]})")
