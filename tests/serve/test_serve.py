@@ -342,6 +342,42 @@ def test_queue_full_is_503_with_retry_after_and_deadline_is_504(export_dir):
         assert _post(srv.url, {"slates": s}).status_code == 200
 
 
+def test_kserve_503s_carry_retry_after_like_the_other_routes(export_dir):
+    """KServe infer while the engine warms up (not ready, as while draining) and with the queue full: 503 with
+    ``Retry-After: 1`` and the protocol's ``{"error": message}`` (the header was dropped on these routes)."""
+    base = Ranker.from_path(export_dir)
+    eng = ControlledEngine(base.engine)
+    eng.gate.clear()  # hold the warm-up
+    srv, app = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0, max_queue=1)
+    s = tiny_slates(1, 3, seed=41)[0]
+    v2 = {"inputs": [{"name": "slates", "datatype": "BYTES", "shape": [1, 1], "data": [json.dumps(s)]}]}
+    infer = lambda: httpx.post(f"{srv.url}/v2/models/hllm_ranker/infer", json=v2, timeout=60)  # noqa: E731
+    with srv:
+        t_end = time.monotonic() + 60
+        while httpx.get(f"{srv.url}/v2/health/live").status_code != 200 and time.monotonic() < t_end:
+            time.sleep(0.05)
+        answers = [infer(), httpx.get(f"{srv.url}/v2/health/ready"), httpx.get(f"{srv.url}/v2/models/hllm_ranker/ready")]
+        for r in answers:
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert answers[0].json() == {"error": "model hllm_ranker is not ready"}
+        eng.gate.set()
+        wait_ready(srv.url, timeout_s=60)
+        while eng.entered.acquire(blocking=False):  # forget the warm-up call
+            pass
+        eng.gate.clear()
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            first = ex.submit(infer)
+            assert eng.entered.acquire(timeout=30)  # on the engine
+            queued = ex.submit(infer)
+            while app.state.hllm.batcher.depth < 1 and time.monotonic() < t_end:
+                time.sleep(0.01)
+            full = infer()
+            eng.gate.set()
+            assert first.result().status_code == 200 and queued.result().status_code == 200
+    assert full.status_code == 503 and full.headers["retry-after"] == "1", full.text
+    assert "queue full" in full.json()["error"]
+
+
 def test_not_ready_until_warmed_up(export_dir):
     eng = ControlledEngine(Ranker.from_path(export_dir).engine)
     base = Ranker.from_path(export_dir)
