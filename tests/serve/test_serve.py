@@ -628,13 +628,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_sigterm_while_queued(export_dir, tmp_path, *args) -> tuple[int, httpx.Response, str]:
-    """`hllm serve ARGS` in a subprocess: one request waiting in a 1.5 s batch window, then SIGTERM
-    → (exit code, the request's response, the server's output)."""
+def _serve_sigterm_while_queued(export_dir, tmp_path, *args, signals=(signal.SIGTERM,),
+                                wait_ms: str = "1500") -> tuple[int, httpx.Response, str]:
+    """`hllm serve ARGS` in a subprocess: one request waiting in a ``wait_ms`` batch window, then SIGTERM (or
+    ``signals``, 0.5 s apart) → (exit code, the request's response, the server's output)."""
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", "1500",
+        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", wait_ms,
          "--log-level", "warning", *args],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -651,7 +652,10 @@ def _serve_sigterm_while_queued(export_dir, tmp_path, *args) -> tuple[int, httpx
                 if any(line.startswith("hllm_queue_depth ") and float(line.split()[1]) >= 1 for line in m.splitlines()):
                     break
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
+            for i, sig in enumerate(signals):
+                if i:
+                    time.sleep(0.5)  # the next signal is a separate one (two pending at once are handled by number)
+                proc.send_signal(sig)
             r = fut.result(timeout=60)
         rc = proc.wait(timeout=60)
     finally:
@@ -732,6 +736,34 @@ def test_cli_serve_past_its_graceful_timeout_answers_503_and_says_so(export_dir,
     assert "Traceback" not in log and "in-flight requests were drained" not in log, log[-3000:]
 
 
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT])
+def test_cli_serve_a_second_sigint_while_draining_answers_503_and_says_so(export_dir, tmp_path, first):
+    """SIGTERM (or SIGINT), then SIGINT while a request waits in a 30 s batch window (graceful timeout 60 s):
+    uvicorn's force quit. The request is answered 503 with the envelope, the log holds no traceback (the app's
+    lifespan was cancelled mid-drain), and exit 130 with one line saying the drain was cut short (was 143 /
+    "the graceful timeout of 60 s expired", or a generic interrupt line)."""
+    rc, r, log = _serve_sigterm_while_queued(export_dir, tmp_path, "--graceful-timeout", "60",
+                                             signals=(first, signal.SIGINT), wait_ms="30000")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["kind"] == "not_ready" and "second SIGINT" in r.json()["error"]["message"], r.text
+    assert rc == 130, (rc, log[-2000:])
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    lines = [x for x in log.splitlines() if x.startswith("error: ")]
+    assert lines == [f"error: interrupted (SIGINT) again while draining after {first.name}: the graceful shutdown "
+                     "was cut short; 1 in-flight requests were answered 503 (Retry-After) instead of their rankings"], log
+
+
+def test_cli_serve_sigint_says_what_happened_to_the_requests(export_dir, tmp_path):
+    """SIGINT alone past `--graceful-timeout 0`: exit 130 with one line saying how many were answered 503 (was
+    the generic "interrupted (SIGINT); nothing partial was left in place of an output")."""
+    rc, r, log = _serve_sigterm_while_queued(export_dir, tmp_path, "--graceful-timeout", "0", signals=(signal.SIGINT,))
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert rc == 130, (rc, log[-2000:])
+    assert [x for x in log.splitlines() if x.startswith("error: ")] == [
+        "error: interrupted (SIGINT): the graceful timeout of 0 s expired; 1 in-flight requests were answered 503 "
+        "(Retry-After) instead of their rankings"], log
+    assert "Traceback" not in log
 
 def test_batcher_counts_a_blocked_slate_as_b_plus_1():
     """A slate ranked in 2 blocks (work 3) queued with three one-slate requests, max_batch_slates = 4: the first
