@@ -48,6 +48,33 @@ def test_export_refuses_an_fp32_island_beyond_the_models_layers(merged_checkpoin
     assert not out.exists()
 
 
+@pytest.mark.parametrize("value", ["", ",", " ", "rmsnorm,,softmax", "none,backbone.layers.0.mlp"])
+def test_an_empty_island_entry_or_none_beside_islands_is_refused(merged_checkpoint, standard_export_dir, tmp_path,
+                                                                 capsys, value):
+    """`--fp32-islands ''` (an unset shell variable), a stray comma or 'none' beside islands: exit 2 naming the
+    value, nothing written (exported an FP16 graph with no FP32 island, or dropped the 'none'); the same for
+    `--bf16-base` and an islands file. 'none' alone still means no island."""
+    from hllm.exporter.bf16 import parse_islands as bf16_islands
+    from hllm.exporter.fp16 import parse_islands, read_islands_file
+
+    out = tmp_path / "e"
+    code, _, err = run(["export", str(merged_checkpoint), str(out), "--precision", "fp16", "--fp32-islands", value,
+                        "-s", ""], capsys)
+    assert code == 2, err
+    assert repr(value.strip() if value.strip() in ("", ",") else value) in err or repr(value) in err, err
+    assert not out.exists()
+    code, _, err = run(["debug", "precision", str(standard_export_dir), "--precision", "bf16", "--bf16-runner",
+                        "emulate", "--bf16-base", value, "-s", str(_slates_file(tmp_path / "s.jsonl")),
+                        "-o", str(tmp_path / "i.json")], capsys)
+    assert code == 2 and "--bf16-base" in err, err
+    assert not (tmp_path / "i.json").exists()
+    f = tmp_path / "islands.json"
+    f.write_text(json.dumps({"islands": value.split(",")}))
+    with pytest.raises(ExportError, match="islands file"):
+        read_islands_file(f)
+    assert parse_islands("none") == () and bf16_islands("none") == () and bf16_islands([]) == ()
+
+
 def test_debug_precision_refuses_a_bf16_base_island_that_names_nothing(standard_export_dir, tmp_path, capsys):
     src = _slates_file(tmp_path / "s.jsonl")
     code, _, err = run(["debug", "precision", str(standard_export_dir), "--precision", "bf16", "--bf16-runner",
