@@ -132,6 +132,32 @@ def test_features_resumes_its_own_folder_and_starts_in_an_empty_one(qwen3_backbo
     assert code == 0 and "2 slates" in out, err
 
 
+@pytest.mark.parametrize("done", [True, False])
+def test_features_refuses_its_cache_of_the_same_slate_ids_with_other_texts(qwen3_backbone, tmp_path, capsys, done):
+    """The slate file edited (same slate ids, other titles): its finished cache was opened as it was and its
+    unfinished one resumed, mixing rows of the old texts in. Refused (exit 2), the cache left as it is."""
+    src = _slates_file(tmp_path / "s.jsonl")
+    d = tmp_path / "cache"
+    argv = ["features", str(qwen3_backbone), str(d), "--layer", "1", "-k", "8", "--threads", "1"]
+    code, _, err = run([*argv, "-s", str(src)], capsys)
+    assert code == 0, err
+    if not done:  # an interrupted run: its manifest is partial.json, one slate missing
+        meta = json.loads((d / "meta.json").read_text())
+        (d / "partial.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "backbone"}))
+        (d / "meta.json").unlink()
+        (d / "00001.npz").unlink()
+    edited = [json.loads(x) for x in src.read_text().splitlines()]
+    edited[1]["candidates"][0]["title"] += " edited"
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps(x) + "\n" for x in edited))
+    before = sorted(p.name for p in d.iterdir())
+    code, _, err = run([*argv, "-s", str(tmp_path / "e.jsonl")], capsys)
+    assert code == 2, err
+    assert "different slate texts under the same ids" in err or "unfinished cache of other slates" in err, err
+    assert sorted(p.name for p in d.iterdir()) == before
+    code, out, err = run([*argv, "-s", str(src)], capsys)  # the slates it was made from: still its own
+    assert code == 0 and "2 slates" in out, err
+
+
 # ---------------------------------------------------------------- the empty slates value
 
 
