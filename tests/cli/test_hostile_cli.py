@@ -172,6 +172,21 @@ def test_export_with_empty_slates_skips_them_for_an_output_under_the_working_dir
     assert not (tmp_path / "e2").exists()
 
 
+
+@pytest.mark.parametrize("out", [".", "..", ""])
+def test_export_overwrite_refuses_the_working_directory_and_its_ancestors(merged_checkpoint, tmp_path, monkeypatch,
+                                                                           capsys, out):
+    """`hllm export CKPT . --overwrite` (or `..`, or '' which is '.'): refused before the work, exit 2 (the export
+    ran, then its replacement failed with "Device or resource busy"); nothing there is touched."""
+    work = tmp_path / "w" / "sub"
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    code, out_text, err = run(["export", str(merged_checkpoint), out, "-s", "", "--overwrite"], capsys)
+    assert code == 2, err
+    assert "it is the working directory or holds it" in err and "exported" not in out_text, err
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"] and sorted(p.name for p in work.parent.iterdir()) == ["sub"]
+
 # ---------------------------------------------------------------- benchmark labels and frontiers
 
 
