@@ -71,12 +71,12 @@ class Terminated(BaseException):
     atomic writes (:mod:`hllm.files`) remove their temporary files and staging directories."""
 
 
-def interrupted(message: str) -> NoReturn:
-    """End a command that SIGINT stopped, once it knows what happened: one ``error: MESSAGE`` line, exit 130
-    (:func:`run` then adds no line of its own). Raises: typer.Exit(130)."""
+def signal_exit(message: str, code: int = EXIT_SIGINT) -> NoReturn:
+    """End a command that SIGINT / SIGTERM stopped, once it knows what happened: one ``error: MESSAGE`` line,
+    exit ``code`` (130 / 143; :func:`run` then adds no line of its own). Raises: typer.Exit(code)."""
     _error(message)
     _state["interrupt_said"] = True
-    raise typer.Exit(EXIT_SIGINT)
+    raise typer.Exit(code)
 
 
 def _print_version(value: bool) -> None:

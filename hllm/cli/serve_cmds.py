@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from hllm.cli.app import EXIT_SIGTERM, Terminated, app, console, interrupted, out, quiet_libraries
+from hllm.cli.app import EXIT_SIGTERM, Terminated, app, console, out, quiet_libraries, signal_exit
 from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, emit_json, finish_report, load_slates,
                          slates_source)
 from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, out_opt, overwrite_opt, pick, slates_opt,
@@ -145,7 +145,7 @@ def _stopped(state, graceful_timeout: float, raised: str = "SIGTERM") -> None:
     ``stop_signals``: those received, in order), say what happened to the accepted requests and exit:
 
     * SIGTERM alone: 0 when every accepted request was answered, 143 when the graceful timeout answered some
-      503 or the engine never got ready (start-up interrupted);
+      503, or 143 with one ``error: terminated (SIGTERM) while starting …`` line when the engine never got ready;
     * any SIGINT: 130 with one ``error: interrupted (SIGINT) …`` line saying the same (drained, how many were
       answered 503, or still starting), or that a second SIGINT cut the graceful shutdown short.
     """
@@ -153,16 +153,15 @@ def _stopped(state, graceful_timeout: float, raised: str = "SIGTERM") -> None:
     unanswered = f"{state.shed} in-flight requests were answered 503 (Retry-After) instead of their rankings"
     if "SIGINT" in signals:
         if not state.served:
-            interrupted("interrupted (SIGINT) while starting: the engine was still loading")
+            signal_exit("interrupted (SIGINT) while starting: the engine was still loading")
         if state.forced:
-            interrupted(f"interrupted (SIGINT) again while draining after {signals[0]}: the graceful shutdown was "
+            signal_exit(f"interrupted (SIGINT) again while draining after {signals[0]}: the graceful shutdown was "
                         f"cut short; {unanswered}")
         if not state.shed:
-            interrupted("interrupted (SIGINT): the server stopped; in-flight requests were drained")
-        interrupted(f"interrupted (SIGINT): the graceful timeout of {graceful_timeout:g} s expired; {unanswered}")
+            signal_exit("interrupted (SIGINT): the server stopped; in-flight requests were drained")
+        signal_exit(f"interrupted (SIGINT): the graceful timeout of {graceful_timeout:g} s expired; {unanswered}")
     if not state.served:  # stopped before the engine was ever ready: start-up interrupted
-        console.print("terminated (SIGTERM) while starting: the engine was still loading")
-        raise typer.Exit(EXIT_SIGTERM) from None
+        signal_exit("terminated (SIGTERM) while starting: the engine was still loading", EXIT_SIGTERM)
     if not state.shed:  # every accepted request was answered: a clean stop, exit 0
         console.print("stopped (SIGTERM): in-flight requests were drained")
         return
