@@ -28,7 +28,7 @@ for _mod in ("fastapi", "uvicorn", "httpx", "prometheus_client"):
 import httpx  # noqa: E402
 
 from hllm.engines.base import Engine  # noqa: E402
-from hllm.errors import EngineError  # noqa: E402
+from hllm.errors import DecodeError, EngineError  # noqa: E402
 from hllm.runtime import Ranker  # noqa: E402
 from hllm.runtime.prompt import PromptBuilder  # noqa: E402
 from hllm.serve.app import ServeOptions, create_app  # noqa: E402
@@ -462,6 +462,28 @@ def _strict_json(text: str):
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
     return json.loads(text, parse_constant=refuse)
+
+
+def test_a_non_finite_score_inside_a_slate_ranked_in_blocks_is_a_decode_error(export_dir):
+    """A slate longer than K (13 candidates, K = 8: ranked in blocks) whose block matrix holds a NaN: DecodeError
+    naming the slate, and 500 ``decode`` with an id on /v1/rank and /v2/rerank, like a slate within K (the
+    blocked path raised NameError: 500 ``internal``, exit 70 in `hllm rank`)."""
+    base = Ranker.from_path(export_dir)
+    eng = PoisonEngine(base.engine, float("nan"))
+    eng.inside = True
+    long = tiny_slates(1, 13, seed=22)[0]
+    with pytest.raises(DecodeError, match=r"slate tiny-0: .*non-finite"):
+        Ranker(eng, base.builder).rank([long])
+    eng.inside = False  # a clean warm-up
+    srv, _ = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0)
+    rerank = {"query": "q", "documents": [c["title"] for c in long["candidates"]], "history": long["history"]}
+    with srv, httpx.Client(timeout=60) as c:
+        wait_ready(srv.url, timeout_s=120)
+        eng.inside = True
+        answers = [c.post(f"{srv.url}/v1/rank", json={"slates": [long]}), c.post(f"{srv.url}/v2/rerank", json=rerank)]
+    for r in answers:
+        assert r.status_code == 500 and r.json()["error"]["kind"] == "decode" and r.json()["error"]["id"], r.text
+        assert "non-finite" in r.json()["error"]["message"], r.text
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
