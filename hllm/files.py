@@ -129,8 +129,8 @@ def check_writable(path: str | os.PathLike, kind: str = "file", overwrite: bool 
     (:func:`output_target`).
 
     Checks: the destination's kind (:func:`output_target`); with ``kind="dir"`` and not ``overwrite``,
-    that it does not exist yet; that the nearest existing ancestor is a directory in which a file
-    can be created (a probe file is created and removed: catches read-only file systems and
+    that it does not exist yet, and with ``overwrite`` that an existing one is not the working directory or
+    one of its ancestors; that the nearest existing ancestor is a directory in which a file can be created (a probe file is created and removed: catches read-only file systems and
     permissions, even for root); that its file system has at least ``min_free_bytes`` available
     (``os.statvfs``: ``f_bavail``, or ``f_bfree`` for root).
 
@@ -139,6 +139,9 @@ def check_writable(path: str | os.PathLike, kind: str = "file", overwrite: bool 
     target = output_target(path, kind)
     if kind == "dir" and not overwrite and target.exists():
         raise FileExistsError(f"{target} already exists (pass --overwrite to replace it)")
+    if kind == "dir" and target.exists() and _holds_cwd(target):
+        raise OutputError(f"cannot replace {path}: it is the working directory or holds it (the replacement would "
+                          "fail after the work, or remove the directory this process works in); write elsewhere")
     parent = target.parent
     while not parent.exists():
         if parent == parent.parent:
@@ -158,6 +161,15 @@ def check_writable(path: str | os.PathLike, kind: str = "file", overwrite: bool 
         raise OutputError(f"cannot write {path}: only {free} bytes free on the file system of {parent} "
                           f"(need at least {min_free_bytes})")
     return target
+
+
+def _holds_cwd(path: Path) -> bool:
+    """True when ``path`` (existing) is the working directory or one of its ancestors."""
+    try:
+        cwd, p = Path.cwd().resolve(), path.resolve()
+    except OSError:  # the working directory was removed: nothing to protect
+        return False
+    return p == cwd or p in cwd.parents
 
 
 def _is_root() -> bool:

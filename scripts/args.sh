@@ -12,7 +12,8 @@ count() {   # NAME [min [max]]: a whole number min..max (default 1..999999999), 
 }
 real() {    # NAME [max]: a positive decimal number (EPOCHS, LR), at most max where given
   [[ ${!1} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ && ! ${!1} =~ ^[0.]*([eE].*)?$ ]] \
-    || die "$1 must be a positive number (got '${!1}')"
+    && awk 'BEGIN { exit !(ARGV[1] + 0 > 0) }' "${!1}" \
+    || die "$1 must be a positive number (got '${!1}')"   # awk: 1e-999 underflows to 0, which hllm train refuses
   [[ -z ${2:-} ]] || awk 'BEGIN { exit !(ARGV[1] + 0 <= ARGV[2] + 0) }' "${!1}" "$2" \
     || die "$1 must be at most $2 (got ${!1})"
 }
@@ -40,8 +41,9 @@ apart() {   # VAR INPUTS OTHERS: the folder VAR must not be, hold or lie inside 
   for name in $2 $3; do
     [[ -n ${!name:-} ]] || continue
     p=$(realpath -m -- "${!name}")
-    [[ $p == "$d" || $p == "$d"/* ]] && die "$1=${!1} holds $name (${!name}); choose a folder of its own"
-    [[ " $2 " == *" $name "* && $d == "$p"/* ]] && die "$1=${!1} is inside $name (${!name}); choose a folder of its own"
+    # ${d%/}: "/" holds everything ("$d"/* was "//*", which nothing matched)
+    [[ $p == "$d" || $p == "${d%/}"/* ]] && die "$1=${!1} holds $name (${!name}); choose a folder of its own"
+    [[ " $2 " == *" $name "* && $d == "${p%/}"/* ]] && die "$1=${!1} is inside $name (${!name}); choose a folder of its own"
   done
   return 0
 }

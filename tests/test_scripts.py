@@ -206,6 +206,7 @@ def _checkout(tmp_path, script):
 RANGES = [
     ({"LR": "11"}, "LR must be at most 1 (got 11)"),
     ({"LR": "1.5e0"}, "LR must be at most 1 (got 1.5e0)"),
+    ({"LR": "1e-999"}, "LR must be a positive number (got '1e-999')"),  # a float underflows to 0: was accepted
     ({"BATCH": "1025"}, "BATCH must be at most 1024 (got 1025)"),
     ({"RANK": "4097"}, "RANK must be at most 4096 (got 4097)"),
     ({"VAL": "1000001", "LIMIT": "2000000"}, "VAL must be at most 1000000 (got 1000001)"),
@@ -225,6 +226,8 @@ CPU_ONLY = [
     ({"WORK": "{data}"}, "WORK={data} holds TRAIN ({data}/train.jsonl); choose a folder of its own"),
     ({"WORK": "{co}"}, "WORK={co} holds REPO ({co}); choose a folder of its own"),
     ({"WORK": "{home}"}, "WORK={home} holds HOME ({home}); choose a folder of its own"),
+    ({"WORK": "/"}, "WORK=/ holds BACKBONE ({bb}); choose a folder of its own"),  # "/"/* matched nothing: was let through
+    ({"WORK": "//"}, "WORK=// holds BACKBONE ({bb}); choose a folder of its own"),
     ({"WORK": "{home}/t", "TEACHER": "{home}/t/teacher.jsonl"},
      "WORK={home}/t holds TEACHER ({home}/t/teacher.jsonl); choose a folder of its own"),
 ]

@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -63,12 +63,20 @@ EXIT_SOFTWARE = 70  # sysexits.h EX_SOFTWARE: an internal error, always a bug
 EXIT_SIGINT = 130  # 128 + SIGINT
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 
-_state: dict[str, Any] = {"debug": False}
+_state: dict[str, Any] = {"debug": False, "interrupt_said": False}
 
 
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread (like KeyboardInterrupt for SIGINT) so ``finally`` blocks run:
     atomic writes (:mod:`hllm.files`) remove their temporary files and staging directories."""
+
+
+def signal_exit(message: str, code: int = EXIT_SIGINT) -> NoReturn:
+    """End a command that SIGINT / SIGTERM stopped, once it knows what happened: one ``error: MESSAGE`` line,
+    exit ``code`` (130 / 143; :func:`run` then adds no line of its own). Raises: typer.Exit(code)."""
+    _error(message)
+    _state["interrupt_said"] = True
+    raise typer.Exit(code)
 
 
 def _print_version(value: bool) -> None:
@@ -169,6 +177,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 def run(argv: Optional[list[str]] = None) -> int:
     """Run ``hllm ARGV`` and return its exit code (module docstring); with ``--debug`` errors propagate."""
     _state["debug"] = debug_from_env()
+    _state["interrupt_said"] = False
     out.file = None  # back to stdout (a previous in-process run may have moved it)
     quiet_libraries()
     previous = previous_int = None
@@ -283,7 +292,7 @@ def _run(argv: Optional[list[str]]) -> int:
         return EXIT_USAGE
     # With standalone_mode=False click returns the code of `raise typer.Exit(code)` instead of exiting; it turns
     # KeyboardInterrupt (SIGINT) into Exit(130) itself.
-    if rv == EXIT_SIGINT:
+    if rv == EXIT_SIGINT and not _state["interrupt_said"]:
         _error("interrupted (SIGINT); nothing partial was left in place of an output")
     return rv if isinstance(rv, int) else EXIT_OK
 

@@ -67,7 +67,7 @@ def precision_cmd(
     if target is Precision.BF16:  # an unknown island is refused before any work
         from hllm.exporter.bf16 import parse_islands
 
-        base_islands = parse_islands(bf16_base)
+        base_islands = parse_islands(bf16_base, "--bf16-base")
     layer_list = _int_list(layers, "--layers")  # a malformed list is refused before any work
     art = resolve(export_dir)
     data = load_slates(slates, limit=limit)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from hllm.cli.app import EXIT_SIGTERM, Terminated, app, console, out, quiet_libraries
+from hllm.cli.app import EXIT_SIGTERM, Terminated, app, console, out, quiet_libraries, signal_exit
 from hllm.cli.io import (check_output_dir, check_output_file, data_to_stdout, emit_json, finish_report, load_slates,
                          slates_source)
 from hllm.cli.options import (choice_opt, hidden_alias, json_opt, limit_opt, out_opt, overwrite_opt, pick, slates_opt,
@@ -108,8 +108,8 @@ def serve_cmd(
     try:
         run_server(application, host=host, port=port, log_level=log_level, graceful_timeout_s=graceful_timeout, sock=sock,
                    tls=tls)
-    except Terminated:  # uvicorn drained on SIGTERM, then re-raised it on its way out
-        _stopped(application.state.hllm, graceful_timeout)
+    except (Terminated, KeyboardInterrupt) as e:  # uvicorn drained on the signal, then re-raised it on its way out
+        _stopped(application.state.hllm, graceful_timeout, "SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM")
 
 
 def _access(host, api_key, api_key_file, no_auth, public_metrics, public_docs, admin_api_key, admin_api_key_file,
@@ -140,17 +140,32 @@ def _access(host, api_key, api_key_file, no_auth, public_metrics, public_docs, a
     return keys, auth, AdminOptions(admin_keys, allow_admin_without_key)
 
 
-def _stopped(state, graceful_timeout: float) -> None:
-    """After SIGTERM: exit 0 when every accepted request was answered; 143 when the engine never got ready
-    (start-up interrupted) or when the graceful timeout answered some 503 (saying how many)."""
+def _stopped(state, graceful_timeout: float, raised: str = "SIGTERM") -> None:
+    """After the server stopped on a signal (``raised``: the one re-raised on the way out; the app state's
+    ``stop_signals``: those received, in order), say what happened to the accepted requests and exit:
+
+    * SIGTERM alone: 0 when every accepted request was answered, 143 when the graceful timeout answered some
+      503, or 143 with one ``error: terminated (SIGTERM) while starting …`` line when the engine never got ready;
+    * any SIGINT: 130 with one ``error: interrupted (SIGINT) …`` line saying the same (drained, how many were
+      answered 503, or still starting), or that a second SIGINT cut the graceful shutdown short.
+    """
+    signals = list(dict.fromkeys(state.stop_signals)) or [raised]
+    unanswered = f"{state.shed} in-flight requests were answered 503 (Retry-After) instead of their rankings"
+    if "SIGINT" in signals:
+        if not state.served:
+            signal_exit("interrupted (SIGINT) while starting: the engine was still loading")
+        if state.forced:
+            signal_exit(f"interrupted (SIGINT) again while draining after {signals[0]}: the graceful shutdown was "
+                        f"cut short; {unanswered}")
+        if not state.shed:
+            signal_exit("interrupted (SIGINT): the server stopped; in-flight requests were drained")
+        signal_exit(f"interrupted (SIGINT): the graceful timeout of {graceful_timeout:g} s expired; {unanswered}")
     if not state.served:  # stopped before the engine was ever ready: start-up interrupted
-        console.print("terminated (SIGTERM) while starting: the engine was still loading")
-        raise typer.Exit(EXIT_SIGTERM) from None
+        signal_exit("terminated (SIGTERM) while starting: the engine was still loading", EXIT_SIGTERM)
     if not state.shed:  # every accepted request was answered: a clean stop, exit 0
         console.print("stopped (SIGTERM): in-flight requests were drained")
         return
-    console.print(f"stopped (SIGTERM): the graceful timeout of {graceful_timeout:g} s expired; {state.shed} in-flight "
-                  "requests were answered 503 (Retry-After) instead of their rankings")
+    console.print(f"stopped (SIGTERM): the graceful timeout of {graceful_timeout:g} s expired; {unanswered}")
     raise typer.Exit(EXIT_SIGTERM) from None
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from hllm.errors import ExportError
 from hllm.exporter.onnx_io import model_like, tensor_types
-from hllm.exporter.scopes import module_scopes, refuse_unmatched
+from hllm.exporter.scopes import island_names, module_scopes, refuse_unmatched
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
@@ -70,17 +70,18 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def parse_islands(text: str | Iterable[str] | None) -> tuple[str, ...]:
-    """``"q_proj,attention"`` (or a list) → a tuple of island names; ``"none"`` / ``""`` → ``()``; None →
+def parse_islands(text: str | Iterable[str] | None, what: str = "bf16 islands") -> tuple[str, ...]:
+    """``"q_proj,attention"`` (or a list) → a tuple of island names; ``"none"`` → ``()``; None →
     :data:`DEFAULT_ISLANDS`; ``"default,..."`` adds the defaults. Names are op classes, ``all`` or module
     paths (module doc).
 
-    Raises: ExportError naming an unknown island.
+    Raises: ExportError naming an unknown island, an empty entry (``""``, ``","``) or ``none`` beside islands
+        (:func:`hllm.exporter.scopes.island_names`).
     """
     if text is None:
         return DEFAULT_ISLANDS
     items = text.split(",") if isinstance(text, str) else list(text)
-    names = [s.strip() for s in items if s.strip() and s.strip() != "none"]
+    names = island_names(items, what)
     if "default" in names:
         names = list(DEFAULT_ISLANDS) + [n for n in names if n != "default" and n not in DEFAULT_ISLANDS]
     bad = [n for n in names if n not in OP_CLASSES and n != "all" and not _MODULE.match(n)]

@@ -57,7 +57,7 @@ import numpy as np
 
 from hllm.errors import ExportError, HllmError
 from hllm.exporter.onnx_io import FLOAT, FLOAT16, as_float32, model_like, tensor_types
-from hllm.exporter.scopes import class_hierarchy, in_module, module_scopes, refuse_unmatched
+from hllm.exporter.scopes import class_hierarchy, in_module, island_names, module_scopes, refuse_unmatched
 from hllm.runtime.slates import loads_json
 
 FP16_MAX = 65504.0
@@ -68,15 +68,16 @@ DEFAULT_ISLANDS = ("rmsnorm", "rotary", "softmax", "layernorm", "scores")
 _PASSTHROUGH_INPUT_OPS = {"Shape", "Size", "IsNaN", "IsInf", "Cast", "CastLike"}
 
 
-def parse_islands(text: str | None) -> tuple[str, ...]:
-    """``"rmsnorm,softmax"`` → ``("rmsnorm", "softmax")``; ``"none"`` or ``""`` → ``()``; None → defaults;
+def parse_islands(text: str | None, what: str = "--fp32-islands") -> tuple[str, ...]:
+    """``"rmsnorm,softmax"`` → ``("rmsnorm", "softmax")``; ``"none"`` → ``()``; None → defaults;
     ``"default,residual"`` → the defaults plus ``residual``.
 
-    Raises: ExportError naming an unknown island.
+    Raises: ExportError naming an unknown island, an empty entry (``""``, ``","``) or ``none`` beside islands
+        (:func:`hllm.exporter.scopes.island_names`).
     """
     if text is None:
         return DEFAULT_ISLANDS
-    names = tuple(s.strip() for s in text.split(",") if s.strip() and s.strip() != "none")
+    names = tuple(island_names(text.split(","), what))
     if "default" in names:
         names = DEFAULT_ISLANDS + tuple(n for n in names if n != "default" and n not in DEFAULT_ISLANDS)
     bad = [n for n in names if n not in ISLANDS and not is_module_island(n)]
@@ -111,7 +112,7 @@ def read_islands_file(path: str | os.PathLike) -> tuple[str, ...]:
     isl = d.get("islands") if isinstance(d, dict) else None
     if not isinstance(isl, list) or not all(isinstance(x, str) for x in isl):
         raise ExportError(f"islands file {path}: expected a JSON object with an 'islands' list of strings")
-    return parse_islands(",".join(isl) or "none")
+    return parse_islands(",".join(isl) if isl else "none", f"islands file {path}:")
 
 
 def module_island_of(node, islands: Sequence[str]) -> str | None:

@@ -76,6 +76,25 @@ def block_index(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def island_names(items: Iterable[str], what: str) -> list[str]:
+    """The island names of a comma list split into ``items`` (or a file's list), stripped, ``none`` left out.
+
+    ``none`` is the one spelling of "no island": an empty value or an empty entry (``''``, ``','``,
+    ``'rmsnorm,,softmax'``: an unset shell variable, a stray comma) and ``none`` beside other islands are
+    refused, since the two readings (no island / a mistake) export different graphs.
+
+    Args: items: the entries; what: the option or file named in the message (``--fp32-islands``).
+    Raises: ExportError naming the empty entry or the mix.
+    """
+    names = [str(s).strip() for s in items]
+    if any(not n for n in names):
+        raise ExportError(f"{what} {','.join(names)!r} holds an empty island name: give island names "
+                          "separated by single commas, or 'none' for no island")
+    if "none" in names and len(set(names)) > 1:
+        raise ExportError(f"{what} {','.join(names)!r} holds 'none' beside islands: give either 'none' or islands")
+    return [n for n in names if n != "none"]
+
+
 def refuse_unmatched(islands: Sequence[str], paths: Iterable[str], what: str = "node") -> None:
     """Refuse module-path islands that contain none of ``paths`` (the module paths an island can place).
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from hllm.engines.base import Engine
-from hllm.errors import EngineError
+from hllm.errors import DecodeError, EngineError
 from hllm.runtime import blocks as blk
 from hllm.runtime.artefact import Artefact, open_engine, resolve
 from hllm.runtime.decode import assignment_scores, decode, decode_batch

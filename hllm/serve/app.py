@@ -134,7 +134,9 @@ class ServeOptions:
 @dataclass
 class ServerState:
     """What the app knows about its engine: ready after warm-up, draining after SIGTERM; ``shed``: the
-    in-flight requests answered 503 because the graceful timeout ended (:mod:`hllm.serve.server`)."""
+    in-flight requests answered 503 because the graceful timeout ended or a second SIGINT cut it short
+    (``forced``); ``stop_signals``: the names of the signals that stopped the server, in order
+    (:mod:`hllm.serve.server`)."""
 
     ranker: Any
     batcher: MicroBatcher
@@ -149,6 +151,8 @@ class ServerState:
     versions: Any = None  # hllm.serve.repository.VersionManager when serving a versioned repository
     inflight: collections.Counter = field(default_factory=collections.Counter)  # id(ranker) → requests holding it
     shed: int = 0
+    forced: bool = False
+    stop_signals: list = field(default_factory=list)
     served: bool = False  # the engine was ready once (a stop before that is an interrupted start-up)
 
 

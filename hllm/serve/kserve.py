@@ -60,11 +60,18 @@ DATATYPES = {"BYTES": np.object_, "INT64": np.int64, "FP32": np.float32, "BOOL":
 
 
 class KServeError(Exception):
-    """An error answered as ``{"error": message}`` with an HTTP status (the protocol's error body)."""
+    """An error answered as ``{"error": message}`` with an HTTP status (the protocol's error body) and
+    ``headers`` (a 503 carries ``Retry-After``, as on the other routes)."""
 
-    def __init__(self, status: int, message: str, kind: str = "bad_request"):
+    def __init__(self, status: int, message: str, kind: str = "bad_request", headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.headers = status, message, kind, dict(headers or {})
+
+    @classmethod
+    def of(cls, e: ApiError) -> KServeError:
+        """The protocol's form of an :class:`~hllm.serve.protocol.ApiError`: its status (a 422 is a 400 here),
+        message, kind and headers (``Retry-After`` of a 503 kept)."""
+        return cls(400 if e.status == 422 else e.status, e.message, e.kind, e.headers)
 
 
 def _unicode(v: str) -> str:
@@ -372,11 +379,11 @@ class KServeEndpoints:
 
     async def kserve_error(self, request: Request, e: KServeError):
         self.metrics.error(e.kind)
-        return JSONResponse({"error": e.message}, status_code=e.status)
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
     def _v2_check_ready(self) -> None:
         if not self.state.ready or self.state.draining or self.batcher.closing:
-            raise KServeError(503, f"model {self.state.model.name} is not ready", "not_ready")
+            raise KServeError(503, f"model {self.state.model.name} is not ready", "not_ready", {"Retry-After": "1"})
 
     async def v2_live(self):
         return Response(status_code=200)
@@ -418,13 +425,13 @@ class KServeEndpoints:
         try:
             body = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
         except ApiError as e:
-            raise KServeError(e.status, e.message, e.kind) from None
+            raise KServeError.of(e) from None
         doc, blob = split_request(body, request.headers.get(HEADER_LENGTH.lower()))
         slates = request_slates(doc, blob, self.options.max_slates_per_request)
         try:
             res, _ = await self.submit(slates, None, t0)
         except ApiError as e:
-            raise KServeError(400 if e.status == 422 else e.status, e.message, e.kind) from None
+            raise KServeError.of(e) from None
         outputs = output_arrays(res.rankings, res.scores, res.ranker.engine.num_positions)
         rid = doc.get("id") if isinstance(doc.get("id"), str) else request.state.request_id
         body, headers = response_body(doc, outputs, rid, model_name, res.model.version)

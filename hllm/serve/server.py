@@ -17,7 +17,10 @@ Graceful shutdown: on SIGTERM/SIGINT the app stops admitting at once (``/readyz`
   answered 503 (:meth:`hllm.serve.batching.MicroBatcher.abandon`) just before uvicorn cancels the tasks
   that are left; a request uvicorn cancels before its response started (e.g. while its body arrives) is
   answered 503 too (:class:`AnswerCancelled`) instead of uvicorn's plain-text 500 and traceback. Both are
-  counted in the app state's ``shed``, which ``hllm serve`` reports on exit.
+  counted in the app state's ``shed``, which ``hllm serve`` reports on exit;
+* a second SIGINT while draining (uvicorn's "force quit") cuts the graceful time short the same way: what the
+  batcher holds is answered 503 at once, the tasks left are cancelled (503, :class:`AnswerCancelled`) and the
+  app's lifespan still shuts down (uvicorn skips it: its tasks were cancelled with tracebacks in the log).
 
 Slow clients: a connection costs a file descriptor and a little memory while it
 is held, so none is held without progress. The limits come from the app's
@@ -51,6 +54,7 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -76,6 +80,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: After a second SIGINT, how long the requests answered 503 get to write their answers before the tasks left
+#: are cancelled (s): a task cancelled while its response is being written cuts it.
+CUT_SHORT_WRITE_S = 1.0
+
+
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server that marks the app as draining on the first SIGTERM/SIGINT, answers the listen
     backlog before closing the listening socket and sheds the batcher when the graceful timeout ends
@@ -88,6 +97,7 @@ class _DrainingServer(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         if self._hllm_state is not None:
             self._hllm_state.draining = True
+            self._hllm_state.stop_signals.append(signal.Signals(sig).name)
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
@@ -98,16 +108,40 @@ class _DrainingServer(uvicorn.Server):
                 asyncio.get_running_loop().call_later(timeout, self._shed, timeout)
         await self._serve_accepted(self._close_listeners())
         await super().shutdown(sockets)  # its connection.shutdown() closes nothing (TimedH11Protocol.shutdown)
+        if self.force_exit and state is not None:  # a second SIGINT: uvicorn stopped waiting and skips the lifespan
+            await self._cut_short(state)
         for connection in list(self.server_state.connections):  # the graceful time is over: close what is left
             getattr(connection, "close_now", connection.shutdown)()
 
-    def _shed(self, timeout: float) -> None:
+    def _shed(self, timeout: float | None) -> None:
+        """Answer 503 what the batcher holds: the graceful ``timeout`` ended (None: a second SIGINT)."""
+        if self._hllm_state.forced:
+            return
         abandon = getattr(self._hllm_state.batcher, "abandon", None)
+        why = "a second SIGINT cut the graceful shutdown short" if timeout is None else f"graceful timeout of {timeout:g} s expired"
         if abandon is not None:
-            n = abandon(f"server is shutting down: its graceful timeout of {timeout:g} s expired")
+            n = abandon(f"server is shutting down: {'its ' if timeout is not None else ''}{why}")
             self._hllm_state.shed += n
             if n:
-                log.warning("graceful timeout of %g s expired: %d in-flight requests answered 503", timeout, n)
+                log.warning("%s: %d in-flight requests answered 503", why, n)
+
+    async def _cut_short(self, state) -> None:
+        """After a second SIGINT: answer 503 what the batcher holds (:meth:`_shed`; a request still being read or
+        tokenized then meets the closed batcher: 503 too), give those answers up to
+        :data:`CUT_SHORT_WRITE_S` to be written, cancel the request tasks left (:class:`AnswerCancelled`: 503),
+        then run the app's lifespan shutdown that uvicorn skips on a forced exit (the batcher closes after the
+        engine call under way; without it the lifespan task was cancelled with tracebacks)."""
+        self._shed(None)
+        state.forced = True
+        tasks = list(self.server_state.tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=CUT_SHORT_WRITE_S)
+        left = [t for t in tasks if not t.done()]
+        for t in left:
+            t.cancel(msg="a second SIGINT cut the graceful shutdown short")
+        if left:
+            await asyncio.wait(left, timeout=1.0)
+        await self.lifespan.shutdown()
 
     def _close_listeners(self) -> list[socket.socket]:
         """Stop accepting, then take every connection the kernel completed for the listening sockets and
@@ -184,7 +218,8 @@ class AnswerCancelled:
                 raise
             task.uncancel()
             self.state.shed += 1
-            message = "server is shutting down: its graceful timeout expired before this request was answered"
+            why = "a second SIGINT cut the graceful shutdown short" if self.state.forced else "its graceful timeout expired"
+            message = f"server is shutting down: {why} before this request was answered"
             body = {"error": message} if scope["path"].startswith("/v2/models/") else {
                 "error": {"kind": "not_ready", "message": message, "id": None}}
             data = json.dumps(body).encode()

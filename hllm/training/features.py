@@ -8,7 +8,7 @@ maths is the full forward split in two (checked against it in the tests), at ``(
 
 Layout of a cache directory::
 
-    meta.json            version, backbone fingerprint, layer c, prompt spec, slate ids, rows_only, precision
+    meta.json            version, backbone fingerprint, layer c, prompt spec, slate ids, slates_digest, rows_only, precision
                          (written last)
     00000.npz ...        per slate: ``hidden [S, D]`` float32, ``readout [N]`` int64, ``context`` int64 scalar
 
@@ -77,6 +77,20 @@ def backbone_fingerprint(backbone: str | os.PathLike) -> str:
     h = hashlib.sha256((root / "config.json").read_bytes())
     for p in sorted(root.glob("*.safetensors")):
         h.update(f"{p.name}:{p.stat().st_size}".encode())
+    return h.hexdigest()
+
+
+def slates_digest(slates: Sequence[dict], prompt: dict) -> str:
+    """sha256 of what the prompt reads from each slate, in order: its history and the candidate fields the
+    prompt's ``candidate_template`` names (canonical JSON, one slate at a time). Two runs over slates with the
+    same ids but other texts differ here (the ids alone made an edited slate file reuse stale rows)."""
+    from hllm.formats.prompt import candidate_fields
+
+    fields = candidate_fields(prompt.get("candidate_template", "{index}. {title}"))
+    h = hashlib.sha256()
+    for s in slates:
+        part = [s.get("history") or [], [{f: c.get(f) for f in fields} for c in s.get("candidates") or []]]
+        h.update(json.dumps(part, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
     return h.hexdigest()
 
 
@@ -210,7 +224,8 @@ def build_cache(backbone: str | os.PathLike, slates: Sequence[dict], out_dir: st
     ids = [str(s.get("slate_id", i)) for i, s in enumerate(slates)]
     meta = {"version": VERSION, "layer": layer, "num_layers": n_layers, "prompt": prompt, "slate_ids": ids,
             "fingerprint": backbone_fingerprint(backbone), "rows_only": source is not None,
-            "precision": compute.precision, "backbone": str(Path(backbone).resolve())}
+            "precision": compute.precision, "backbone": str(Path(backbone).resolve()),
+            "slates_digest": slates_digest(slates, prompt)}
     done = _open_or_start(out, meta)
     if done is not None:
         return done
@@ -238,7 +253,7 @@ def _open_or_start(out: Path, meta: dict) -> "FeatureCache | None":
     """The finished cache at ``out`` if it is this one; None after marking an (un)started run of it.
 
     A cache directory carries its own manifest: ``meta.json`` when finished, ``partial.json`` (the same
-    record: backbone fingerprint, slate ids, layer, prompt, precision) from the moment a run starts. A
+    record: backbone fingerprint, slate ids, :func:`slates_digest`, layer, prompt, precision) from the moment a run starts. A
     directory holding neither is written into only when it is empty or absent: a slate file left there by
     anything else (a stray ``00000.npz``) would count as cached.
 
@@ -248,12 +263,14 @@ def _open_or_start(out: Path, meta: dict) -> "FeatureCache | None":
     pmeta = {k: v for k, v in meta.items() if k != "backbone"}
     if (out / META).is_file():
         old = _manifest(out / META)
-        if {k: v for k, v in old.items() if k != "backbone"} != pmeta:
-            raise CheckpointError(f"{out} already holds a different feature cache")
+        if {k: v for k, v in old.items() if k != "backbone"} != _as_old(pmeta, old):
+            raise CheckpointError(f"{out} already holds a different feature cache"
+                                  f"{_why_different(old, pmeta)}")
         return FeatureCache.open(out)
     partial = out / "partial.json"  # what an unfinished run was making: refuse to mix runs
     if partial.is_file():
-        if _manifest(partial) != pmeta:
+        old = _manifest(partial)
+        if old != _as_old(pmeta, old):
             raise CheckpointError(f"{out} holds an unfinished cache of other slates/options; remove it first")
     elif out.is_dir():
         stray = sorted(p.name for p in out.iterdir())
@@ -264,6 +281,19 @@ def _open_or_start(out: Path, meta: dict) -> "FeatureCache | None":
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(partial, pmeta)
     return None
+
+
+def _as_old(meta: dict, old: dict) -> dict:
+    """``meta`` without ``slates_digest`` when the manifest ``old`` predates the key (compared on the rest)."""
+    return meta if "slates_digest" in old else {k: v for k, v in meta.items() if k != "slates_digest"}
+
+
+def _why_different(old: dict, meta: dict) -> str:
+    """" (different X)" naming the first manifest field of ``meta`` that ``old`` holds otherwise ("" if none)."""
+    diff = [k for k in meta if k in old and old[k] != meta[k]]
+    labels = {"slate_ids": "slate ids", "slates_digest": "slate texts under the same ids", "fingerprint": "backbone",
+              "rows_only": "source (--from)"}
+    return f" (different {labels.get(diff[0], diff[0].replace('_', ' '))})" if diff else ""
 
 
 def _manifest(path: Path) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,8 +78,16 @@ def _int(v, name: str, lo: int = 0, hi: int = MAX_STEP) -> int:
     return v
 
 
+def _finite(v) -> bool:
+    """``v`` is a JSON number a float holds finitely: a finite float, or an int within the float range (an int
+    past it, ``1e400`` written out, made ``math.isfinite`` raise OverflowError); bools and strings are not."""
+    if type(v) is int:
+        return -sys.float_info.max <= v <= sys.float_info.max  # exact int / float comparison, no conversion
+    return type(v) is float and math.isfinite(v)
+
+
 def _float(v, name: str, hi: float = math.inf, lo: float = 0.0) -> float:
-    if type(v) not in (int, float) or not (math.isfinite(v) and lo <= v <= hi):
+    if not (_finite(v) and lo <= v <= hi):
         raise ValueError(f"{name} must be a finite number in [{lo:g}, {hi:g}], got {v!r}")
     return float(v)
 
@@ -292,11 +301,11 @@ def _check_field(v, now, name: str, key: str) -> None:
         if not (isinstance(v, bool) or (now is None and v is None)):
             raise ValueError(f"{name} must be {'true or false' if now is not None else 'null, true or false'}, got {_short(v)}")
     elif isinstance(now, (int, float)):
-        if type(v) not in (int, float) or not math.isfinite(v) or (key in _NON_NEGATIVE and v < 0):
+        if not _finite(v) or (key in _NON_NEGATIVE and v < 0):
             raise ValueError(f"{name} must be a finite number{' ≥ 0' if key in _NON_NEGATIVE else ''}, got {_short(v)}")
     elif isinstance(now, (list, tuple)):
         if not isinstance(v, list) or len(v) != len(now) or not all(
-                type(x) in (int, float) and math.isfinite(x) and (key not in _UNIT or 0 <= x < 1) for x in v):
+                _finite(x) and (key not in _UNIT or 0 <= x < 1) for x in v):
             raise ValueError(f"{name} must be a list of {len(now)} finite numbers"
                              f"{' in [0, 1)' if key in _UNIT else ''}, got {_short(v)}")
     elif type(v) is not type(now):

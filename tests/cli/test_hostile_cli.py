@@ -48,6 +48,33 @@ def test_export_refuses_an_fp32_island_beyond_the_models_layers(merged_checkpoin
     assert not out.exists()
 
 
+@pytest.mark.parametrize("value", ["", ",", " ", "rmsnorm,,softmax", "none,backbone.layers.0.mlp"])
+def test_an_empty_island_entry_or_none_beside_islands_is_refused(merged_checkpoint, standard_export_dir, tmp_path,
+                                                                 capsys, value):
+    """`--fp32-islands ''` (an unset shell variable), a stray comma or 'none' beside islands: exit 2 naming the
+    value, nothing written (exported an FP16 graph with no FP32 island, or dropped the 'none'); the same for
+    `--bf16-base` and an islands file. 'none' alone still means no island."""
+    from hllm.exporter.bf16 import parse_islands as bf16_islands
+    from hllm.exporter.fp16 import parse_islands, read_islands_file
+
+    out = tmp_path / "e"
+    code, _, err = run(["export", str(merged_checkpoint), str(out), "--precision", "fp16", "--fp32-islands", value,
+                        "-s", ""], capsys)
+    assert code == 2, err
+    assert repr(value.strip() if value.strip() in ("", ",") else value) in err or repr(value) in err, err
+    assert not out.exists()
+    code, _, err = run(["debug", "precision", str(standard_export_dir), "--precision", "bf16", "--bf16-runner",
+                        "emulate", "--bf16-base", value, "-s", str(_slates_file(tmp_path / "s.jsonl")),
+                        "-o", str(tmp_path / "i.json")], capsys)
+    assert code == 2 and "--bf16-base" in err, err
+    assert not (tmp_path / "i.json").exists()
+    f = tmp_path / "islands.json"
+    f.write_text(json.dumps({"islands": value.split(",")}))
+    with pytest.raises(ExportError, match="islands file"):
+        read_islands_file(f)
+    assert parse_islands("none") == () and bf16_islands("none") == () and bf16_islands([]) == ()
+
+
 def test_debug_precision_refuses_a_bf16_base_island_that_names_nothing(standard_export_dir, tmp_path, capsys):
     src = _slates_file(tmp_path / "s.jsonl")
     code, _, err = run(["debug", "precision", str(standard_export_dir), "--precision", "bf16", "--bf16-runner",
@@ -105,6 +132,32 @@ def test_features_resumes_its_own_folder_and_starts_in_an_empty_one(qwen3_backbo
     assert code == 0 and "2 slates" in out, err
 
 
+@pytest.mark.parametrize("done", [True, False])
+def test_features_refuses_its_cache_of_the_same_slate_ids_with_other_texts(qwen3_backbone, tmp_path, capsys, done):
+    """The slate file edited (same slate ids, other titles): its finished cache was opened as it was and its
+    unfinished one resumed, mixing rows of the old texts in. Refused (exit 2), the cache left as it is."""
+    src = _slates_file(tmp_path / "s.jsonl")
+    d = tmp_path / "cache"
+    argv = ["features", str(qwen3_backbone), str(d), "--layer", "1", "-k", "8", "--threads", "1"]
+    code, _, err = run([*argv, "-s", str(src)], capsys)
+    assert code == 0, err
+    if not done:  # an interrupted run: its manifest is partial.json, one slate missing
+        meta = json.loads((d / "meta.json").read_text())
+        (d / "partial.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "backbone"}))
+        (d / "meta.json").unlink()
+        (d / "00001.npz").unlink()
+    edited = [json.loads(x) for x in src.read_text().splitlines()]
+    edited[1]["candidates"][0]["title"] += " edited"
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps(x) + "\n" for x in edited))
+    before = sorted(p.name for p in d.iterdir())
+    code, _, err = run([*argv, "-s", str(tmp_path / "e.jsonl")], capsys)
+    assert code == 2, err
+    assert "different slate texts under the same ids" in err or "unfinished cache of other slates" in err, err
+    assert sorted(p.name for p in d.iterdir()) == before
+    code, out, err = run([*argv, "-s", str(src)], capsys)  # the slates it was made from: still its own
+    assert code == 0 and "2 slates" in out, err
+
+
 # ---------------------------------------------------------------- the empty slates value
 
 
@@ -118,6 +171,21 @@ def test_export_with_empty_slates_skips_them_for_an_output_under_the_working_dir
     assert code == 2 and "e2" in err  # '.' is a path (the directory holding OUT_DIR), not the skip
     assert not (tmp_path / "e2").exists()
 
+
+
+@pytest.mark.parametrize("out", [".", "..", ""])
+def test_export_overwrite_refuses_the_working_directory_and_its_ancestors(merged_checkpoint, tmp_path, monkeypatch,
+                                                                           capsys, out):
+    """`hllm export CKPT . --overwrite` (or `..`, or '' which is '.'): refused before the work, exit 2 (the export
+    ran, then its replacement failed with "Device or resource busy"); nothing there is touched."""
+    work = tmp_path / "w" / "sub"
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    code, out_text, err = run(["export", str(merged_checkpoint), out, "-s", "", "--overwrite"], capsys)
+    assert code == 2, err
+    assert "it is the working directory or holds it" in err and "exported" not in out_text, err
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"] and sorted(p.name for p in work.parent.iterdir()) == ["sub"]
 
 # ---------------------------------------------------------------- benchmark labels and frontiers
 

@@ -28,7 +28,7 @@ for _mod in ("fastapi", "uvicorn", "httpx", "prometheus_client"):
 import httpx  # noqa: E402
 
 from hllm.engines.base import Engine  # noqa: E402
-from hllm.errors import EngineError  # noqa: E402
+from hllm.errors import DecodeError, EngineError  # noqa: E402
 from hllm.runtime import Ranker  # noqa: E402
 from hllm.runtime.prompt import PromptBuilder  # noqa: E402
 from hllm.serve.app import ServeOptions, create_app  # noqa: E402
@@ -342,6 +342,42 @@ def test_queue_full_is_503_with_retry_after_and_deadline_is_504(export_dir):
         assert _post(srv.url, {"slates": s}).status_code == 200
 
 
+def test_kserve_503s_carry_retry_after_like_the_other_routes(export_dir):
+    """KServe infer while the engine warms up (not ready, as while draining) and with the queue full: 503 with
+    ``Retry-After: 1`` and the protocol's ``{"error": message}`` (the header was dropped on these routes)."""
+    base = Ranker.from_path(export_dir)
+    eng = ControlledEngine(base.engine)
+    eng.gate.clear()  # hold the warm-up
+    srv, app = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0, max_queue=1)
+    s = tiny_slates(1, 3, seed=41)[0]
+    v2 = {"inputs": [{"name": "slates", "datatype": "BYTES", "shape": [1, 1], "data": [json.dumps(s)]}]}
+    infer = lambda: httpx.post(f"{srv.url}/v2/models/hllm_ranker/infer", json=v2, timeout=60)  # noqa: E731
+    with srv:
+        t_end = time.monotonic() + 60
+        while httpx.get(f"{srv.url}/v2/health/live").status_code != 200 and time.monotonic() < t_end:
+            time.sleep(0.05)
+        answers = [infer(), httpx.get(f"{srv.url}/v2/health/ready"), httpx.get(f"{srv.url}/v2/models/hllm_ranker/ready")]
+        for r in answers:
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert answers[0].json() == {"error": "model hllm_ranker is not ready"}
+        eng.gate.set()
+        wait_ready(srv.url, timeout_s=60)
+        while eng.entered.acquire(blocking=False):  # forget the warm-up call
+            pass
+        eng.gate.clear()
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            first = ex.submit(infer)
+            assert eng.entered.acquire(timeout=30)  # on the engine
+            queued = ex.submit(infer)
+            while app.state.hllm.batcher.depth < 1 and time.monotonic() < t_end:
+                time.sleep(0.01)
+            full = infer()
+            eng.gate.set()
+            assert first.result().status_code == 200 and queued.result().status_code == 200
+    assert full.status_code == 503 and full.headers["retry-after"] == "1", full.text
+    assert "queue full" in full.json()["error"]
+
+
 def test_not_ready_until_warmed_up(export_dir):
     eng = ControlledEngine(Ranker.from_path(export_dir).engine)
     base = Ranker.from_path(export_dir)
@@ -426,6 +462,28 @@ def _strict_json(text: str):
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
     return json.loads(text, parse_constant=refuse)
+
+
+def test_a_non_finite_score_inside_a_slate_ranked_in_blocks_is_a_decode_error(export_dir):
+    """A slate longer than K (13 candidates, K = 8: ranked in blocks) whose block matrix holds a NaN: DecodeError
+    naming the slate, and 500 ``decode`` with an id on /v1/rank and /v2/rerank, like a slate within K (the
+    blocked path raised NameError: 500 ``internal``, exit 70 in `hllm rank`)."""
+    base = Ranker.from_path(export_dir)
+    eng = PoisonEngine(base.engine, float("nan"))
+    eng.inside = True
+    long = tiny_slates(1, 13, seed=22)[0]
+    with pytest.raises(DecodeError, match=r"slate tiny-0: .*non-finite"):
+        Ranker(eng, base.builder).rank([long])
+    eng.inside = False  # a clean warm-up
+    srv, _ = _server(Ranker(eng, base.builder), max_batch_slates=1, max_wait_ms=0.0)
+    rerank = {"query": "q", "documents": [c["title"] for c in long["candidates"]], "history": long["history"]}
+    with srv, httpx.Client(timeout=60) as c:
+        wait_ready(srv.url, timeout_s=120)
+        eng.inside = True
+        answers = [c.post(f"{srv.url}/v1/rank", json={"slates": [long]}), c.post(f"{srv.url}/v2/rerank", json=rerank)]
+    for r in answers:
+        assert r.status_code == 500 and r.json()["error"]["kind"] == "decode" and r.json()["error"]["id"], r.text
+        assert "non-finite" in r.json()["error"]["message"], r.text
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
@@ -592,13 +650,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_sigterm_while_queued(export_dir, tmp_path, *args) -> tuple[int, httpx.Response, str]:
-    """`hllm serve ARGS` in a subprocess: one request waiting in a 1.5 s batch window, then SIGTERM
-    → (exit code, the request's response, the server's output)."""
+def _serve_sigterm_while_queued(export_dir, tmp_path, *args, signals=(signal.SIGTERM,),
+                                wait_ms: str = "1500") -> tuple[int, httpx.Response, str]:
+    """`hllm serve ARGS` in a subprocess: one request waiting in a ``wait_ms`` batch window, then SIGTERM (or
+    ``signals``, 0.5 s apart) → (exit code, the request's response, the server's output)."""
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", "1500",
+        [sys.executable, "-m", "hllm", "serve", str(export_dir), "--port", str(port), "--max-wait-ms", wait_ms,
          "--log-level", "warning", *args],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -615,7 +674,10 @@ def _serve_sigterm_while_queued(export_dir, tmp_path, *args) -> tuple[int, httpx
                 if any(line.startswith("hllm_queue_depth ") and float(line.split()[1]) >= 1 for line in m.splitlines()):
                     break
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
+            for i, sig in enumerate(signals):
+                if i:
+                    time.sleep(0.5)  # the next signal is a separate one (two pending at once are handled by number)
+                proc.send_signal(sig)
             r = fut.result(timeout=60)
         rc = proc.wait(timeout=60)
     finally:
@@ -696,6 +758,34 @@ def test_cli_serve_past_its_graceful_timeout_answers_503_and_says_so(export_dir,
     assert "Traceback" not in log and "in-flight requests were drained" not in log, log[-3000:]
 
 
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT])
+def test_cli_serve_a_second_sigint_while_draining_answers_503_and_says_so(export_dir, tmp_path, first):
+    """SIGTERM (or SIGINT), then SIGINT while a request waits in a 30 s batch window (graceful timeout 60 s):
+    uvicorn's force quit. The request is answered 503 with the envelope, the log holds no traceback (the app's
+    lifespan was cancelled mid-drain), and exit 130 with one line saying the drain was cut short (was 143 /
+    "the graceful timeout of 60 s expired", or a generic interrupt line)."""
+    rc, r, log = _serve_sigterm_while_queued(export_dir, tmp_path, "--graceful-timeout", "60",
+                                             signals=(first, signal.SIGINT), wait_ms="30000")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["kind"] == "not_ready" and "second SIGINT" in r.json()["error"]["message"], r.text
+    assert rc == 130, (rc, log[-2000:])
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    lines = [x for x in log.splitlines() if x.startswith("error: ")]
+    assert lines == [f"error: interrupted (SIGINT) again while draining after {first.name}: the graceful shutdown "
+                     "was cut short; 1 in-flight requests were answered 503 (Retry-After) instead of their rankings"], log
+
+
+def test_cli_serve_sigint_says_what_happened_to_the_requests(export_dir, tmp_path):
+    """SIGINT alone past `--graceful-timeout 0`: exit 130 with one line saying how many were answered 503 (was
+    the generic "interrupted (SIGINT); nothing partial was left in place of an output")."""
+    rc, r, log = _serve_sigterm_while_queued(export_dir, tmp_path, "--graceful-timeout", "0", signals=(signal.SIGINT,))
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert rc == 130, (rc, log[-2000:])
+    assert [x for x in log.splitlines() if x.startswith("error: ")] == [
+        "error: interrupted (SIGINT): the graceful timeout of 0 s expired; 1 in-flight requests were answered 503 "
+        "(Retry-After) instead of their rankings"], log
+    assert "Traceback" not in log
 
 def test_batcher_counts_a_blocked_slate_as_b_plus_1():
     """A slate ranked in 2 blocks (work 3) queued with three one-slate requests, max_batch_slates = 4: the first

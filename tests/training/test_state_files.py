@@ -51,6 +51,8 @@ BAD_STATES = {
     "duplicate-key": '{"step": 2, ' + _with()[1:],
     "bad-precision": _with(config={"steps": 4, "precision": "fp64"}),
     "losses-mismatch": _with(losses=[1.0]),
+    "int-past-float-train-s": _with(train_s=10**400),  # 1e400 written out as an integer: OverflowError (exit 70)
+    "int-past-float-loss": _with(losses=[1.0, -10**400]),
 }
 
 
@@ -169,6 +171,8 @@ def test_features_with_every_layer_trained_is_refused(backbones, train_file, tmp
     ("betas", [0.9, 1.5], "param_groups[0].betas"),
     ("lr", -1.0, "param_groups[0].lr"),
     ("lr", True, "param_groups[0].lr"),
+    pytest.param("lr", 10**400, "param_groups[0].lr must be a finite number", id="lr-int-past-float"),  # OverflowError
+    pytest.param("betas", [0.9, 10**400], "param_groups[0].betas must be a list of 2 finite", id="betas-int-past-float"),
     ("amsgrad", "yes", "param_groups[0].amsgrad"),
     ("params", "dup", "param_groups[0].params"),
     ("bogus", 1, "param_groups[0] has fields"),
