@@ -131,6 +131,8 @@ def test_the_search_orders_the_groups_and_keeps_the_most_sensitive_until_the_flo
     sens = s["sensitivity"]
     assert [sens[g]["kendall_tau_mean"] for g in s["order"]] == sorted(sens[g]["kendall_tau_mean"] for g in s["order"])
     assert s["baseline"]["max_abs_dM"] == 0 and s["validation_slates"] == 5 and s["min_tau"] == 0.9
+    # whole validation slates (the gate's tau is over all candidates) and a target above the gate's floor
+    assert s["max_candidates"] is None and s["target_tau"] == pytest.approx(0.92) and s["margin"] == 0.02
     assert s["tries"][0]["k"] == 0 and s["kept"] == [] and s["figures"]["kendall_tau_mean"] >= 0.9
     # a floor on max|ΔM| between "the least sensitive group alone" and "both groups": k = 0 fails, k = 1 passes
     alone, both = sens[s["order"][-1]]["max_abs_dM"], s["tries"][0]["figures"]["max_abs_dM"]
