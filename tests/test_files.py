@@ -19,9 +19,10 @@ import pytest
 
 import hllm.files as files
 import hllm.reading as reading
+import hllm.staging as hstaging
 from hllm.errors import HllmError, OutputError
-from hllm.files import (atomic_dir, atomic_path, atomic_write_text, check_writable, output_target,
-                        sweep_stale_staging)
+from hllm.files import atomic_dir, atomic_path, atomic_write_text, check_writable, output_target
+from hllm.staging import sweep_stale_staging
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -241,7 +242,7 @@ def test_staging_left_by_sigkill_is_swept_by_the_next_write(tmp_path):
     proc.kill()
     proc.wait(timeout=60)
     assert staging.is_dir()  # SIGKILL cannot be handled: the directory stays ...
-    mine = tmp_path / f".export.{os.getpid()}-{files._process_start(os.getpid())}.abcdefgh.tmp"
+    mine = tmp_path / f".export.{os.getpid()}-{hstaging._process_start(os.getpid())}.abcdefgh.tmp"
     mine.mkdir()  # ... a live writer's staging directory (this process) ...
     legacy = tmp_path / ".export.abcdefgh.tmp"
     legacy.mkdir()  # ... and one without a pid (older hllm)
@@ -257,7 +258,7 @@ def test_pid_reuse_is_not_mistaken_for_the_writer(tmp_path):
     """A staging directory whose pid is alive but started at another time belongs to a dead writer."""
     reused = tmp_path / f".out.{os.getpid()}-1.abcdefgh.tmp"
     reused.mkdir()
-    if files._process_start(os.getpid()) in (0, 1):
+    if hstaging._process_start(os.getpid()) in (0, 1):
         pytest.skip("no /proc start times here")
     assert sweep_stale_staging(tmp_path / "out") == [reused]
 
@@ -271,7 +272,7 @@ def default_sigterm():
 
 
 def test_sigterm_handler_restored_and_only_installed_when_default(default_sigterm):
-    with files.cleanup_on_sigterm():
+    with hstaging.cleanup_on_sigterm():
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
@@ -280,7 +281,7 @@ def test_sigterm_handler_restored_and_only_installed_when_default(default_sigter
 
     old = signal.signal(signal.SIGTERM, mine)
     try:
-        with files.cleanup_on_sigterm():
+        with hstaging.cleanup_on_sigterm():
             assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)

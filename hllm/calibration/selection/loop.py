@@ -36,7 +36,8 @@ from hllm.calibration.selection.pipeline import Progress, Say, no_bar, quiet, fp
 from hllm.calibration.selection.speed import compare_speed
 from hllm.errors import EngineError
 from hllm.extras import optional
-from hllm.files import promote_dir, staging_prefix, sweep_stale_staging
+from hllm.files import promote_dir
+from hllm.staging import staging_prefix, sweep_stale_staging
 from hllm.formats.export import read_export
 from hllm.formats.precision import Precision
 from hllm.verify.parity import ParityReport, Thresholds, compare_slate
