@@ -37,6 +37,27 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The x86 ``cpu family`` and ``model`` numbers of ``/proc/cpuinfo`` (decimal), e.g. ``"family 25 model 17"``:
+    what tells CPUs of one marketing name apart (an "AMD EPYC" of family 25 is Zen 3 / Zen 4, of family 26 Zen 5;
+    AMD's and Intel's processor programming references). None where the file or the fields are absent."""
+    fam = model = None
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "cpu family" and fam is None:
+                    fam = value.strip()
+                elif key == "model" and model is None:
+                    model = value.strip()
+                elif not line.strip() and fam is not None:
+                    break  # the first processor's block is enough
+    except OSError:
+        return None
+    return f"family {fam} model {model}" if fam and model else None
+
+
 #: The CPU features that decide which GEMM kernels run (fp32 AVX2/AVX-512, int8 VNNI, bf16).
 CPU_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
                 "amx_bf16", "amx_int8")
@@ -103,7 +124,8 @@ def describe_machine(shared: bool | None = None, note: str | None = None) -> dic
         shared: whether other work ran on the same cores during the measurement (stated by the
             caller: ``hllm bench --shared``); None = unknown.
         note: free text stored with the figures.
-    Returns: ``{cpu, cpu_flags, logical_cpus, usable_cpus, memory_gb, gpus, os, load_avg_1m, shared, note}``.
+    Returns: ``{cpu, cpu_id, cpu_flags, logical_cpus, usable_cpus, memory_gb, gpus, os, load_avg_1m, shared, note}``
+        (``cpu_id``: :func:`cpu_id`).
     """
     try:
         usable = len(os.sched_getaffinity(0))
@@ -115,6 +137,7 @@ def describe_machine(shared: bool | None = None, note: str | None = None) -> dic
         load = None
     return {
         "cpu": _cpu_model(),
+        "cpu_id": cpu_id(),
         "cpu_flags": cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": usable,

@@ -15,7 +15,7 @@ from hllm.runtime.slates import subslate
 from hllm.errors import DecodeError, HllmError, SlateError
 from hllm.runtime.decode import assignment_scores, decode, decode_batch
 
-MACHINE_KEYS = {"cpu", "cpu_flags", "logical_cpus", "usable_cpus", "memory_gb", "gpus", "os", "load_avg_1m", "shared", "note"}
+MACHINE_KEYS = {"cpu", "cpu_id", "cpu_flags", "logical_cpus", "usable_cpus", "memory_gb", "gpus", "os", "load_avg_1m", "shared", "note"}
 
 
 # -- statistics ---------------------------------------------------------------------------------
@@ -437,3 +437,15 @@ def test_solver_bench_on_real_model_scores(export_dir):
     rec = bench_solvers(8, "model", count=3, warmup=1, matrices=real[8])
     assert rec["correct"] and rec["matrices"] == 3 and rec["family"] == "model"
     assert set(rec["batch_us_per_slate"]) == {"decode_batch()", "decode() loop", "lap.lapjv loop"}
+
+
+def test_cpu_id_reads_family_and_model_of_the_first_processor(tmp_path):
+    """Two CPUs named "AMD EPYC" (Zen 4: family 25, Zen 5: family 26) are told apart in every result's machine."""
+    from hllm.measure import cpu_id
+
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                 "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n")
+    assert cpu_id(str(f)) == "family 25 model 17"
+    f.write_text("processor\t: 0\nmodel name\t: ARMv8\n")
+    assert cpu_id(str(f)) is None and cpu_id(str(tmp_path / "absent")) is None

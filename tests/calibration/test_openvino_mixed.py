@@ -146,6 +146,20 @@ def test_the_search_orders_the_groups_and_keeps_the_most_sensitive_until_the_flo
     _scores_close_to_fp32(tmp_path / "b", standard_export_dir)
 
 
+def test_the_sensitivity_pass_scores_fewer_slates_and_the_tries_every_one(standard_export_dir, tmp_path, monkeypatch):
+    """One build per layer group is the search's cost: the order comes from the first ``sensitivity_slates``
+    validation slates, every try of k is scored on all of them (the verdict)."""
+    import hllm.calibration.recipes.int8_search as search
+
+    seen, real = [], search._score
+    monkeypatch.setattr(search, "_score", lambda m, r, g, slates=None: seen.append(slates) or real(m, r, g, slates))
+    s = _search(standard_export_dir, tmp_path / "a", sensitivity_slates=2)["search"]
+    assert s["sensitivity_slates"] == 2 and s["validation_slates"] == 5
+    # reference (all), the two groups alone (2 slates each), then the tries (all)
+    assert seen == [None, 2, 2] + [None] * len(s["tries"])
+    assert _search(standard_export_dir, tmp_path / "b")["search"]["sensitivity_slates"] == 5  # default 8, capped
+
+
 def test_the_search_stops_at_its_bound_and_writes_nothing(standard_export_dir, tmp_path):
     with pytest.raises(EngineError, match=r"within the bounds \(1 of at most 1 tries\).*no export written"):
         _search(standard_export_dir, tmp_path / "a", max_abs_diff=1e-12, max_tries=1)

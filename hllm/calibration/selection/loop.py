@@ -332,16 +332,17 @@ def _fastest_first(run: LoopRun, recipes: Iterable[Recipe]) -> tuple[str, dict]:
 
 
 def _accuracy_control(run: LoopRun, deferred: list, winner: str, timing: dict) -> tuple[str, dict]:
-    """Build the NNCF accuracy-control recipes with the time left (or refuse them), time them beside the
-    baseline and ``winner``, and check those faster than ``winner``. Returns ``(winner, timing)``; the timing
+    """Build the deferred searching recipes (NNCF accuracy control, the INT8 search) with the time left (or refuse
+    them), time them beside the baseline and ``winner``, and check those faster than ``winner``. Returns ``(winner, timing)``; the timing
     of this step is stored under ``timing["accuracy_control"]``."""
     req = run.req
     settings = None
     if req.time_budget_s is not None:
         left = req.time_budget_s - run.elapsed() - ACCURACY_CONTROL_RESERVE_S
         if left < ACCURACY_CONTROL_MIN_S:
-            why = (f"time budget: {max(left, 0):.0f} s of the {req.time_budget_s:.0f} s budget left for NNCF accuracy "
-                   f"control, which needs ≥ {ACCURACY_CONTROL_MIN_S:.0f} s here (raise --time-budget)")
+            why = (f"time budget: {max(left, 0):.0f} s of the {req.time_budget_s:.0f} s budget left for the searching "
+                   f"recipes (NNCF accuracy control, the INT8 search), which need ≥ {ACCURACY_CONTROL_MIN_S:.0f} s here "
+                   "(raise --time-budget)")
             for c in deferred:
                 run.records[c.name]["refused"] = why
                 run.say(f"{c.name}: refused — {why}")
