@@ -1,4 +1,4 @@
-"""[experiment] last run at commit 7012324; output: results/calibration/recipe-gates-smollm2-beauty-eval200.json. Kept for provenance, not maintained (experiments/README.md).
+"""[experiment] last run at commit c0c872e; output: results/calibration/recipe-gates-smollm2-beauty-eval200.json. Kept for provenance, not maintained (experiments/README.md).
 Build EVERY recipe of the `--backend auto` table from one standard FP32 export and gate each one on the same
 labelled eval slates (the sequential gate, against one cached FP32 reference), so the frontier can show every
 recipe with its verdict — `calibrate --backend auto` gates from the fastest down and skips the slower ones.

@@ -4,9 +4,16 @@ embeddings), checkpoints and exports (one with a context-reading head) built off
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background by a shell without job control (`cmd &`) inherits SIGINT ignored, and so
+# would every `hllm` subprocess a test starts (exec keeps SIG_IGN): the tests that send SIGINT to one need the
+# default disposition, which a Python handler here gives them (exec resets a handled signal to SIG_DFL).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -26,7 +26,7 @@ from hllm.measure import describe_machine
 ENVELOPE_KEYS = ("kind", "hllm_version", "libraries", "machine", "created")
 
 #: Keys of ``machine`` (:func:`hllm.measure.describe_machine`).
-MACHINE_KEYS = frozenset({"cpu", "cpu_flags", "logical_cpus", "usable_cpus", "memory_gb", "gpus", "os",
+MACHINE_KEYS = frozenset({"cpu", "cpu_id", "cpu_flags", "logical_cpus", "usable_cpus", "memory_gb", "gpus", "os",
                           "load_avg_1m", "shared", "note"})
 
 

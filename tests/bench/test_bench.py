@@ -11,11 +11,11 @@ from hllm.bench.lapjv import FAMILIES, available_solvers, bench_solvers, score_m
 from hllm.bench.peak import matmul_peak
 from hllm.measure import describe_machine, prefill_flops, summarize, time_interleaved
 from hllm.formats.provenance import library_versions
+from hllm.formats.report import MACHINE_KEYS
 from hllm.runtime.slates import subslate
 from hllm.errors import DecodeError, HllmError, SlateError
 from hllm.runtime.decode import assignment_scores, decode, decode_batch
 
-MACHINE_KEYS = {"cpu", "cpu_id", "cpu_flags", "logical_cpus", "usable_cpus", "memory_gb", "gpus", "os", "load_avg_1m", "shared", "note"}
 
 
 # -- statistics ---------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from hllm.errors import EngineError
 MODEL_MODULES = (
     "hllm.errors",
     "hllm.files",
+    "hllm.staging",
     "hllm.reading",
     "hllm.formats.graph",
     "hllm.formats.prompt",
@@ -47,7 +48,7 @@ MODEL_MODULES = (
     "hllm.serve.triton.decode_model",
 )
 #: hllm modules the generated client needs.
-CLIENT_MODULES = ("hllm.errors", "hllm.files", "hllm.reading", "hllm.runtime.slates", "hllm.runtime.decode",
+CLIENT_MODULES = ("hllm.errors", "hllm.files", "hllm.staging", "hllm.reading", "hllm.runtime.slates", "hllm.runtime.decode",
                   "hllm.serve.triton.client")
 #: Wheels each Python model needs beyond numpy.
 MODEL_WHEELS = {"preprocess": ("tokenizers",), "decode": ("lap",)}
