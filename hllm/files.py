@@ -30,12 +30,9 @@ import json
 import math
 import numbers
 import os
-import re
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 

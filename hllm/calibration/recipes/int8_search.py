@@ -67,8 +67,9 @@ SEARCH_SETTINGS = {"validation_slates": 24, "sensitivity_slates": 8, "max_candid
 #: Why the validation slates are NOT cut (``max_candidates`` None) and the search aims ``margin`` above the floor:
 #: on the real SmolLM2 export, every MLP in INT8 reached mean tau 0.909 on 24 validation slates cut to 20
 #: candidates and then 0.865 on the gate's 50-candidate slates — tau over more items is lower, and 24 slates
-#: estimate it to about ±0.02. ``sensitivity_slates``: with all 24 whole slates per group the 30 groups of that
-#: export took over 900 s on 2 cores (the budget ran out before the first try).
+#: estimate it to about ±0.02. ``sensitivity_slates``: ordering the 30 groups of that export on all 24 whole slates
+#: took over 900 s on 2 cores (the budget ran out before the first try); fewer slates cut the scoring, but one NNCF
+#: compression and CPU compile per group remain most of the cost (docs/calibration.md, "Known limits").
 #: The fidelity floor when neither the settings nor the gate thresholds name one (the gate's default).
 DEFAULT_MIN_TAU = 0.9
 
