@@ -11,8 +11,8 @@ before the first marker). It records the exit status, the total wall time, the c
 (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux), the machine (:func:`hllm.measure.describe_machine`),
 the 1-minute load average at the start and end (other jobs inflate the times), the commit and whether
 the tree was clean (None outside git), then the proofs the demo wrote during this run: the merge's max
-|ΔM| (from its output line), the export's validation and the parity report (files older than the run
-are left out). Paths are checked before make starts and nothing existing is replaced; Ctrl-C stops the
+|ΔM| (from its output line), the export's validation and the parity report (files the run did not write
+or change are left out). Paths are checked before make starts and nothing existing is replaced; Ctrl-C stops the
 demo and still writes the record (rc 130). Standard library + ``hllm.measure`` (standard library only); it needs ``make`` and the Makefile.
 """
 from __future__ import annotations
@@ -49,6 +49,17 @@ def refuse(msg: str) -> int:
     return 2
 
 
+def _stamp(path: Path) -> tuple | None:
+    """What tells a rewritten file from an untouched one: (inode, size, mtime ns, ctime ns), None when absent.
+    Compared with the stamp taken before make starts, not with the start time: the kernel stamps files from a
+    coarse clock that can read a few ms behind ``time.time()``, so a proof written at once looked older."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path, help="JSON to write (refused if it exists).")
@@ -70,6 +81,8 @@ def main() -> int:
     variables = dict(arg.split("=", 1) for arg in a.make_args if "=" in arg)
     work = Path(variables.get("WORK", os.environ.get("WORK", "work")))  # make reads WORK ?= work from both
 
+    proofs = {"export": work / "demo" / "export" / "export.json", "parity": work / "demo" / "parity.json"}
+    before = {k: _stamp(p) for k, p in proofs.items()}  # a proof unchanged since here is an earlier run's
     started = time.time()
     load_start = os.getloadavg()[0]
     marks: list[tuple[float, str]] = [(started, "setup (make setup: venv, pinned installs)")]
@@ -117,17 +130,18 @@ def main() -> int:
             key, k = f"{name} ({k})", k + 1
         steps[key] = round(t1 - t0, 1)
 
-    def load(path: Path) -> dict | None:
-        """A proof the demo wrote during this run (older files are another run's); None otherwise."""
+    def load(key: str) -> dict | None:
+        """A proof the demo wrote during this run (one unchanged since make started is another run's); None otherwise."""
+        stamp = _stamp(proofs[key])
+        if stamp is None or stamp == before[key]:
+            return None
         try:
-            if path.stat().st_mtime < started:
-                return None
-            return json.loads(path.read_text())
+            return json.loads(proofs[key].read_text())
         except (OSError, ValueError):
             return None
 
-    export = load(work / "demo" / "export" / "export.json") or {}
-    parity = load(work / "demo" / "parity.json") or {}
+    export = load("export") or {}
+    parity = load("parity") or {}
     record = {
         "what": "wall time of `make demo` by step, timed by scripts/demo_timings.py around the make output",
         "command": " ".join(["make", "demo", *a.make_args]),
