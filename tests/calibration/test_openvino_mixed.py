@@ -196,3 +196,11 @@ def test_a_biased_head_product_stays_float_in_a_context_reading_head(tiny_dir, c
     mlp = {n for n, p in sites.items() if ".mlp." in p}
     assert set(meta.raw["quantization"]["int8_nodes"]) == mlp == _int8_in_ir(tmp_path / "m")
     _scores_close_to_fp32(tmp_path / "m", tmp_path / "std")
+    # the INT8 search feeds the context inputs too: its sensitivity pass (2 slates) and its tries (all 5) run
+    # on the context-reading graph, and what it writes scores like the fp32 graph
+    q = _search(tmp_path / "std", tmp_path / "s", sensitivity_slates=2)
+    s = q["search"]
+    assert s["sensitivity_slates"] == 2 and s["validation_slates"] == 5 and len(s["order"]) == 2
+    assert s["figures"]["kendall_tau_mean"] >= s["target_tau"]
+    assert not {n for n, p in sites.items() if p.startswith("head.")} & set(q["int8_nodes"])
+    _scores_close_to_fp32(tmp_path / "s", tmp_path / "std")
